@@ -1,0 +1,6 @@
+"""condattn: reproduce conditioned embedded tokens (CET) and spectral conditioning of attention (SCA)."""
+
+from .conditioning import PatchReport, apply_conditioning, conditioning_report, remove_conditioning
+
+__version__ = "0.1.0"
+__all__ = ["PatchReport", "apply_conditioning", "conditioning_report", "remove_conditioning", "__version__"]

@@ -1,0 +1,165 @@
+"""CET (Saratchandran & Lucey, ICCV 2025): X <- X + σ_1(X)·U V^T for each sample's token matrix X.
+
+With the thin SVD X = U Σ V^T, X + C = U (Σ + σ_1 I) V^T, so κ(X + C) = 2σ_1 / (σ_1 + σ_r) ≤ 2.
+U V^T is the orthogonal polar factor of X; the `newton_schulz` solver approximates it with matmuls only.
+Rows excluded by the mask (padding, and prefix tokens when tokens=patches_only) enter neither the SVD nor
+the correction: they leave the hook exactly as they came in.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .targets import TokenSite
+
+POSITIONS = ("after_pos_embed", "before_pos_embed")
+TOKENS = ("all", "patches_only")
+GRADIENTS = ("detach", "through")
+SOLVERS = ("svd", "newton_schulz")
+
+
+def _svd_polar(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    u, s, vh = torch.linalg.svd(x, full_matrices=False)
+    return s[..., :1, None], u @ vh
+
+
+def _ns_polar(
+    x: torch.Tensor, keep: torch.Tensor | None, ns_iters: int, power_iters: int, eps: float = 1e-3
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """σ_1 by power iteration on the smaller Gram matrix, then the polar factor by the cubic
+    Newton–Schulz iteration Y <- 1.5 Y - 0.5 Y Y^T Y, started at X / σ_1 (singular values in (0, 1],
+    inside the iteration's (0, √3) basin).
+
+    Newton–Schulz grows a singular value s only by 1.5× per step, so an exact or near null direction of X
+    (LayerNorm'd tokens at init: every row sums to zero) would never reach 1 and κ(X + C) would stay huge,
+    where the exact SVD fills it with σ_1. So the iteration runs on X + ε·σ_1·I_{N×D} (masked rows kept
+    at zero): ≥ ε·σ_1 in every direction, which 24 steps bring to 1, at an O(ε) change of C.
+    """
+    tall = x.shape[-2] >= x.shape[-1]
+    gram = x.mT @ x if tall else x @ x.mT
+    v = torch.ones(*gram.shape[:-1], 1, dtype=x.dtype, device=x.device)
+    for _ in range(power_iters):
+        v = gram @ v
+        v = v / v.norm(dim=-2, keepdim=True).clamp_min(1e-30)
+    sigma = (v.mT @ gram @ v).clamp_min(0).sqrt()  # Rayleigh quotient, (B, 1, 1)
+    eye = torch.eye(x.shape[-2], x.shape[-1], dtype=x.dtype, device=x.device)
+    if keep is not None:
+        eye = eye * keep.unsqueeze(-1)
+    y = (x + eps * sigma * eye) / (sigma * (1.0 + eps) * 1.001).clamp_min(1e-30)
+    for _ in range(ns_iters):
+        y = 1.5 * y - 0.5 * (y @ (y.mT @ y) if tall else (y @ y.mT) @ y)
+    return sigma, y
+
+
+def polar_correction(
+    x: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    solver: str = "svd",
+    gradient: str = "detach",
+    ns_iters: int = 24,
+    power_iters: int = 20,
+) -> torch.Tensor:
+    """Return X + σ_1(X)·U V^T per sample for tokens x of shape (B, N, D).
+
+    mask: (B, N) bool, True for rows that take part; other rows are returned unchanged.
+    Computed in fp32 with autocast off (an SVD in bf16 is not meaningful), then cast back to x.dtype.
+    """
+    if x.dim() != 3:
+        raise ValueError(f"expected tokens of shape (B, N, D), got {tuple(x.shape)}")
+    keep = None if mask is None else mask.to(device=x.device, dtype=torch.bool)
+    if keep is not None and keep.all():
+        keep = None
+    with torch.autocast(device_type=x.device.type, enabled=False), torch.set_grad_enabled(
+        gradient == "through" and torch.is_grad_enabled()
+    ):
+        xf = (x.detach() if gradient == "detach" else x).to(torch.promote_types(x.dtype, torch.float32))
+        if keep is not None:
+            xf = xf * keep.unsqueeze(-1)
+        if solver == "newton_schulz":
+            sigma, polar = _ns_polar(xf, keep, ns_iters, power_iters)
+        elif solver == "svd":
+            if keep is not None and gradient == "through":
+                # per sample on its valid rows only: zero rows would give repeated zero singular values,
+                # whose SVD backward is undefined
+                corr = torch.zeros_like(xf)
+                for b in range(xf.shape[0]):
+                    rows = keep[b]
+                    if rows.any():
+                        s, p = _svd_polar(xf[b, rows])
+                        corr[b, rows] = s * p
+                return x + corr.to(x.dtype)
+            sigma, polar = _svd_polar(xf)
+        else:
+            raise ValueError(f"solver={solver!r} is not one of {SOLVERS}")
+        corr = sigma * polar
+        if keep is not None:
+            corr = corr * keep.unsqueeze(-1)
+    return x + corr.to(x.dtype)
+
+
+def key_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, N) bool, True for real tokens, from a 2-D padding mask (1 = token) or a 4-D attention mask
+    (B, 1, Q, N) that is boolean (True = attend) or additive (0 = attend, large negative = masked)."""
+    if mask is None:
+        return None
+    if mask.dim() == 4:
+        mask = mask[:, 0].any(dim=1) if mask.dtype == torch.bool else (mask[:, 0] == 0).any(dim=1)
+        return mask
+    if mask.dim() != 2:
+        raise ValueError(f"CET: cannot read a padding mask of shape {tuple(mask.shape)}")
+    return mask.bool()
+
+
+class EmbeddedTokens:
+    """Hooks that apply `polar_correction` at one TokenSite and track the padding mask."""
+
+    def __init__(self, site: TokenSite, position: str, tokens: str, **solver_opts):
+        self.site, self.position, self.tokens, self.solver_opts = site, position, tokens, solver_opts
+        self.padding_mask: torch.Tensor | None = None
+
+    def attach(self) -> list[torch.utils.hooks.RemovableHandle]:
+        handles = []
+        if self.site.mask_owner is not None:
+            handles.append(self.site.mask_owner.register_forward_pre_hook(self._capture_mask, with_kwargs=True))
+        if self.position == "after_pos_embed":
+            handles.append(self.site.first_block.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+        else:
+            handles.append(self.site.embed.register_forward_hook(self._post_hook))
+        return handles
+
+    def _capture_mask(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        name, idx = self.site.mask_arg
+        self.padding_mask = key_mask(kwargs.get(name, args[idx] if len(args) > idx else None))
+
+    def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict):
+        if args:
+            return (self.correct(args[0]), *args[1:]), kwargs
+        key = "hidden_states" if "hidden_states" in kwargs else "x"
+        return args, {**kwargs, key: self.correct(kwargs[key])}
+
+    def _post_hook(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return self.correct(output)
+
+    def row_mask(self, batch: int, n: int, device: torch.device) -> torch.Tensor | None:
+        mask = None
+        if self.padding_mask is not None:
+            if self.padding_mask.shape != (batch, n):
+                raise RuntimeError(
+                    f"CET: padding mask of shape {tuple(self.padding_mask.shape)} does not match the "
+                    f"{n} tokens of a batch of {batch} at {self.site.first_block_name}"
+                )
+            mask = self.padding_mask.to(device=device, dtype=torch.bool)
+        prefix = self.site.num_prefix_tokens if self.position == "after_pos_embed" else 0
+        if self.tokens == "patches_only" and prefix:
+            mask = torch.ones(batch, n, dtype=torch.bool, device=device) if mask is None else mask.clone()
+            mask[:, :prefix] = False
+        return mask
+
+    def correct(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        if x.dim() == 4:  # (B, H, W, C) layouts (Swin): X is the (H·W) × C matrix
+            x = x.reshape(shape[0], -1, shape[-1])
+        out = polar_correction(x, self.row_mask(x.shape[0], x.shape[1], x.device), **self.solver_opts)
+        return out.reshape(shape)

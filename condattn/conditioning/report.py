@@ -1,0 +1,56 @@
+"""PatchReport: what `apply_conditioning` patched, so a trainer can assert it against the architecture."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PatchEntry:
+    module: str  # dotted module path inside the model
+    kind: str  # e.g. "spectral:fused_qkv", "embedded:first_block"
+    detail: str = ""
+
+
+@dataclass
+class PatchReport:
+    method: str
+    options: dict[str, Any] = field(default_factory=dict)
+    entries: list[PatchEntry] = field(default_factory=list)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(e.kind for e in self.entries))
+
+    def count(self, prefix: str) -> int:
+        """Number of entries whose kind starts with `prefix` ("spectral" counts attention layers)."""
+        return sum(1 for e in self.entries if e.kind.startswith(prefix))
+
+    def check(self, attention_layers: int | None = None) -> None:
+        """Raise if the patch does not cover the architecture: one spectral entry per attention layer and
+        exactly one embedded-token entry, for the methods that ask for them."""
+        problems = []
+        if "spectral" in self.method and attention_layers is not None:
+            n = self.count("spectral")
+            if n != attention_layers:
+                problems.append(f"spectral patched {n} attention layers, the model config expects {attention_layers}")
+        if "embedded" in self.method and self.count("embedded") != 1:
+            problems.append(f"embedded patched {self.count('embedded')} token inputs, expected exactly 1")
+        if problems:
+            raise RuntimeError("conditioning patch does not match the model: " + "; ".join(problems) + f"\n{self}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "options": dict(self.options),
+            "counts": self.counts,
+            "modules": [f"{e.kind} {e.module} {e.detail}".strip() for e in self.entries],
+        }
+
+    def __str__(self) -> str:
+        opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
+        lines = [f"PatchReport(method={self.method}{', ' + opts if opts else ''})"]
+        lines += [f"  {k}: {v}" for k, v in sorted(self.counts.items())] or ["  (nothing patched)"]
+        return "\n".join(lines)

@@ -1,0 +1,38 @@
+"""Optimizer and schedule from `cfg.optim` (transformers' schedule factory)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import get_scheduler
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay weight matrices only: biases, norms, embeddings' 1-D params and position embeddings are not
+    decayed (the DeiT/timm convention)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim <= 1 or "pos_embed" in name or "position_embeddings" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def scaled_lr(cfg: Any, global_batch: int) -> float:
+    lr = float(cfg.optim.lr)
+    if cfg.optim.get("lr_ref_batch"):
+        lr *= global_batch / float(cfg.optim.lr_ref_batch)
+    return lr
+
+
+def build_optimizer(model: nn.Module, cfg: Any, global_batch: int, total_steps: int):
+    o = cfg.optim
+    if o.name != "adamw":
+        raise ValueError(f"unknown optimizer {o.name!r}; known: adamw")
+    opt = torch.optim.AdamW(
+        param_groups(model, float(o.weight_decay)), lr=scaled_lr(cfg, global_batch), betas=tuple(o.betas), eps=o.eps
+    )
+    sched = get_scheduler(o.schedule, opt, num_warmup_steps=int(o.warmup_steps), num_training_steps=total_steps)
+    return opt, sched

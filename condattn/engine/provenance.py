@@ -1,0 +1,63 @@
+"""Where a number came from: commit, library versions, hardware. Recorded in every summary.json."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("condattn", "torch", "timm", "transformers", "accelerate", "hydra-core", "datasets", "wandb")
+
+
+def git_commit() -> str:
+    """HEAD's short hash, with '+dirty' when tracked files differ from it; 'unknown' outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=10", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True,
+            timeout=10,
+        ).stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for p in PACKAGES:
+        try:
+            out[p] = importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError:
+            out[p] = "not installed"
+    return out
+
+
+def hardware(device: torch.device, num_processes: int) -> dict[str, object]:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+    return {
+        "device_type": device.type,
+        "device_name": name,
+        "num_processes": num_processes,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "host": socket.gethostname(),
+    }
+
+
+def describe(hw: dict) -> str:
+    """One line for tables: '2 × cpu (x86_64, 2 cores)' or '8 × cuda (NVIDIA H100)'."""
+    extra = f"{hw['device_name']}, {hw['cpu_count']} cores" if hw["device_type"] == "cpu" else hw["device_name"]
+    return f"{hw['num_processes']} × {hw['device_type']} ({extra})"

@@ -1,0 +1,67 @@
+"""The LRA classifier: transformers' Nyströmformer with the Nyströmformer authors' LRA configuration
+(mlpen/Nystromformer, LRA/code/lra_config.py) and a mean-pooled classification head."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import NystromformerConfig, NystromformerModel
+
+
+class NystromformerClassifier(nn.Module):
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        num_classes: int,
+        seq_len: int,
+        hidden_size: int = 64,
+        num_layers: int = 2,
+        num_heads: int = 2,
+        intermediate_size: int = 128,
+        num_landmarks: int = 64,
+        conv_kernel_size: int | None = 35,
+        dropout: float = 0.1,
+        head_hidden: int = 128,
+    ):
+        super().__init__()
+        if seq_len % num_landmarks:
+            raise ValueError(
+                f"seq_len={seq_len} must be a multiple of num_landmarks={num_landmarks} "
+                "(transformers' Nyströmformer segments the sequence into landmarks); pad to a power of two"
+            )
+        config = NystromformerConfig(
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            intermediate_size=intermediate_size,
+            hidden_act="gelu",
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+            max_position_embeddings=seq_len,  # learned absolute positions, one per padded position
+            segment_means_seq_len=seq_len,
+            num_landmarks=num_landmarks,
+            conv_kernel_size=conv_kernel_size,
+            type_vocab_size=1,
+            pad_token_id=0,
+        )
+        self.backbone = NystromformerModel(config)
+        # LRA's classifier: Linear -> ReLU -> Linear on the pooled encoding
+        self.head = nn.Sequential(
+            nn.Linear(hidden_size, head_hidden), nn.ReLU(), nn.Linear(head_hidden, num_classes)
+        )
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Mean over the non-padded positions (the LRA code averages all positions; padding carries no
+        information, so we exclude it)."""
+        # transformers 5.x builds an (N × N) 4-D mask from a 2-D one, which its Nyström branch cannot add to the
+        # (landmarks × N) scores; an explicit (B, 1, 1, N) additive key mask is passed through unchanged.
+        keys = attention_mask[:, None, None, :].to(torch.float32)
+        additive = (1.0 - keys) * torch.finfo(torch.float32).min
+        hidden = self.backbone(input_ids=input_ids, attention_mask=additive).last_hidden_state
+        m = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encode(input_ids, attention_mask))

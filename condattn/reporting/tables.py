@@ -1,0 +1,185 @@
+"""Collect the summaries of one table's runs and write `results/<scale>/<table>.{md,csv,png}`."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from ..engine.io import read_json, read_jsonl
+
+METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET"}
+PAPER_KEYS = {"embedded": "cet", "spectral": "sca"}  # method -> key of the papers' numbers
+
+
+def load_experiment(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
+        raise FileNotFoundError(f"experiment file {path} not found; known experiments: {', '.join(known)}")
+    exp = yaml.safe_load(path.read_text())
+    for key in ("table", "metric", "methods", "rows", "scales"):
+        if key not in exp:
+            raise ValueError(f"{path}: missing key {key!r}")
+    return exp
+
+
+def run_name(table: str, row: str, method: str, scale: str, seed: int) -> str:
+    return f"{table}_{row}_{method}_{scale}_s{seed}"
+
+
+@dataclass
+class Cell:
+    row: str
+    method: str
+    seeds: list[int]
+    values: list[float] = field(default_factory=list)  # metric ×100 per finished seed
+    steps: list[int] = field(default_factory=list)
+    wall: list[float] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)  # seeds without a finished summary
+    summaries: list[dict] = field(default_factory=list)
+
+    def text(self) -> str:
+        if not self.values:
+            return "missing"
+        mean = statistics.fmean(self.values)
+        std = statistics.stdev(self.values) if len(self.values) > 1 else 0.0
+        s = f"{mean:.2f} ± {std:.2f} (n={len(self.values)})"
+        return s + (f", missing seeds {self.missing}" if self.missing else "")
+
+
+def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None) -> dict[tuple, Cell]:
+    seeds = list(seeds if seeds is not None else exp["scales"][scale]["seeds"])
+    cells = {}
+    for row in exp["rows"]:
+        for method in exp["methods"]:
+            cell = Cell(row, method, seeds)
+            for seed in seeds:
+                name = run_name(exp["table"], row, method, scale, seed)
+                s = read_json(Path(runs_root) / scale / name / "summary.json")
+                ok = isinstance(s, dict) and s.get("status") == "finished" and exp["metric"] in s.get("metrics", {})
+                if not ok:
+                    cell.missing.append(seed)
+                    continue
+                cell.values.append(100.0 * float(s["metrics"][exp["metric"]]))
+                cell.steps.append(int(s["steps"]))
+                cell.wall.append(float(s["wall_time_s"]))
+                cell.summaries.append(s)
+            cells[(row, method)] = cell
+    return cells
+
+
+def _paper(exp: dict, row: str, key: str) -> str:
+    v = (exp.get("paper") or {}).get(row, {}).get(key)
+    return "–" if v is None else f"{v:.1f}"
+
+
+def provenance_line(exp: dict, scale: str, cells: dict[tuple, Cell]) -> str:
+    sums = [s for c in cells.values() for s in c.summaries]
+    commits = sorted({s.get("commit", "unknown") for s in sums}) or ["none"]
+    hardware = sorted({s.get("hardware_line", "unknown") for s in sums}) or ["none"]
+    seeds = sorted({seed for c in cells.values() for seed in c.seeds})
+    stand_in = any(s.get("data", {}).get("stand_in") for s in sums)
+    data = "offline stand-in data (not comparable with the papers)" if stand_in else "the papers' datasets"
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        f"Ours: scale={scale}, {data}, seeds {seeds}, commit {', '.join(commits)}, hardware {', '.join(hardware)}, "
+        f"{len(sums)} finished runs; written {when}."
+    )
+
+
+def render(exp: dict, scale: str, cells: dict[tuple, Cell]) -> tuple[str, list[dict]]:
+    """Markdown text and CSV rows for one table at one scale."""
+    methods = exp["methods"]
+    head = ["row", "paper CET: baseline", "paper CET: CET", "paper SCA: baseline", "paper SCA: SCA"]
+    head += [f"ours: {METHOD_LABELS.get(m, m)}" for m in methods] + ["steps", "wall time / run"]
+    lines = [
+        f"# {exp['table']}: {exp.get('title', '')}",
+        "",
+        f"Papers' numbers ({exp.get('paper_provenance', 'see experiments yaml')}) beside ours "
+        f"(mean ± std over seeds of {exp['metric']} × 100).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    csv_rows = []
+    for row in exp["rows"]:
+        ours = [cells[(row, m)] for m in methods]
+        steps = sorted({s for c in ours for s in c.steps})
+        walls = [w for c in ours for w in c.wall]
+        cols = [row, _paper(exp, row, "cet_baseline"), _paper(exp, row, "cet"),
+                _paper(exp, row, "sca_baseline"), _paper(exp, row, "sca")]
+        cols += [c.text() for c in ours]
+        cols += [",".join(map(str, steps)) or "–", f"{statistics.fmean(walls):.0f} s" if walls else "–"]
+        lines.append("| " + " | ".join(cols) + " |")
+        for c in ours:
+            pk = PAPER_KEYS.get(c.method)
+            csv_rows.append({
+                "table": exp["table"], "row": row, "method": c.method, "label": METHOD_LABELS.get(c.method, c.method),
+                "scale": scale, "metric": exp["metric"], "n": len(c.values),
+                "mean": f"{statistics.fmean(c.values):.4f}" if c.values else "",
+                "std": f"{statistics.stdev(c.values):.4f}" if len(c.values) > 1 else "",
+                "values": " ".join(f"{v:.4f}" for v in c.values), "missing_seeds": " ".join(map(str, c.missing)),
+                "steps": " ".join(map(str, c.steps)), "wall_time_s": " ".join(f"{w:.1f}" for w in c.wall),
+                "paper_value": (exp.get("paper") or {}).get(row, {}).get(pk, "") if pk else "",
+                "paper_baseline": (exp.get("paper") or {}).get(row, {}).get("cet_baseline", ""),
+                "commit": " ".join(sorted({s.get("commit", "") for s in c.summaries})),
+            })
+    lines += ["", provenance_line(exp, scale, cells)]
+    return "\n".join(lines) + "\n", csv_rows
+
+
+def plot_curves(exp: dict, scale: str, cells: dict[tuple, Cell], out: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    split, key = exp.get("curve", {}).get("split", "val"), exp.get("curve", {}).get("key", "acc")
+    rows = list(exp["rows"])
+    fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.6), squeeze=False)
+    drew = False
+    for ax, row in zip(axes[0], rows):
+        for m in exp["methods"]:
+            for i, s in enumerate(cells[(row, m)].summaries):
+                pts = [(r["step"], 100 * r[key]) for r in read_jsonl(Path(s["run_dir"]) / "metrics.jsonl")
+                       if r.get("split") == split and key in r]
+                if pts:
+                    x, y = zip(*pts)
+                    ax.plot(x, y, color=f"C{exp['methods'].index(m)}", alpha=0.8,
+                            label=METHOD_LABELS.get(m, m) if i == 0 else None)
+                    drew = True
+        ax.set_title(f"{row} ({scale})")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(f"{split} {key} (%)")
+        ax.legend(fontsize=8)
+    if not drew:
+        plt.close(fig)
+        return None
+    fig.suptitle(f"{exp['table']}: {split} {key}, one line per seed (ours, measured)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,
+                seeds: list[int] | None = None) -> tuple[Path, str]:
+    cells = collect(exp, scale, runs_root, seeds)
+    md, csv_rows = render(exp, scale, cells)
+    out_dir = Path(results_root) / scale
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md_path = out_dir / f"{exp['table']}.md"
+    png = plot_curves(exp, scale, cells, out_dir / f"{exp['table']}.png")
+    if png is not None:
+        md += f"\n![validation curves]({png.name})\n"
+    md_path.write_text(md)
+    with open(out_dir / f"{exp['table']}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
+        w.writeheader()
+        w.writerows(csv_rows)
+    return md_path, md

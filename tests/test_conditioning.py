@@ -1,0 +1,219 @@
+"""The conditioning library's required properties, on a small timm ViT and the HF Nyströmformer."""
+
+import pytest
+import torch
+from conftest import MODELS, nystrom_inputs, tiny_nystromformer, tiny_vit, vit_inputs
+
+import condattn
+from condattn.conditioning import find_attention, find_tokens, polar_correction, remove_conditioning
+
+METHODS = ["none", "spectral", "embedded", "spectral+embedded"]
+
+
+def run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)
+
+
+def kappa(x: torch.Tensor) -> torch.Tensor:
+    s = torch.linalg.svdvals(x.double())
+    return s[..., 0] / s[..., -1]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_none_is_bit_identical_and_patches_nothing(name):
+    build, inputs = MODELS[name]
+    ref, model = build(), build()
+    rep = condattn.apply_conditioning(model, "none")
+    assert rep.counts == {}
+    assert torch.equal(run(ref, inputs()), run(model, inputs()))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("method", METHODS[1:])
+def test_no_new_parameters_and_state_dict_round_trip(name, method):
+    build, inputs = MODELS[name]
+    base, cond = build(), build()
+    params = {n: p.shape for n, p in base.named_parameters()}
+    condattn.apply_conditioning(cond, method, lam=2.0)
+    assert {n: p.shape for n, p in cond.named_parameters()} == params
+    assert list(cond.state_dict()) == list(base.state_dict())
+    # a baseline checkpoint loads into the conditioned model and back, strictly
+    cond.load_state_dict(base.state_dict(), strict=True)
+    base.load_state_dict(cond.state_dict(), strict=True)
+    out = run(cond, inputs())
+    assert torch.isfinite(out).all()
+    assert not torch.equal(out, run(base, inputs()))  # the patch is live
+    remove_conditioning(cond)
+    assert torch.equal(run(cond, inputs()), run(base, inputs()))
+
+
+@pytest.mark.parametrize("name,expected", [("vit", {"spectral:timm_fused_qkv": 2}),
+                                           ("nystromformer", {"spectral:hf_separate_qkv": 2})])
+def test_report_counts(name, expected):
+    model = MODELS[name][0]()
+    rep = condattn.apply_conditioning(model, "spectral+embedded")
+    assert {k: v for k, v in rep.counts.items() if k.startswith("spectral")} == expected
+    assert rep.count("embedded") == 1
+    rep.check(attention_layers=2)
+    with pytest.raises(RuntimeError, match="expects 12"):
+        rep.check(attention_layers=12)
+
+
+def _explicit_weight(weight, num_heads, head_dim, cols_per_role, roles, lam, identity):
+    """(W + λI)^T in torch layout, built directly from the definition (independent of SpectralShift)."""
+    w = weight.clone()
+    d_in = w.shape[1]
+    for role_idx in roles:
+        start = cols_per_role * role_idx
+        if identity == "full":
+            w[start : start + cols_per_role] += lam * torch.eye(cols_per_role, d_in)
+        else:
+            for h in range(num_heads):
+                s = start + h * head_dim
+                w[s : s + head_dim] += lam * torch.eye(head_dim, d_in)
+    return w
+
+
+@pytest.mark.parametrize("identity", ["full", "per_head"])
+@pytest.mark.parametrize("targets", [["q", "k", "v"], ["v"], ["q", "k"]])
+def test_spectral_equals_explicit_formula_fused_qkv(identity, targets):
+    model = tiny_vit()
+    condattn.apply_conditioning(model, "spectral", lam=3.0, identity=identity, targets=targets)
+    site = find_attention(model)[0]
+    lin = site.proj["q"].linear
+    seen = {}
+    lin.register_forward_hook(lambda m, a, o: seen.update(x=a[0], y=o))  # runs after the SCA hook
+    run(model, vit_inputs())
+    a = site.num_heads * site.head_dim
+    roles = [("q", "k", "v").index(t) for t in targets]
+    w = _explicit_weight(lin.weight.detach(), site.num_heads, site.head_dim, a, roles, 3.0, identity)
+    expected = seen["x"] @ w.T + lin.bias.detach()
+    torch.testing.assert_close(seen["y"], expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(site.weight("q", effective=True), w[:a])
+
+
+@pytest.mark.parametrize("identity", ["full", "per_head"])
+def test_spectral_equals_explicit_formula_separate_qkv(identity):
+    model = tiny_nystromformer()
+    condattn.apply_conditioning(model, "spectral", lam=10.0, identity=identity)
+    for site in find_attention(model):
+        for role in ("q", "k", "v"):
+            lin = site.proj[role].linear
+            seen = {}
+            h = lin.register_forward_hook(lambda m, a, o, seen=seen: seen.update(x=a[0], y=o))
+            run(model, nystrom_inputs())
+            h.remove()
+            w = _explicit_weight(lin.weight.detach(), site.num_heads, site.head_dim, lin.out_features, [0],
+                                 10.0, identity)
+            torch.testing.assert_close(seen["y"], seen["x"] @ w.T + lin.bias.detach(), rtol=1e-5, atol=1e-4)
+
+
+def _first_block_input(model, inputs):
+    site = find_tokens(model)
+    seen = {}
+    h = site.first_block.register_forward_pre_hook(lambda m, a: seen.update(x=a[0]))
+    run(model, inputs)
+    h.remove()
+    return seen["x"]
+
+
+@pytest.mark.parametrize("solver,bound", [("svd", 2.0 + 1e-4), ("newton_schulz", 2.05)])
+def test_embedded_kappa_at_most_two_vit(solver, bound):
+    base, cond = tiny_vit(), tiny_vit()
+    condattn.apply_conditioning(cond, "embedded", solver=solver)
+    x0, x1 = _first_block_input(base, vit_inputs()), _first_block_input(cond, vit_inputs())
+    assert (kappa(x0) > 5).all()  # the raw tokens are badly conditioned
+    assert (kappa(x1) <= bound).all(), kappa(x1)
+
+
+@pytest.mark.parametrize("solver,bound", [("svd", 2.0 + 1e-4), ("newton_schulz", 2.05)])
+def test_embedded_padding_untouched_and_kappa_nystromformer(solver, bound):
+    base, cond = tiny_nystromformer(), tiny_nystromformer()
+    condattn.apply_conditioning(cond, "embedded", solver=solver)
+    inputs = nystrom_inputs()
+    x0, x1 = _first_block_input(base, inputs), _first_block_input(cond, inputs)
+    mask = inputs["attention_mask"].bool()
+    assert torch.equal(x0[~mask], x1[~mask])  # padded positions: bit-identical
+    assert not torch.equal(x0[mask], x1[mask])
+    for b in range(x1.shape[0]):
+        assert kappa(x1[b, mask[b]]) <= bound
+        assert kappa(x0[b, mask[b]]) > 2.5
+
+
+def test_embedded_patches_only_leaves_cls_token():
+    base, cond = tiny_vit(), tiny_vit()
+    condattn.apply_conditioning(cond, "embedded", tokens="patches_only")
+    x0, x1 = _first_block_input(base, vit_inputs()), _first_block_input(cond, vit_inputs())
+    assert torch.equal(x0[:, 0], x1[:, 0])
+    assert (kappa(x1[:, 1:]) <= 2.0 + 1e-4).all()
+
+
+def test_embedded_before_pos_embed_hooks_patch_embed():
+    model = tiny_vit()
+    rep = condattn.apply_conditioning(model, "embedded", position="before_pos_embed")
+    assert rep.entries[0].module == "patch_embed"
+    seen = {}
+    model.patch_embed.register_forward_hook(lambda m, a, o: seen.update(x=o))
+    run(model, vit_inputs())
+    assert (kappa(seen["x"]) <= 2.0 + 1e-4).all()
+
+
+def test_embedded_gradient_modes():
+    x = torch.randn(2, 20, 8, requires_grad=True)
+    polar_correction(x, gradient="detach").sum().backward()
+    g_detach = x.grad.clone()
+    assert torch.allclose(g_detach, torch.ones_like(x))  # C is a constant
+    x.grad = None
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[1, 15:] = False
+    polar_correction(x, mask, gradient="through").square().sum().backward()
+    assert torch.isfinite(x.grad).all() and not torch.allclose(x.grad, 2 * x.detach())
+
+
+def test_polar_correction_exact_formula():
+    x = torch.randn(3, 12, 5, dtype=torch.float64)
+    u, s, vh = torch.linalg.svd(x, full_matrices=False)
+    expected = x + s[:, :1, None] * (u @ vh)
+    torch.testing.assert_close(polar_correction(x), expected)
+    sv = torch.linalg.svdvals(polar_correction(x))
+    torch.testing.assert_close(sv, s + s[:, :1])
+
+
+def test_applying_twice_is_refused():
+    model = tiny_vit()
+    condattn.apply_conditioning(model, "spectral")
+    with pytest.raises(RuntimeError, match="already conditioned"):
+        condattn.apply_conditioning(model, "embedded")
+
+
+@pytest.mark.parametrize(
+    "method,opts,match",
+    [
+        ("sca", {}, "valid methods: none, spectral, embedded, spectral\\+embedded"),
+        ("spectral", {"lambda": 3}, "valid options: lam, targets, identity"),
+        ("spectral", {"identity": "diag"}, r"identity='diag' is invalid; choose one of \['full', 'per_head'\]"),
+        ("embedded", {"solver": "qr"}, "solver='qr' is invalid"),
+        ("spectral", {"targets": ["q", "o"]}, "non-empty subset of"),
+    ],
+)
+def test_bad_method_or_option_is_refused_with_valid_ones(method, opts, match):
+    with pytest.raises(ValueError, match=match):
+        condattn.apply_conditioning(tiny_vit(), method, **opts)
+
+
+def test_unknown_architecture_is_refused():
+    with pytest.raises(ValueError, match="no attention module"):
+        condattn.apply_conditioning(torch.nn.Sequential(torch.nn.Linear(4, 4)), "spectral")
+    with pytest.raises(ValueError, match="cannot locate the first transformer block"):
+        condattn.apply_conditioning(torch.nn.Sequential(torch.nn.Linear(4, 4)), "embedded")
+
+
+def test_spectral_gradients_reach_weights_and_lambda_is_not_trained():
+    model = tiny_vit().train()
+    condattn.apply_conditioning(model, "spectral", lam=2.0)
+    model(**vit_inputs()).sum().backward()
+    for site in find_attention(model):
+        for role in "qkv":
+            assert site.grad(role) is not None and site.grad(role).abs().sum() > 0
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in tiny_vit().parameters())
