@@ -8,6 +8,7 @@ summary.json. Preemption (SIGTERM / SIGUSR1 / first Ctrl-C) saves a checkpoint a
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -114,6 +115,7 @@ def _first(ds, n: int) -> dict[str, torch.Tensor]:
 
 
 def train(cfg: Any) -> dict:
+    logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per checkpoint file otherwise
     run_dir = Path(cfg.run.dir)
     if cfg.resume == "auto" and (done := summary_is_finished(run_dir)):
         print(f"[condattn] {run_dir} already finished; nothing to do (resume=never reruns it)")
@@ -174,7 +176,7 @@ def train(cfg: Any) -> dict:
         if not main:
             return {}
         batch = {k: v.to(accelerator.device) for k, v in diag_batch.items()}
-        _, flat = cheap_diagnostics(raw, task.forward, batch, mask=batch.get("attention_mask"))
+        flat = cheap_diagnostics(raw, task.forward, batch, mask=batch.get("attention_mask"))["flat"]
         logger.log(step, "diag", flat)
         return flat
 
@@ -223,9 +225,10 @@ def train(cfg: Any) -> dict:
                     f"non-finite loss ({loss.item()}) at step {state.step} of {run_dir}; last good checkpoint: "
                     f"{last_ckpt or 'none'}. Lower optim.lr or enable optim.clip_grad_norm."
                 )
-            if state.step == 0 and main:
-                step0_diag.update(grad_diagnostics(raw))
-                logger.log(0, "diag", step0_diag)
+            if state.step == 0 and main:  # gradient norms of W_Q/W_K/W_V at step 0 (before the first update)
+                grads = grad_diagnostics(raw)
+                step0_diag.update(grads)
+                logger.log(0, "grad", grads)
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), float(clip)) if clip else None
             optimizer.step()
             scheduler.step()

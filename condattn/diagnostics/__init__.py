@@ -1,0 +1,41 @@
+"""Measurements of the papers' figures (../../shared/METHODS.md §4): κ of W_Q/W_K/W_V, κ(X) per block,
+κ of attention outputs, attention entropy, W_Q/W_K/W_V gradient norms, and κ(J) of one attention head."""
+
+from .attention import AttentionProbe, attention_entropy, softmax_entropy
+from .collect import cheap_diagnostics, flat_metrics, grad_diagnostics
+from .grads import qkv_grad_norms
+from .jacobian import (
+    attention_head,
+    attention_jacobian,
+    jacobian_condition_number,
+    jacobian_condition_number_matfree,
+    jacobian_singular_values,
+    lanczos_extremes,
+)
+from .linalg import batch_condition_numbers, condition_number, sigma_max, sigma_min, singular_values
+from .tokens import TokenProbe, token_conditioning
+from .weights import weight_conditioning
+
+__all__ = [
+    "AttentionProbe",
+    "TokenProbe",
+    "attention_entropy",
+    "attention_head",
+    "attention_jacobian",
+    "batch_condition_numbers",
+    "cheap_diagnostics",
+    "condition_number",
+    "flat_metrics",
+    "grad_diagnostics",
+    "jacobian_condition_number",
+    "jacobian_condition_number_matfree",
+    "jacobian_singular_values",
+    "lanczos_extremes",
+    "qkv_grad_norms",
+    "sigma_max",
+    "sigma_min",
+    "singular_values",
+    "softmax_entropy",
+    "token_conditioning",
+    "weight_conditioning",
+]

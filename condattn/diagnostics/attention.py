@@ -1,0 +1,139 @@
+"""Attention entropy and maximum probability per layer and head.
+
+q and k are read from the outputs of each site's projection Linear(s) by forward hooks registered after
+any conditioning hooks, so under SCA they are the (W + λI) projections the model really uses. From them
+the exact softmax(q k^T · scale) over the keys is recomputed (scale = the module's `scale`, else
+1/sqrt(head_dim); a timm q_norm/k_norm is applied first). Padded keys are masked out and padded queries
+excluded. For Nyströmformer this is the exact softmax attention that its q and k define, i.e. the matrix
+its landmark (Nyström) attention approximates, not the approximation itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..conditioning.targets import AttentionSite, find_attention
+from ._util import rows_kept
+
+_CHUNK_ELEMENTS = 1 << 25  # logits per chunk of samples, to bound memory on long sequences
+
+
+def _scale(site: AttentionSite) -> float:
+    s = getattr(site.module, "scale", None)
+    return float(s) if isinstance(s, (int, float)) else site.head_dim**-0.5
+
+
+def _heads(t: torch.Tensor, site: AttentionSite) -> torch.Tensor:
+    if t.dim() == 2:
+        t = t.unsqueeze(0)
+    b, n = t.shape[0], t.shape[-2]
+    return t.reshape(b, n, site.num_heads, site.head_dim).transpose(1, 2)  # (B, H, N, d)
+
+
+def softmax_entropy(logits: torch.Tensor, key_keep: torch.Tensor | None = None):
+    """Entropy (nats) and max probability of softmax(logits) over the last dim; logits (B, H, Nq, Nk),
+    key_keep (B, Nk) bool. Returns two (B, H, Nq) tensors."""
+    if key_keep is not None:
+        logits = logits.masked_fill(~key_keep[:, None, None, :], float("-inf"))
+    logp = torch.log_softmax(logits, dim=-1)
+    p = logp.exp()
+    ent = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+    return ent, p.amax(-1)
+
+
+class AttentionProbe:
+    """Context manager: while active, every forward accumulates per-head attention entropy and max
+    probability of every attention site. `mask` (B, N), 1/True = real token."""
+
+    def __init__(self, model: nn.Module, mask: torch.Tensor | None = None):
+        self.sites = find_attention(model)
+        self.mask = mask
+        h = [s.num_heads for s in self.sites]
+        self.ent = [torch.zeros(n, dtype=torch.float64) for n in h]
+        self.maxp = [torch.zeros(n, dtype=torch.float64) for n in h]
+        self.count = [0] * len(self.sites)
+        self.uniform = [0.0] * len(self.sites)  # Σ over queries of log(#valid keys)
+        self._buf: list[dict] = [{} for _ in self.sites]
+        self._handles: list = []
+
+    def __enter__(self) -> AttentionProbe:
+        for i, site in enumerate(self.sites):
+            groups: dict[int, tuple[nn.Linear, list[str]]] = {}
+            for role in ("q", "k"):
+                lin = site.proj[role].linear
+                groups.setdefault(id(lin), (lin, []))[1].append(role)
+            for lin, roles in groups.values():
+
+                def hook(module, args, output, i=i, roles=tuple(roles)):
+                    self._capture(i, roles, output)
+
+                self._handles.append(lin.register_forward_hook(hook))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._buf = [{} for _ in self.sites]
+
+    def _capture(self, i: int, roles: tuple[str, ...], output: torch.Tensor) -> None:
+        site, buf = self.sites[i], self._buf[i]
+        for role in roles:
+            buf[role] = output.detach()[..., site.proj[role].cols]
+        if "q" in buf and "k" in buf:
+            self._accumulate(i, _heads(buf.pop("q"), site), _heads(buf.pop("k"), site))
+
+    def _accumulate(self, i: int, q: torch.Tensor, k: torch.Tensor) -> None:
+        site = self.sites[i]
+        qn, kn = getattr(site.module, "q_norm", None), getattr(site.module, "k_norm", None)
+        q = (qn(q) if isinstance(qn, nn.Module) else q).float()
+        k = (kn(k) if isinstance(kn, nn.Module) else k).float()
+        b, h, nq, _ = q.shape
+        nk = k.shape[2]
+        qkeep = rows_kept(self.mask, b, nq, q.device)
+        kkeep = rows_kept(self.mask, b, nk, q.device)
+        qw = torch.ones(b, nq, device=q.device) if qkeep is None else qkeep.float()
+        nkeys = torch.full((b,), float(nk), device=q.device) if kkeep is None else kkeep.sum(1).float()
+        step = max(1, _CHUNK_ELEMENTS // (h * nq * nk))
+        scale = _scale(site)
+        for s in range(0, b, step):
+            sl = slice(s, s + step)
+            ent, maxp = softmax_entropy(q[sl] @ k[sl].transpose(-1, -2) * scale, None if kkeep is None else kkeep[sl])
+            w = qw[sl][:, None, :]
+            self.ent[i] += (ent * w).sum((0, 2)).double().cpu()
+            self.maxp[i] += (maxp * w).sum((0, 2)).double().cpu()
+        self.count[i] += int(qw.sum())
+        self.uniform[i] += float((qw.sum(1).double() * nkeys.double().log()).sum())
+
+    def results(self) -> list[dict]:
+        """Per layer: {"layer", "name", "entropy", "maxprob", "entropy_uniform", "entropy_heads": [...],
+        "maxprob_heads": [...]}; means over samples and valid queries (heads averaged for the layer
+        values). entropy_uniform = mean log(#valid keys), the entropy of uniform attention."""
+        out = []
+        for i, site in enumerate(self.sites):
+            c = self.count[i]
+            ent = (self.ent[i] / c).tolist() if c else [math.nan] * site.num_heads
+            maxp = (self.maxp[i] / c).tolist() if c else [math.nan] * site.num_heads
+            out.append(
+                {
+                    "layer": i,
+                    "name": site.name,
+                    "entropy": sum(ent) / len(ent),
+                    "maxprob": sum(maxp) / len(maxp),
+                    "entropy_uniform": self.uniform[i] / c if c else math.nan,
+                    "entropy_heads": ent,
+                    "maxprob_heads": maxp,
+                }
+            )
+        return out
+
+
+def attention_entropy(model: nn.Module, forward: Callable, batch, mask: torch.Tensor | None = None) -> list[dict]:
+    """Run `forward(model, batch)` once under no_grad and return AttentionProbe.results()."""
+    with torch.no_grad(), AttentionProbe(model, mask) as probe:
+        forward(model, batch)
+    return probe.results()
