@@ -15,7 +15,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export WANDB_SILENT ?= true
 
-.PHONY: install test lint test-fast diagnose reproduce-table-4 report-table-4 clean
+.PHONY: install test lint test-fast diagnose clean
 
 install:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

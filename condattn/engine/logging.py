@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ class RunLogger:
         import wandb
 
         id_file = run_dir / "wandb_id.txt"  # same wandb run across resumes and requeues
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         id_file.write_text(run_id)
         return wandb.init(
             project=cfg.logger.project,

@@ -84,7 +84,12 @@ def provenance_line(exp: dict, scale: str, cells: dict[tuple, Cell]) -> str:
     hardware = sorted({s.get("hardware_line", "unknown") for s in sums}) or ["none"]
     seeds = sorted({seed for c in cells.values() for seed in c.seeds})
     stand_in = any(s.get("data", {}).get("stand_in") for s in sums)
-    data = "offline stand-in data (not comparable with the papers)" if stand_in else "the papers' datasets"
+    if not sums:
+        data = "no finished runs yet"
+    elif stand_in:
+        data = "offline stand-in data (not comparable with the papers)"
+    else:
+        data = "the papers' datasets"
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"Ours: scale={scale}, {data}, seeds {seeds}, commit {', '.join(commits)}, hardware {', '.join(hardware)}, "
@@ -156,7 +161,8 @@ def plot_curves(exp: dict, scale: str, cells: dict[tuple, Cell], out: Path) -> P
         ax.set_title(f"{row} ({scale})")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(f"{split} {key} (%)")
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     if not drew:
         plt.close(fig)
         return None

@@ -1,0 +1,352 @@
+"""`python -m condattn.diagnose [--method M] [--batch B] [--out DIR] [--jacobian] [hydra overrides...]`
+
+Measures one model the Hydra configs describe (the same config `python -m condattn.train` runs), baseline and
+conditioned side by side (../shared/METHODS.md §4). The model is built ONCE (seeded as the trainer seeds it),
+deep-copied, and `none` / the method applied to the two copies, so both arms have identical stored weights.
+On the first `--batch` validation samples it measures per layer κ(W_Q/W_K/W_V) and σ_min(W_Q) (effective
+weights, W + λI under SCA), κ(X) of each block's input, attention entropy and max probability (one forward),
+and ‖∇W_Q‖, ‖∇W_K‖ after one backward of the task loss (eval mode: no dropout, so both arms compute the
+same function of the same batch). `--jacobian` adds κ(J) of the first attention layer's head 0.
+
+Prints a table ("baseline → conditioned" per cell) under a provenance header, and writes
+`<out>/<model>_<method>_<scale>.{png,json}` (default out: `<paths.results>/diagnose`).
+Model-specific code lives in the registries (models, tasks, conditioning layouts), not here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import textwrap
+import time
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from .config import CONFIG_DIR, compose
+
+# κ(J) of one head: J is (N·d) × (3·D·d). Exact (jacrev + float64 SVD) while J has at most this many entries
+# (~32 MB; a few seconds on 2 CPU cores), on the first tokens of the sample when all of them would exceed it.
+EXACT_MAX_ENTRIES = 4_000_000
+MIN_EXACT_TOKENS = 8  # when fewer tokens fit the exact budget, use the matrix-free (Lanczos) κ(J) instead
+
+ARROW = " → "
+COLUMNS = (  # (header, flat diagnostics key; i = layer / block index)
+    ("κ(W_Q)", "kappa_wq/l{i}"),
+    ("κ(W_K)", "kappa_wk/l{i}"),
+    ("κ(W_V)", "kappa_wv/l{i}"),
+    ("σ_min(W_Q)", "sigma_min_wq/l{i}"),
+    ("κ(X in)", "kappa_x/b{i}"),
+    ("entropy", "entropy/l{i}"),
+    ("max prob", "maxprob/l{i}"),
+    ("‖∇W_Q‖", "gradnorm_wq/l{i}"),
+    ("‖∇W_K‖", "gradnorm_wk/l{i}"),
+)
+
+
+class DiagnoseError(Exception):
+    """A user error (bad method, option or data path): printed as one message, exit code 2."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m condattn.diagnose",
+        description="Per-layer κ / entropy / gradient table of a configured model, baseline → conditioned.",
+    )
+    p.add_argument("--method", help="conditioning method (default: the conditioning=... override, else spectral)")
+    p.add_argument("--batch", type=int, default=4, help="validation samples measured (default 4)")
+    p.add_argument("--out", help="output directory (default: <paths.results>/diagnose)")
+    p.add_argument("--jacobian", action="store_true", help="also κ(J) of the first attention layer's head 0")
+    p.add_argument(
+        "--jacobian-tokens", type=int, default=None, metavar="N",
+        help=f"use at most the first N tokens for κ(J) (default: all that keep J ≤ {EXACT_MAX_ENTRIES:.0e} entries)",
+    )
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m condattn.train")
+    args = p.parse_intermixed_args(argv)
+    if args.batch < 1:
+        p.error("--batch must be at least 1")
+    if args.jacobian_tokens is not None and args.jacobian_tokens < 1:
+        p.error("--jacobian-tokens must be at least 1")
+    return args
+
+
+def with_method(method: str | None, overrides: list[str]) -> list[str]:
+    """The overrides with the conditioning method made explicit (conditioning=spectral when none is given)."""
+    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == "conditioning"]
+    if method is None:
+        return overrides if given else ["conditioning=spectral", *overrides]
+    if given:
+        if given[-1] != method:
+            raise DiagnoseError(f"--method {method} contradicts the override conditioning={given[-1]}")
+        return overrides
+    if (CONFIG_DIR / "conditioning" / f"{method}.yaml").is_file():
+        return [f"conditioning={method}", *overrides]
+    # not a config option: let apply_conditioning's check name the valid methods
+    return [*overrides, f"conditioning.method={method}"]
+
+
+def _first(ds, n: int) -> dict[str, torch.Tensor]:
+    items = [ds[i] for i in range(min(n, len(ds)))]
+    return {k: torch.stack([it[k] for it in items]) for k in items[0]}
+
+
+def _layer_input(args: tuple, kwargs: dict) -> torch.Tensor:
+    if args and torch.is_tensor(args[0]):
+        return args[0]
+    for key in ("hidden_states", "x"):
+        if key in kwargs:
+            return kwargs[key]
+    raise RuntimeError("cannot find the token tensor among the attention module's inputs")
+
+
+def measure(model: torch.nn.Module, task, batch: dict[str, torch.Tensor]) -> dict:
+    """cheap_diagnostics (one forward) + W_Q/W_K/W_V gradient norms after one backward of the task loss."""
+    from .diagnostics import cheap_diagnostics, grad_diagnostics, qkv_grad_norms
+
+    out = cheap_diagnostics(model, task.forward, batch, mask=batch.get("attention_mask"))
+    model.zero_grad(set_to_none=True)
+    loss, _ = task.loss(model, batch)
+    loss.backward()
+    out["grads"] = qkv_grad_norms(model)
+    out["flat"].update(grad_diagnostics(model))
+    out["loss"] = float(loss.detach())
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def head_inputs(model: torch.nn.Module, task, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list, Any]:
+    """(X, [W_Q, W_K, W_V] of head 0 in the paper's (D, d) layout, attention site) for the first attention
+    layer: X = its input tokens of sample 0 (padded rows dropped), captured by a forward pre-hook."""
+    from .conditioning.targets import ROLES, find_attention
+    from .diagnostics._util import as_tokens, rows_kept
+
+    sites = find_attention(model)
+    if not sites:
+        raise DiagnoseError(f"--jacobian: no attention layer of {type(model).__name__} matches a registered layout")
+    site, seen = sites[0], []
+    handle = site.module.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(_layer_input(a, kw).detach()), with_kwargs=True
+    )
+    one = {k: v[:1] for k, v in batch.items()}
+    try:
+        with torch.no_grad():
+            task.forward(model, one)
+    finally:
+        handle.remove()
+    x = as_tokens(seen[0])
+    keep = rows_kept(one.get("attention_mask"), 1, x.shape[1], x.device)
+    X = x[0] if keep is None else x[0][keep[0]]
+    return X, [site.head_weight(r, 0, effective=True).T for r in ROLES], site
+
+
+def jacobian_kappa(model: torch.nn.Module, task, batch: dict[str, torch.Tensor], max_tokens: int | None) -> dict:
+    """κ(J) of the exact softmax head 0 of the first attention layer with respect to (W_Q, W_K, W_V)."""
+    from .diagnostics import jacobian_condition_number, jacobian_condition_number_matfree
+
+    X, W, site = head_inputs(model, task, batch)
+    n_all, D, d = X.shape[0], X.shape[1], W[0].shape[1]
+    per_token = d * 3 * D * d  # entries of J per token
+    n = min(n_all, max_tokens or n_all)
+    why = "--jacobian-tokens" if n < n_all else None
+    exact = n * per_token <= EXACT_MAX_ENTRIES or EXACT_MAX_ENTRIES // per_token >= MIN_EXACT_TOKENS
+    if exact and n * per_token > EXACT_MAX_ENTRIES:
+        n, why = EXACT_MAX_ENTRIES // per_token, f"to keep J ≤ {EXACT_MAX_ENTRIES:.0e} entries for the exact SVD"
+    elif not exact and n > D:  # J Jᵀ (N·d square) is generically nonsingular only while N ≤ D
+        n, why = D, f"N ≤ D = {D} keeps J Jᵀ nonsingular for the matrix-free solver"
+    s = getattr(site.module, "scale", None)
+    scale = float(s) if isinstance(s, (int, float)) else None  # None: 1/sqrt(d)
+    t0 = time.perf_counter()
+    res: dict[str, Any] = {"layer": site.name, "head": 0, "tokens": n, "tokens_total": n_all, "subsampled": why,
+                           "J_shape": [n * d, 3 * D * d], "scale": scale if scale is not None else d**-0.5}
+    if exact:
+        res.update(solver="exact", kappa=jacobian_condition_number(X[:n], *W, scale=scale))
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # reported through `info` below
+            kappa, info = jacobian_condition_number_matfree(X[:n], *W, scale=scale, return_info=True)
+        res.update(solver="matrix-free", kappa=kappa, info=info)
+    res["seconds"] = round(time.perf_counter() - t0, 2)
+    return res
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "—"
+    return f"{v:.4g}"
+
+
+def table(flat: tuple[dict, dict], rows: int) -> list[str]:
+    header = ["layer", *(h for h, _ in COLUMNS)]
+    cells = [
+        [str(i), *(_fmt(flat[0].get(k.format(i=i))) + ARROW + _fmt(flat[1].get(k.format(i=i))) for _, k in COLUMNS)]
+        for i in range(rows)
+    ]
+    width = [max(len(r[j]) for r in [header, *cells]) for j in range(len(header))]
+    line = lambda r: "  ".join(c.rjust(w) for c, w in zip(r, width))  # noqa: E731
+    return [line(header), "  ".join("-" * w for w in width), *(line(r) for r in cells)]
+
+
+def plot(path: Path, arms: dict[str, dict], title: str, footer: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 4.8))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 3)
+    styles = {"baseline": "-", "conditioned": "--"}
+    for arm, nested in arms.items():
+        ls = styles[arm]
+        for role, color in zip("qkv", ("C0", "C1", "C2")):
+            y = [w[role]["kappa"] for w in nested["weights"]]
+            axes[0].plot(range(len(y)), y, ls, marker="o", color=color, label=f"W_{role.upper()} {arm}")
+        y = [b["kappa_mean"] for b in nested["blocks"]]
+        axes[1].plot(range(len(y)), y, ls, marker="o", color="C3", label=f"{arm} (mean)")
+        y = [b["kappa_max"] for b in nested["blocks"]]
+        axes[1].plot(range(len(y)), y, ls, marker="^", color="C4", alpha=0.6, label=f"{arm} (max)")
+        y = [a["entropy"] for a in nested["attention"]]
+        axes[2].plot(range(len(y)), y, ls, marker="o", color="C5", label=arm)
+    uni = [a["entropy_uniform"] for a in arms["baseline"]["attention"]]
+    axes[2].plot(range(len(uni)), uni, ":", color="grey", label="uniform attention")
+    names = (("κ(W_Q), κ(W_K), κ(W_V) (effective)", "attention layer", True),
+             ("κ(X) entering each block", "block", True), ("attention entropy (nats)", "attention layer", False))
+    for ax, (name, xlabel, log) in zip(axes, names):
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(xlabel)
+        if log:
+            ax.set_yscale("log")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=11)
+    fig.text(0.01, 0.01, textwrap.fill(footer, 190), fontsize=7, family="monospace", va="bottom")
+    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool = False,
+        jacobian_tokens: int | None = None, argv: list[str] | None = None) -> dict:
+    """Measure both arms, print the table, write the png and json; returns the json's content."""
+    from accelerate.utils import set_seed
+
+    from .conditioning import apply_conditioning
+    from .conditioning.api import resolve_options
+    from .data.build import build_datasets
+    from .engine import provenance
+    from .engine.io import write_json_atomic
+    from .models import build_model
+    from .tasks import build_task
+
+    cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
+    method = cond.pop("method")
+    try:
+        resolve_options(method, cond)  # apply_conditioning's own check, before any data or model is built
+    except ValueError as e:
+        raise DiagnoseError(f"ValueError: {e}") from e
+    if cfg.impl.get("threads"):
+        torch.set_num_threads(int(cfg.impl.threads))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    set_seed(int(cfg.seed))  # the trainer's order: seed, data, model -> the model `train` starts from
+    try:
+        data = build_datasets(cfg)
+    except FileNotFoundError as e:
+        raise DiagnoseError(str(e)) from e
+    model = build_model(cfg.model).to(device).eval()
+    models = {"baseline": model, "conditioned": copy.deepcopy(model)}
+    apply_conditioning(models["baseline"], "none")
+    report = apply_conditioning(models["conditioned"], method, **cond)
+    report.check(attention_layers=cfg.model.get("attention_layers"))
+    task = build_task(cfg)
+    batch = {k: v.to(device) for k, v in _first(data.val, batch_size).items()}
+
+    arms = {arm: measure(m, task, batch) for arm, m in models.items()}
+    if jacobian:
+        for arm, m in models.items():
+            arms[arm]["jacobian"] = jacobian_kappa(m, task, batch, jacobian_tokens)
+
+    hw = provenance.hardware(device, 1)
+    opts = ", ".join(f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in report.options.items())
+    prov = {
+        "model": str(cfg.model.name), "method": method, "options": report.options, "scale": str(cfg.scale.name),
+        "seed": int(cfg.seed), "batch": len(next(iter(batch.values()))), "split": "val",
+        "data": {"checksum": data.checksum, **data.info}, "commit": provenance.git_commit(), "hardware": hw,
+        "hardware_line": provenance.describe(hw), "versions": provenance.versions(), "argv": argv,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    method_line = f"{method}({opts})" if opts else method
+    head = [
+        f"condattn.diagnose: {prov['model']}, baseline (none) → {method_line}",
+        f"  scale={prov['scale']} seed={prov['seed']} batch={prov['batch']} validation samples | "
+        f"commit {prov['commit']} | {prov['hardware_line']}, device {device}, torch threads {torch.get_num_threads()}",
+        f"  data: {data.info.get('source', '?')}",
+        f"  patch: {', '.join(f'{k} ×{v}' for k, v in report.counts.items()) or 'nothing'}",
+    ]
+    flat = (arms["baseline"]["flat"], arms["conditioned"]["flat"])
+    rows = max(len(arms["baseline"]["weights"]), len(arms["baseline"]["blocks"]))
+    uniform = [f"{a['entropy_uniform']:.3g}" for a in arms["baseline"]["attention"]]
+    notes = [
+        "each cell: baseline → conditioned. κ(W): full H·d×D block, effective (W + λI under SCA); κ(X in): tokens "
+        "entering block i, mean over samples, padding excluded;",
+        f"entropy (nats; uniform = {', '.join(uniform)}) / max prob: exact softmax(q kᵀ) of the layer's q, k, mean "
+        "over heads and queries; ‖∇W‖_F: one backward of the task loss, eval mode "
+        f"(loss {arms['baseline']['loss']:.4g} → {arms['conditioned']['loss']:.4g}).",
+    ]
+    lines = [*head, "", *table(flat, rows), *notes]
+    if jacobian:
+        jb, jc = arms["baseline"]["jacobian"], arms["conditioned"]["jacobian"]
+        how = "jacrev + float64 SVD" if jb["solver"] == "exact" else "Lanczos on J Jᵀ"
+        sub = (f"SUBSAMPLED: the first {jb['tokens']} of its {jb['tokens_total']} tokens ({jb['subsampled']})"
+               if jb["subsampled"] else f"all {jb['tokens']} tokens")
+        lines += ["", f"κ(J) of layer 0 ({jb['layer']}) head 0 w.r.t. (W_Q, W_K, W_V): exact softmax head, no bias, "
+                  f"scale {jb['scale']:.4g}, on sample 0, {sub}; {jb['solver']} ({how}), J {jb['J_shape'][0]}×"
+                  f"{jb['J_shape'][1]}"]
+        for arm, j in (("baseline", jb), ("conditioned", jc)):
+            info = j.get("info")
+            if info and not info["converged"]:
+                lines.append(f"  {arm}: Lanczos not converged after {info['iterations']} steps: κ(J) is a lower bound")
+            if j["kappa"] == float("inf"):
+                lines.append(f"  {arm}: J Jᵀ is numerically singular, κ(J) undefined matrix-free")
+        lines.append(f"  κ(J): {_fmt(jb['kappa'])}{ARROW}{_fmt(jc['kappa'])}  ({jb['seconds']}s, {jc['seconds']}s)")
+
+    out = Path(out) if out is not None else Path(cfg.paths.results) / "diagnose"
+    stem = f"{prov['model']}_{method}_{prov['scale']}"
+    png, js = out / f"{stem}.png", out / f"{stem}.json"
+    result = {"provenance": prov, "patch": report.to_dict(), **arms}
+    write_json_atomic(js, result)
+    footer = (f"seed {prov['seed']} | batch {prov['batch']} val | commit {prov['commit']} | {prov['hardware_line']} | "
+              f"data: {data.info.get('source', '?')}")
+    plot(png, arms, f"{prov['model']}: baseline (solid) vs {method_line} (dashed), scale {prov['scale']}", footer)
+    lines += ["", f"wrote {png}", f"wrote {js}"]
+    print("\n".join(lines))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    try:
+        overrides = with_method(args.method, args.overrides)
+    except DiagnoseError as e:
+        print(f"diagnose: {e}", file=sys.stderr)
+        return 2
+    try:
+        cfg = compose(overrides)
+    except Exception as e:  # Hydra's own message names the override
+        print(f"diagnose: bad override among {' '.join(overrides)}", file=sys.stderr)
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    try:
+        run(cfg, args.batch, args.out, args.jacobian, args.jacobian_tokens, argv)
+    except DiagnoseError as e:
+        print(f"diagnose: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
