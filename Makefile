@@ -39,11 +39,11 @@ diagnose:
 
 reproduce-table-%:
 	$(BIN)/python -m condattn.reproduce $(firstword $(wildcard experiments/table$*_*.yaml) experiments/table$*.yaml) \
-		--scale $(SCALE) --launcher $(LAUNCHER) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(FORCE),--force) $(ARGS)
+		--scale $(SCALE) --launcher $(LAUNCHER) $(if $(SEEDS),--seeds "$(SEEDS)") $(if $(FORCE),--force) $(ARGS)
 
 report-table-%:
 	$(BIN)/python -m condattn.reproduce $(firstword $(wildcard experiments/table$*_*.yaml) experiments/table$*.yaml) \
-		--scale $(SCALE) --report-only $(if $(SEEDS),--seeds $(SEEDS))
+		--scale $(SCALE) --report-only $(if $(SEEDS),--seeds "$(SEEDS)")
 
 clean:
 	rm -rf runs outputs multirun wandb .pytest_cache .ruff_cache

@@ -37,19 +37,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m condattn.reproduce", description=__doc__.splitlines()[0])
     p.add_argument("experiment", help="experiments/tableN_*.yaml")
     p.add_argument("--scale", default="smoke", help="smoke | small | paper")
-    p.add_argument("--seeds", nargs="*", type=int, help="default: the experiment's seeds for this scale")
+    p.add_argument("--seeds", help='e.g. "0 1 2" or 0,1,2; default: the experiment\'s seeds for this scale')
     p.add_argument("--launcher", default="local", help=f"one of {', '.join(LAUNCHERS)}")
     p.add_argument("--force", action="store_true", help="rerun finished cells from scratch")
     p.add_argument("--report-only", action="store_true", help="only rebuild the table from existing runs")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every cell (e.g. impl.threads=2)")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
 
     exp = load_experiment(args.experiment)
     if args.scale not in exp["scales"]:
         p.error(f"--scale {args.scale!r} is not defined in {args.experiment}; choose one of {list(exp['scales'])}")
     if args.launcher not in LAUNCHERS:
         p.error(f"--launcher {args.launcher!r} is not available; choose one of {list(LAUNCHERS)}")
-    seeds = args.seeds if args.seeds else list(exp["scales"][args.scale]["seeds"])
+    seeds = list(exp["scales"][args.scale]["seeds"])
+    try:
+        seeds = [int(x) for x in args.seeds.replace(",", " ").split()] if args.seeds else seeds
+    except ValueError:
+        p.error(f"--seeds {args.seeds!r}: give integers, e.g. --seeds \"0 1 2\"")
     todo = cells(exp, args.scale, seeds, list(args.overrides))
     configs = [(name, compose(ov)) for name, ov in todo]  # every override checked before any job starts
     runs_root = Path(configs[0][1].paths.runs)

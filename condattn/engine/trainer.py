@@ -122,6 +122,7 @@ def train(cfg: Any) -> dict:
         return done
     if cfg.impl.threads:
         torch.set_num_threads(int(cfg.impl.threads))
+    torch.set_flush_denormal(bool(cfg.impl.get("flush_denormal", True)))
 
     accelerator = Accelerator(mixed_precision=str(cfg.impl.precision), cpu=not torch.cuda.is_available())
     world, rank, main = accelerator.num_processes, accelerator.process_index, accelerator.is_main_process
