@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import time
 from contextlib import nullcontext
 from datetime import datetime, timezone
@@ -196,7 +197,9 @@ def train(cfg: Any) -> dict:
     interrupt_at = cfg.debug.get("interrupt_at_step")
     started = time.time()
     session_steps = 0
-    bar = tqdm(total=steps, initial=state.step, disable=not main, desc=cfg.run.name, mininterval=5, leave=False)
+    tty = sys.stderr.isatty()  # a progress bar on a terminal; one line per evaluation in logs (SLURM, reproduce)
+    bar = tqdm(total=steps, initial=state.step, disable=not (main and tty), desc=cfg.run.name, mininterval=5,
+               leave=False)
     model.train()
     with _StopFlag() as stop:
         sampler.set_epoch(state.epoch)
@@ -248,6 +251,9 @@ def train(cfg: Any) -> dict:
             if state.step % eval_every == 0 or state.step == steps:
                 val = evaluate(val_loader)
                 logger.log(state.step, "val", val)
+                if main and not tty:
+                    print(f"[condattn] {cfg.run.name} step {state.step}/{steps} loss={loss.item():.4f} "
+                          f"val_acc={val['acc']:.4f} ({state.train_time:.0f} s training)", flush=True)
                 if val["acc"] > state.best_val:
                     state.best_val, state.best_step = val["acc"], state.step
                     if main:
