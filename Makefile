@@ -15,7 +15,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export WANDB_SILENT ?= true
 
-.PHONY: install test lint test-fast diagnose clean
+.PHONY: install test lint test-fast diagnose bench clean
 
 install:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: lint
 
 test-fast:
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# forward+backward step time of baseline / SCA / CET-svd / CET-fast per model, side by side (results/bench/)
+bench:
+	$(BIN)/python -m condattn.bench $(ARGS)
 
 # python -m condattn.diagnose prints κ / entropy per layer, baseline beside conditioned.
 diagnose:

@@ -27,7 +27,7 @@ class SpectralShift:
         self.lam = float(lam)
         self.in_features = linear.in_features
         self.src = torch.full((linear.out_features,), -1, dtype=torch.long)
-        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._runs: list[tuple[int, int, int]] | None = None
 
     def add_block(self, cols: slice, num_heads: int, head_dim: int, identity: str) -> None:
         """Place the identity in one role's output columns (all heads of q, k or v)."""
@@ -42,20 +42,29 @@ class SpectralShift:
         for b0, w in blocks:
             n = min(w, self.in_features)  # rectangular identity: only the first min(D_in, width) diagonal
             self.src[b0 : b0 + n] = torch.arange(n)
-        self._cache.clear()
+        self._runs = None
 
-    def _tables(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (device, dtype)
-        if key not in self._cache:
-            idx = self.src.clamp(min=0).to(device)
-            scale = torch.where(self.src >= 0, self.lam, 0.0).to(device=device, dtype=dtype)
-            self._cache[key] = (idx, scale)
-        return self._cache[key]
+    def runs(self) -> list[tuple[int, int, int]]:
+        """`src` as contiguous (out_start, in_start, length) runs: 3 runs for a fused qkv with `full`."""
+        if self._runs is None:
+            runs: list[list[int]] = []
+            for j, i in enumerate(self.src.tolist()):
+                if i < 0:
+                    continue
+                if runs and runs[-1][0] + runs[-1][2] == j and runs[-1][1] + runs[-1][2] == i:
+                    runs[-1][2] += 1
+                else:
+                    runs.append([j, i, 1])
+            self._runs = [tuple(r) for r in runs]
+        return self._runs
 
     def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        x = args[0]
-        idx, scale = self._tables(output.device, output.dtype)
-        return output + x.index_select(-1, idx).to(output.dtype) * scale
+        # In place on the Linear's fresh output (autograd does not save it), one slice add per run: no
+        # weight copy and no full-size temporary.
+        x = args[0].to(output.dtype)
+        for o, i, n in self.runs():
+            output[..., o : o + n].add_(x[..., i : i + n], alpha=self.lam)
+        return output
 
     def delta_weight(self) -> torch.Tensor:
         """The explicit correction in torch layout (out_features, in_features): weight + delta = (W + λI)^T."""

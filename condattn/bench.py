@@ -1,0 +1,171 @@
+"""`python -m condattn.bench` (`make bench`): what each method costs, measured side by side in one run.
+
+For each model at a fixed batch: forward+backward step time and samples/s for baseline, SCA, CET with the
+exact SVD and CET with Newton–Schulz, and each arm's ratio to baseline. Arms are interleaved (one step
+of each in turn, medians over the timed rounds after warm-up), so drift on a shared machine hits all arms
+alike. Peak memory is reported on CUDA. Results go to results/bench/<host>_<device>.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import apply_conditioning
+from .engine import provenance
+
+ARMS = {
+    "baseline": ("none", {}),
+    "SCA": ("spectral", {}),
+    "CET-svd": ("embedded", {"solver": "svd"}),
+    "CET-fast": ("embedded", {"solver": "newton_schulz"}),
+}
+
+
+def _vit_small(batch: int, device: torch.device):
+    import timm
+
+    model = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=1000)
+    x = torch.randn(batch, 3, 224, 224, device=device)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    return model, lambda m: F.cross_entropy(m(x), y)
+
+
+def _bert_base(batch: int, device: torch.device):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    model = BertForSequenceClassification(BertConfig(num_labels=2))  # BERT-base: 12 × 768, 12 heads
+    ids = torch.randint(1000, 30000, (batch, 128), device=device)
+    mask = torch.ones_like(ids)
+    mask[batch // 2 :, 96:] = 0  # half the batch padded: CET must exclude those rows
+    y = torch.randint(0, 2, (batch,), device=device)
+    return model, lambda m: F.cross_entropy(m(input_ids=ids, attention_mask=mask).logits, y)
+
+
+def _nystromformer_lra(batch: int, device: torch.device):
+    from .models.lra import NystromformerClassifier
+
+    model = NystromformerClassifier(vocab_size=19, num_classes=10, seq_len=2048)
+    ids = torch.randint(2, 19, (batch, 2048), device=device)
+    mask = torch.ones_like(ids)
+    y = torch.randint(0, 10, (batch,), device=device)
+    return model, lambda m: F.cross_entropy(m(input_ids=ids, attention_mask=mask), y)
+
+
+MODELS: dict[str, tuple[Callable, int, int]] = {  # name -> (factory, CPU batch, GPU batch)
+    "vit_small_patch16_224": (_vit_small, 16, 128),
+    "bert_base_seq128": (_bert_base, 8, 64),
+    "nystromformer_lra_listops": (_nystromformer_lra, 8, 32),
+}
+
+
+def _step(model: nn.Module, loss_fn: Callable, opt: torch.optim.Optimizer, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    loss_fn(model).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters: int, precision: str) -> dict:
+    factory = MODELS[name][0]
+    torch.manual_seed(0)
+    base, loss_fn = factory(batch, device)
+    arms = {}
+    for arm, (method, opts) in ARMS.items():
+        model = copy.deepcopy(base).to(device).train()
+        apply_conditioning(model, method, **opts)
+        arms[arm] = (model, torch.optim.AdamW(model.parameters(), lr=1e-6))
+    times: dict[str, list[float]] = {a: [] for a in arms}
+    peak: dict[str, float | None] = {a: None for a in arms}
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    with autocast:
+        for i in range(warmup + iters):
+            for arm, (model, opt) in arms.items():
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                dt = _step(model, loss_fn, opt, device)
+                if i >= warmup:
+                    times[arm].append(dt)
+                if device.type == "cuda":
+                    peak[arm] = max(peak[arm] or 0.0, torch.cuda.max_memory_allocated() / 2**20)
+    base_t = statistics.median(times["baseline"])
+    rows = {}
+    for arm, ts in times.items():
+        med = statistics.median(ts)
+        rows[arm] = {
+            "step_ms": round(1000 * med, 1),
+            "samples_per_s": round(batch / med, 2),
+            "ratio_to_baseline": round(med / base_t, 3),
+            "peak_mem_mib": None if peak[arm] is None else round(peak[arm], 1),
+        }
+    return {"model": name, "batch": batch, "warmup": warmup, "iters": iters, "precision": precision, "arms": rows}
+
+
+def render(results: list[dict], header: str) -> str:
+    lines = [header, "", "| model | batch | arm | step (ms, median) | samples/s | × baseline | peak mem (MiB) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        for arm, v in r["arms"].items():
+            mem = "–" if v["peak_mem_mib"] is None else v["peak_mem_mib"]
+            lines.append(f"| {r['model']} | {r['batch']} | {arm} | {v['step_ms']} | {v['samples_per_s']} | "
+                         f"{v['ratio_to_baseline']:.3f} | {mem} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m condattn.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="*", default=list(MODELS), help=f"from {list(MODELS)}")
+    p.add_argument("--batch", type=int, help="default: per model, smaller on CPU")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=7)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--out", default="results/bench")
+    args = p.parse_args(argv)
+    bad = [m for m in args.models if m not in MODELS]
+    if bad:
+        p.error(f"unknown model(s) {bad}; choose from {list(MODELS)}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.set_flush_denormal(True)  # as the trainer does (impl.flush_denormal)
+    hw = provenance.hardware(device, 1)
+    header = (
+        f"# condattn bench: forward+backward+AdamW step, baseline vs SCA vs CET (measured)\n\n"
+        f"{provenance.describe(hw)}, torch threads {torch.get_num_threads()}, precision {args.precision}, "
+        f"commit {provenance.git_commit()}, torch {torch.__version__}, "
+        f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; medians of {args.iters} interleaved "
+        f"rounds after {args.warmup} warm-up rounds"
+    )
+    results = []
+    for name in args.models:
+        batch = args.batch or MODELS[name][1 if device.type == "cpu" else 2]
+        r = bench_model(name, device, batch, args.warmup, args.iters, args.precision)
+        results.append(r)
+        print(render([r], f"## {name}"), flush=True)
+    md = render(results, header)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{hw['host']}_{device.type}_{args.precision}"
+    (out / f"{stem}.md").write_text(md)
+    (out / f"{stem}.json").write_text(json.dumps({"header": header, "hardware": hw, "versions": provenance.versions(),
+                                                  "results": results}, indent=2))
+    print(md)
+    print(f"wrote {out / stem}.md and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

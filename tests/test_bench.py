@@ -1,0 +1,25 @@
+"""`python -m condattn.bench`: one run prints every arm beside baseline and writes its provenance."""
+
+import json
+
+import pytest
+
+from condattn.bench import main
+
+
+@pytest.mark.slow
+def test_bench_runs_all_arms_and_writes_results(tmp_path, capsys):
+    assert main(["--models", "nystromformer_lra_listops", "--batch", "1", "--warmup", "0", "--iters", "1",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for arm in ("baseline", "SCA", "CET-svd", "CET-fast"):
+        assert f"| nystromformer_lra_listops | 1 | {arm} |" in out
+    data = json.loads(next(tmp_path.glob("*.json")).read_text())
+    arms = data["results"][0]["arms"]
+    assert arms["baseline"]["ratio_to_baseline"] == 1.0 and arms["SCA"]["step_ms"] > 0
+    assert "commit" in data["header"] and data["versions"]["torch"]
+
+
+def test_bench_refuses_unknown_model():
+    with pytest.raises(SystemExit):
+        main(["--models", "resnet_9000"])
