@@ -217,3 +217,29 @@ def test_spectral_gradients_reach_weights_and_lambda_is_not_trained():
         for role in "qkv":
             assert site.grad(role) is not None and site.grad(role).abs().sum() > 0
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in tiny_vit().parameters())
+
+
+def tiny_bert():
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=96, num_hidden_layers=2, num_attention_heads=4, intermediate_size=192)
+    return BertModel(cfg).eval()
+
+
+@pytest.mark.parametrize("solver,bound", [("svd", 2.0 + 1e-4), ("newton_schulz", 2.05)])
+def test_bert_layouts_counts_and_kappa(solver, bound):
+    ids = torch.randint(1000, 30000, (3, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 30:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    base, cond = tiny_bert(), tiny_bert()
+    rep = condattn.apply_conditioning(cond, "spectral+embedded", solver=solver)
+    assert rep.counts == {"spectral:hf_separate_qkv": 2, "embedded:hf_encoder": 1}
+    remove_conditioning(cond)
+    condattn.apply_conditioning(cond, "embedded", solver=solver)
+    x0, x1 = _first_block_input(base, inputs), _first_block_input(cond, inputs)
+    keep = mask.bool()
+    assert torch.equal(x0[~keep], x1[~keep])
+    for b in range(3):
+        assert kappa(x1[b, keep[b]]) <= bound

@@ -27,7 +27,8 @@ EMBEDDED_DEFAULTS: dict[str, Any] = {
     "tokens": "all",  # open choice: prefix (CLS) tokens included in X
     "gradient": "detach",  # open choice: C is a constant in backward
     "solver": "svd",  # exact; newton_schulz is the fast approximation
-    "ns_iters": 24,  # newton_schulz only: cubic iterations for the polar factor
+    "lift_iters": 6,  # newton_schulz only: quintic steps that lift small singular values
+    "ns_iters": 4,  # newton_schulz only: cubic Newton–Schulz steps that converge them to 1
     "power_iters": 20,  # newton_schulz only: power iterations for σ_1
 }
 CHOICES = {
@@ -67,9 +68,10 @@ def resolve_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"conditioning option {key}={opts[key]!r} is invalid; choose one of {list(choices)}")
     opts["lam"] = float(opts["lam"])
     opts["targets"] = _normalise_targets(opts["targets"])
-    for key in ("ns_iters", "power_iters"):
-        if int(opts[key]) < 1:
-            raise ValueError(f"conditioning option {key}={opts[key]!r} must be a positive integer")
+    for key in ("lift_iters", "ns_iters", "power_iters"):
+        low = 0 if key == "lift_iters" else 1
+        if int(opts[key]) < low:
+            raise ValueError(f"conditioning option {key}={opts[key]!r} must be an integer >= {low}")
         opts[key] = int(opts[key])
     applies = {
         "none": [],
@@ -115,7 +117,7 @@ def apply_conditioning(model: nn.Module, method: str = "none", **options: Any) -
                 f"embedded: cannot locate the first transformer block of {type(model).__name__} "
                 f"(known layouts: {', '.join(TOKEN_LAYOUTS)}); register one in condattn/conditioning/targets.py"
             )
-        solver_opts = {k: opts[k] for k in ("solver", "gradient", "ns_iters", "power_iters")}
+        solver_opts = {k: opts[k] for k in ("solver", "gradient", "lift_iters", "ns_iters", "power_iters")}
         hook = EmbeddedTokens(site, opts["position"], opts["tokens"], **solver_opts)
         state.handles += hook.attach()
         where = site.first_block_name + " input" if opts["position"] == "after_pos_embed" else site.embed_name

@@ -24,17 +24,24 @@ def _svd_polar(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return s[..., :1, None], u @ vh
 
 
-def _ns_polar(
-    x: torch.Tensor, keep: torch.Tensor | None, ns_iters: int, power_iters: int, eps: float = 1e-3
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """σ_1 by power iteration on the smaller Gram matrix, then the polar factor by the cubic
-    Newton–Schulz iteration Y <- 1.5 Y - 0.5 Y Y^T Y, started at X / σ_1 (singular values in (0, 1],
-    inside the iteration's (0, √3) basin).
+# Quintic a·s + b·s³ + c·s⁵ with slope 3.44 at 0 (Keller Jordan's Muon coefficients): lifts tiny singular values
+# fast into roughly [0.7, 1.2] but does not converge to 1; the cubic Newton–Schulz steps after it do.
+LIFT = (3.4445, -4.7750, 2.0315)
 
-    Newton–Schulz grows a singular value s only by 1.5× per step, so an exact or near null direction of X
+
+def _ns_polar(
+    x: torch.Tensor, keep: torch.Tensor | None, ns_iters: int, power_iters: int, lift_iters: int = 6,
+    eps: float = 1e-3,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """σ_1 by power iteration on the smaller Gram matrix, then the polar factor by matmuls only:
+    `lift_iters` quintic steps, then `ns_iters` cubic Newton–Schulz steps Y <- 1.5 Y - 0.5 Y Y^T Y, started
+    at X / σ_1 (singular values in (0, 1], inside the cubic iteration's (0, √3) basin).
+
+    Newton–Schulz only multiplies small singular values, so an exact or near null direction of X
     (LayerNorm'd tokens at init: every row sums to zero) would never reach 1 and κ(X + C) would stay huge,
     where the exact SVD fills it with σ_1. So the iteration runs on X + ε·σ_1·I_{N×D} (masked rows kept
-    at zero): ≥ ε·σ_1 in every direction, which 24 steps bring to 1, at an O(ε) change of C.
+    at zero): ≥ ε·σ_1 in every direction, at an O(ε) change of C. Measured κ(X + C) with 6 + 4 steps:
+    ViT-S 2.018, XCiT-nano 2.000, BERT-base 1.867, LRA Nyströmformer 2.000 (tokens at init; ../shared §2).
     """
     tall = x.shape[-2] >= x.shape[-1]
     gram = x.mT @ x if tall else x @ x.mT
@@ -47,6 +54,12 @@ def _ns_polar(
     if keep is not None:
         eye = eye * keep.unsqueeze(-1)
     y = (x + eps * sigma * eye) / (sigma * (1.0 + eps) * 1.001).clamp_min(1e-30)
+    a, b, c = LIFT
+    for _ in range(lift_iters):
+        m = y.mT @ y if tall else y @ y.mT
+        poly = b * m + c * (m @ m)
+        poly.diagonal(dim1=-2, dim2=-1).add_(a)
+        y = y @ poly if tall else poly @ y
     for _ in range(ns_iters):
         y = 1.5 * y - 0.5 * (y @ (y.mT @ y) if tall else (y @ y.mT) @ y)
     return sigma, y
@@ -58,8 +71,9 @@ def polar_correction(
     *,
     solver: str = "svd",
     gradient: str = "detach",
-    ns_iters: int = 24,
+    ns_iters: int = 4,
     power_iters: int = 20,
+    lift_iters: int = 6,
 ) -> torch.Tensor:
     """Return X + σ_1(X)·U V^T per sample for tokens x of shape (B, N, D).
 
@@ -78,7 +92,7 @@ def polar_correction(
         if keep is not None:
             xf = xf * keep.unsqueeze(-1)
         if solver == "newton_schulz":
-            sigma, polar = _ns_polar(xf, keep, ns_iters, power_iters)
+            sigma, polar = _ns_polar(xf, keep, ns_iters, power_iters, lift_iters)
         elif solver == "svd":
             if keep is not None and gradient == "through":
                 # per sample on its valid rows only: zero rows would give repeated zero singular values,
