@@ -116,6 +116,51 @@ def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters:
     return {"model": name, "batch": batch, "warmup": warmup, "iters": iters, "precision": precision, "arms": rows}
 
 
+def trainer_vs_reference(overrides: list[str], steps: int, out_runs: str) -> dict:
+    """Our trainer's training throughput against a plain PyTorch loop (the library's model, the same data
+    loader batch, AdamW, cross-entropy) over the same number of steps, both from a cold start."""
+    import shutil
+
+    from torch.utils.data import DataLoader
+
+    from .config import compose
+    from .data.build import build_datasets
+    from .engine.trainer import train
+    from .models import build_model
+    from .tasks.classification import model_inputs
+
+    ov = [*overrides, "logger=none", f"task.steps={steps}", f"task.eval_every={steps}", f"task.log_every={steps}",
+          f"impl.checkpoint_every={steps}", f"paths.runs={out_runs}", "resume=never", "conditioning=none"]
+    cfg = compose(ov)
+    summary = train(cfg)
+    shutil.rmtree(cfg.run.dir, ignore_errors=True)
+    torch.manual_seed(int(cfg.seed))
+    data = build_datasets(cfg)
+    model = build_model(cfg.model).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=float(cfg.optim.lr))
+    loader = DataLoader(data.train, batch_size=int(cfg.task.batch_size), shuffle=True, drop_last=True)
+    done, elapsed = 0, 0.0
+    while done < steps:
+        it = iter(loader)
+        while done < steps:
+            t = time.perf_counter()  # like the trainer's step time: fetching the batch included
+            batch = next(it, None)
+            if batch is None:
+                break
+            inputs = model_inputs(batch)
+            logits = model(inputs["pixel_values"]) if "pixel_values" in inputs else model(**inputs)
+            F.cross_entropy(logits, batch["labels"]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            elapsed += time.perf_counter() - t
+            done += 1
+    ref = int(cfg.task.batch_size) * steps / elapsed
+    ours = float(summary["train_samples_per_s"])
+    return {"config": " ".join(overrides), "model": cfg.model.name, "steps": steps,
+            "global_batch": int(cfg.task.batch_size), "trainer_samples_per_s": round(ours, 2),
+            "reference_samples_per_s": round(ref, 2), "ratio": round(ours / ref, 3)}
+
+
 def render(results: list[dict], header: str) -> str:
     lines = [header, "", "| model | batch | arm | step (ms, median) | samples/s | × baseline | peak mem (MiB) |",
              "|---|---|---|---|---|---|---|"]
@@ -135,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=7)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--out", default="results/bench")
+    p.add_argument("--trainer", action="append", default=[], metavar="OVERRIDES",
+                   help='also time our trainer against a plain loop on this config, e.g. "scale=smoke" (repeatable)')
+    p.add_argument("--trainer-steps", type=int, default=40)
     args = p.parse_args(argv)
     bad = [m for m in args.models if m not in MODELS]
     if bad:
@@ -156,12 +204,20 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         print(render([r], f"## {name}"), flush=True)
     md = render(results, header)
+    trainer_rows = [trainer_vs_reference(t.split(), args.trainer_steps, str(Path(args.out) / "runs"))
+                    for t in args.trainer]
+    if trainer_rows:
+        md += ("\n| trainer config | model | global batch | steps | ours (samples/s) | plain loop (samples/s) | "
+               "ours / plain |\n|---|---|---|---|---|---|---|\n")
+        md += "".join(f"| {r['config']} | {r['model']} | {r['global_batch']} | {r['steps']} | "
+                      f"{r['trainer_samples_per_s']} | {r['reference_samples_per_s']} | {r['ratio']:.3f} |\n"
+                      for r in trainer_rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{hw['host']}_{device.type}_{args.precision}"
     (out / f"{stem}.md").write_text(md)
     (out / f"{stem}.json").write_text(json.dumps({"header": header, "hardware": hw, "versions": provenance.versions(),
-                                                  "results": results}, indent=2))
+                                                  "results": results, "trainer": trainer_rows}, indent=2))
     print(md)
     print(f"wrote {out / stem}.md and .json")
     return 0
