@@ -2,35 +2,56 @@
 
 Cells are rows × methods × seeds; each is one `train` run with Hydra overrides
 `<row overrides> conditioning=<method> scale=<scale> seed=<seed>` and a fixed run name
-`<table>_<row>_<method>_<scale>_s<seed>`. Finished cells are skipped (their summary.json is valid),
-unfinished ones resume from their last checkpoint, failed ones are reported in the table as missing.
+`<table>_<row>_<method>_<scale>_s<seed>`. Before any cell trains or is submitted, every cell's config is
+composed and checked (overrides, options, data, batch split, checkpoints in its run dir); one message per
+problem. Finished cells are skipped (their summary.json is valid), unfinished ones resume from their last
+checkpoint, failed ones are reported in the table as missing. A stop request (Ctrl-C, SIGTERM) checkpoints
+the running cell and ends the table; running the command again finishes only what is missing.
+Launchers: local (in this process), slurm (a submitit job array), submitit_local (the SLURM code path on
+this machine); see README "Cluster".
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from .config import compose
+from .engine.preflight import preflight
+from .engine.signals import StopFlag
+from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, Cell, ConfigError, active_job, compose_cell, launcher_problems
 from .reporting import load_experiment, write_table
 from .reporting.tables import run_name
 
-LAUNCHERS = ("local",)
 
-
-def cells(exp: dict, scale: str, seeds: list[int], extra: list[str]) -> list[tuple[str, list[str]]]:
+def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
+          launcher: str = "local") -> list[tuple[str, list[str]]]:
     out = []
     for row, spec in exp["rows"].items():
         for method in exp["methods"]:
             for seed in seeds:
                 name = run_name(exp["table"], row, method, scale, seed)
                 overrides = [*spec.get("overrides", []), f"conditioning={method}", f"scale={scale}", f"seed={seed}",
-                             f"run.table={exp['table']}", f"run.row={row}", f"run.name={name}", *extra]
+                             f"run.table={exp['table']}", f"run.row={row}", f"run.name={name}",
+                             f"launcher={launcher}", *extra]
                 out.append((name, overrides))
     return out
+
+
+def _problem_report(problems: dict[str, list[str]], n_cells: int) -> list[str]:
+    lines = []
+    for msg, names in problems.items():
+        if len(names) == n_cells and n_cells > 1:
+            where = f"all {n_cells} cells"
+        elif len(names) > 4:
+            where = f"{len(names)} cells: {names[0]} … {names[-1]}"
+        else:
+            where = ", ".join(names)
+        lines.append(f"  - {msg}  [{where}]")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,12 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", default="smoke", help="smoke | small | paper")
     p.add_argument("--seeds", help='e.g. "0 1 2" or 0,1,2; default: the experiment\'s seeds for this scale')
     p.add_argument("--launcher", default="local", help=f"one of {', '.join(LAUNCHERS)}")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate every cell and print the jobs (and the exact sbatch script) without running")
     p.add_argument("--force", action="store_true", help="rerun finished cells from scratch")
     p.add_argument("--report-only", action="store_true", help="only rebuild the table from existing runs")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every cell (e.g. impl.threads=2)")
     args = p.parse_intermixed_args(argv)
 
-    exp = load_experiment(args.experiment)
+    try:
+        exp = load_experiment(args.experiment)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"[reproduce] {e}", file=sys.stderr)
+        return 2
     if args.scale not in exp["scales"]:
         p.error(f"--scale {args.scale!r} is not defined in {args.experiment}; choose one of {list(exp['scales'])}")
     if args.launcher not in LAUNCHERS:
@@ -54,39 +81,174 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(x) for x in args.seeds.replace(",", " ").split()] if args.seeds else seeds
     except ValueError:
         p.error(f"--seeds {args.seeds!r}: give integers, e.g. --seeds \"0 1 2\"")
-    todo = cells(exp, args.scale, seeds, list(args.overrides))
-    configs = [(name, compose(ov)) for name, ov in todo]  # every override checked before any job starts
-    runs_root = Path(configs[0][1].paths.runs)
-    results_root = Path(configs[0][1].paths.results)
+    try:
+        return _run(args, exp, seeds)
+    except ConfigError as e:
+        msg = str(e)
+        print(f"[reproduce] refused before starting any job:{'' if msg.startswith(chr(10)) else ' '}{msg}",
+              file=sys.stderr)
+        return 2
 
-    failed = []
-    if not args.report_only:
-        from .engine.trainer import TrainingInterrupted, summary_is_finished, train
 
-        t_all = time.time()
-        for i, (name, cfg) in enumerate(configs, 1):
+def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
+    todo = [Cell(name, ov) for name, ov in cells(exp, args.scale, seeds, list(args.overrides), args.launcher)]
+    # 1. every override of every cell composes (one message per distinct bad override)
+    errors: dict[str, list[str]] = {}
+    for c in todo:
+        try:
+            c.cfg = compose_cell(c.overrides)
+        except ConfigError as e:
+            errors.setdefault(str(e), []).append(c.name)
+    if errors:
+        raise ConfigError("\n" + "\n".join(_problem_report(errors, len(todo))))
+    first = todo[0].cfg
+    runs_root, results_root = Path(first.paths.runs), Path(first.paths.results)
+    by_dir: dict[str, list[str]] = {}
+    for c in todo:
+        by_dir.setdefault(str(c.run_dir), []).append(c.name)
+    shared = {d: names for d, names in by_dir.items() if len(names) > 1}
+    if shared:  # e.g. an extra run.name= override: the cells would overwrite each other's runs
+        d, names = next(iter(shared.items()))
+        raise ConfigError(f"{len(names)} cells ({', '.join(names[:3])}{', …' if len(names) > 3 else ''}) would share "
+                          f"the run dir {d}; do not override run.name or run.dir for a whole table")
+
+    if args.report_only:
+        return _report(exp, args.scale, runs_root, results_root, seeds, [])
+
+    # 2. the preflight of every cell: options, data, batch split over the launcher's processes, checkpoints
+    problems: dict[str, list[str]] = {}
+    warnings: dict[str, list[str]] = {}
+    for prob in launcher_problems(first):
+        problems.setdefault(prob.message, []).append("launcher")
+    for c in todo:
+        for prob in preflight(c.cfg, check_data=bool(c.cfg.launcher.get("check_data", True)),
+                              check_run_dir=not args.force):
+            # a dry run is often made away from the data (a laptop, a login node): missing data is a warning
+            target = warnings if (args.dry_run and prob.kind == "data") else problems
+            target.setdefault(prob.message, []).append(c.name)
+
+    # 3. what each cell needs: skip finished ones and cells whose SLURM job is still queued or running
+    from .engine.trainer import summary_status
+
+    pending: list[Cell] = []
+    queued = 0
+    n = len(todo)
+    for i, c in enumerate(todo, 1):
+        status = summary_status(c.run_dir)
+        if args.force:
+            pending.append(c)
+            continue
+        if status == "finished":
+            print(f"[reproduce] {i}/{n} {c.name}: finished earlier, skipped")
+            continue
+        if status == "corrupt":
+            print(f"[reproduce] {i}/{n} {c.name}: summary.json is unreadable (corrupt or half-written); "
+                  "treating the cell as unfinished")
+        elif status == "failed":
+            print(f"[reproduce] {i}/{n} {c.name}: failed earlier; running it again")
+        if c.cfg.launcher.name == "slurm" and (job := active_job(c.run_dir)):
+            print(f"[reproduce] {i}/{n} {c.name}: job {job} is still queued or running, skipped")
+            queued += 1
+            continue
+        pending.append(c)
+
+    if warnings:
+        print("[reproduce] warnings (a real submission would refuse these):")
+        print("\n".join(_problem_report(warnings, n)))
+    if problems:
+        print("[reproduce] refused before starting any job:\n" + "\n".join(_problem_report(problems, n)),
+              file=sys.stderr)
+        return 2
+
+    launcher = first.launcher
+    if launcher.name in SUBMITIT_LAUNCHERS:
+        from .launch import submit
+
+        if not pending:
+            print("[reproduce] nothing to submit: every cell is finished or queued")
+            if queued:
+                print(f"[reproduce] {queued} cells are still queued or running; `make report-table-N "
+                      f"SCALE={args.scale}` writes the table once they end")
+                return 0
+        else:
+            if args.force and not args.dry_run:
+                for c in pending:  # a requeued job must resume, never wipe: clear the run dirs now instead
+                    shutil.rmtree(c.run_dir, ignore_errors=True)
+            with StopFlag() as stop:
+                failed = submit(pending, launcher, exp["table"], args.scale, dry_run=args.dry_run, stop=stop)
+            if args.dry_run or (launcher.name == "slurm" and not launcher.get("wait")):
+                return 0
+            return _report(exp, args.scale, runs_root, results_root, seeds, failed)
+        if args.dry_run:
+            return 0
+        return _report(exp, args.scale, runs_root, results_root, seeds, [])
+
+    if args.dry_run:
+        print(f"[reproduce] dry run: {len(pending)} of {n} cells would train here, one after another (launcher=local)")
+        for c in pending:
+            print(f"  {c.name} -> {c.run_dir}")
+        return 0
+
+    from .engine.trainer import TrainingDiverged, TrainingInterrupted, train
+
+    failed: list[str] = []
+    not_started: list[str] = []
+    interrupted = False
+    ran = 0
+    t_all = time.time()
+    with StopFlag() as stop:
+        for i, c in enumerate(pending, 1):
+            if stop.requested:
+                interrupted = True
+                not_started = [x.name for x in pending[i - 1:]]
+                print(f"[reproduce] stop requested ({stop.name})")
+                break
+            cfg = c.cfg
             if args.force:
                 cfg.resume = "never"
-            elif summary_is_finished(cfg.run.dir):
-                print(f"[reproduce] {i}/{len(configs)} {name}: finished earlier, skipped")
-                continue
-            print(f"[reproduce] {i}/{len(configs)} {name}", flush=True)
+            print(f"[reproduce] {i}/{len(pending)} {c.name}", flush=True)
+            ran += 1
             t0 = time.time()
             try:
                 s = train(cfg)
                 print(f"[reproduce]   {exp['metric']}={s['metrics'].get(exp['metric'], float('nan')):.4f} "
                       f"in {time.time() - t0:.0f} s", flush=True)
             except (TrainingInterrupted, KeyboardInterrupt) as e:
-                print(f"[reproduce] stopped at {name}: {e}. Finished cells are kept; rerun to continue.")
-                failed.append(name)
+                why = str(e).split("; run the same command")[0] if str(e) else "KeyboardInterrupt"
+                print(f"[reproduce] stopped at {c.name}: {why}", flush=True)
+                interrupted = True
+                failed.append(c.name)
+                not_started = [x.name for x in pending[i:]]
                 break
-            except Exception:
-                traceback.print_exc()
-                print(f"[reproduce] {name} FAILED (reported as missing in the table); continuing", flush=True)
-                failed.append(name)
-        print(f"[reproduce] {len(configs)} cells in {time.time() - t_all:.0f} s")
+            except Exception as e:
+                if not isinstance(e, TrainingDiverged):  # its message says it all
+                    traceback.print_exc()
+                print(f"[reproduce] {c.name} FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                      "(reported as missing in the table); continuing", flush=True)
+                failed.append(c.name)
+    print(f"[reproduce] {ran} of {len(pending)} cells run in {time.time() - t_all:.0f} s")
+    code = _report(exp, args.scale, runs_root, results_root, seeds, failed)
+    if interrupted:
+        print(f"[reproduce] stopped: {len(failed)} cell(s) interrupted or failed, {len(not_started)} not started. "
+              "Finished cells are kept; rerun the same command to finish the missing ones (interrupted cells "
+              "resume from their checkpoint).")
+        return 3
+    return code
 
-    md_path, md = write_table(exp, args.scale, runs_root, results_root, seeds)
+
+def _renderer(exp: dict):
+    """The experiment's `renderer: module:function` (same signature as reporting.write_table), or the generic one."""
+    spec = exp.get("renderer")
+    if not spec:
+        return write_table
+    import importlib
+
+    module, _, fn = str(spec).partition(":")
+    return getattr(importlib.import_module(module), fn or "write_table")
+
+
+def _report(exp: dict, scale: str, runs_root: Path, results_root: Path, seeds: list[int], failed: list[str]) -> int:
+    md_path, md = _renderer(exp)(exp, scale, runs_root, results_root, seeds)
     print()
     print(md)
     print(f"[reproduce] wrote {md_path} (+ .csv, .png)")

@@ -1,11 +1,18 @@
-"""`reproduce`: every cell of a table, skipped when finished, rendered beside the papers' numbers."""
+"""`reproduce`: every cell of a table, skipped when finished, rendered beside the papers' numbers; a stopped
+table finishes only its missing cells; bad input is refused before any cell runs."""
 
 import csv
+import os
+import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from condattn.engine.io import read_json, read_jsonl
 from condattn.reporting import load_experiment, render
 from condattn.reporting.tables import Cell
 from condattn.reproduce import main
@@ -14,19 +21,74 @@ REPO = Path(__file__).resolve().parents[1]
 EXP = REPO / "experiments" / "table4_lra.yaml"
 
 
-def tiny(tmp: Path) -> list[str]:
+def listops_only(tmp: Path) -> Path:
+    """Table 4 restricted to its ListOps row (the other rows' tiny overrides differ), as a file."""
+    exp = load_experiment(EXP)
+    exp["rows"] = {"listops": exp["rows"]["listops"]}
+    exp["paper"] = {"listops": exp["paper"]["listops"]}
+    path = tmp / "table4_lra.yaml"
+    path.write_text(yaml.safe_dump(exp, sort_keys=False))
+    return path
+
+
+def tiny(tmp: Path, steps: int = 4) -> list[str]:
     return [
         "logger=none", f"paths.runs={tmp / 'runs'}", f"paths.cache={tmp / 'cache'}", f"paths.results={tmp / 'results'}",
-        "data.generate.train=128", "data.generate.val=32", "data.generate.test=32", "data.generate.max_length=120",
-        "data.max_length=128", "data.seq_len=128", "task.steps=4", "task.eval_every=2", "task.log_every=1",
-        "impl.checkpoint_every=2", "diagnostics.batch_size=2",
+        "data.generate.train=64", "data.generate.val=24", "data.generate.test=16", "data.generate.min_length=20",
+        "data.generate.max_length=60", "data.max_length=64", "data.seq_len=64", "task.batch_size=8",
+        f"task.steps={steps}", "task.eval_every=2", "task.log_every=1", "impl.checkpoint_every=2",
+        "diagnostics.batch_size=2",
     ]
 
 
+def _interrupt_when(path: Path, done: threading.Event) -> threading.Thread:
+    """Ctrl-C this process (a real SIGINT) once `path` exists: a user stopping the table half-way. Never
+    fires after `done` is set (a SIGINT outside reproduce would stop pytest itself)."""
+    def watch():
+        while not done.is_set():
+            if path.exists():
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.02)
+
+    th = threading.Thread(target=watch, daemon=True)
+    th.start()
+    return th
+
+
 @pytest.mark.slow
-def test_reproduce_table4_smoke_end_to_end_and_idempotent(tmp_path, capsys):
-    assert main([str(EXP), "--scale", "smoke", "--seeds", "0", *tiny(tmp_path)]) == 0
+def test_reproduce_table4_smoke_end_to_end_interrupted_and_idempotent(tmp_path, capsys):
+    exp = listops_only(tmp_path)
+    runs = tmp_path / "runs" / "smoke"
+    names = [f"table4_lra_listops_{m}_smoke_s0" for m in ("none", "spectral", "embedded")]
+    args = [str(exp), "--scale", "smoke", "--seeds", "0", *tiny(tmp_path, steps=8)]
+
+    # 1. stopped half-way: Ctrl-C while the second cell trains -> it checkpoints and the table stops
+    done = threading.Event()
+    watcher = _interrupt_when(runs / names[1] / "checkpoints" / "step_0000002", done)
+    try:
+        code = main(args)
+    finally:
+        done.set()
+        watcher.join()
+    assert code == 3
     out = capsys.readouterr().out
+    assert f"stopped at {names[1]}: signal SIGINT at step" in out and "rerun the same command" in out
+    assert read_json(runs / names[0] / "summary.json")["status"] == "finished"
+    assert not (runs / names[1] / "summary.json").exists() and (runs / names[1] / "checkpoints").is_dir()
+    assert not (runs / names[2]).exists()
+    first_done = read_json(runs / names[0] / "summary.json")["finished_at"]
+
+    # 2. run again: only the missing cells run; the stopped one resumes from its checkpoint
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"{names[0]}: finished earlier, skipped" in out
+    assert f"resumed {names[1]} from step_" in out and f"[reproduce] 2/2 {names[2]}" in out
+    assert read_json(runs / names[0] / "summary.json")["finished_at"] == first_done
+    resumed = read_json(runs / names[1] / "summary.json")
+    assert resumed["steps"] == 8 and len(resumed["launch"]["resumed_at_steps"]) == 1
+    steps = [r["step"] for r in read_jsonl(runs / names[1] / "metrics.jsonl") if r["split"] == "train"]
+    assert steps == list(range(1, 9))  # no step lost or logged twice across the stop
     md = (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()
     assert "| listops | 37.1 | 37.9 | 37.1 | 37.8 |" in md  # the papers' numbers, labelled as such
     assert "paper CET: baseline" in md and "ours: SCA" in md and "(n=1)" in md and "missing" not in md
@@ -37,33 +99,76 @@ def test_reproduce_table4_smoke_end_to_end_and_idempotent(tmp_path, capsys):
     assert md in out
 
     # second run: every cell is skipped, the table is the same
-    assert main([str(EXP), "--scale", "smoke", "--seeds", "0", *tiny(tmp_path)]) == 0
+    # 3. again: every cell is skipped, the table is the same
+    assert main(args) == 0
     out2 = capsys.readouterr().out
     assert out2.count("finished earlier, skipped") == 3
     md2 = (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()
     strip = lambda t: [ln for ln in t.splitlines() if not ln.startswith("Ours:")]  # noqa: E731
     assert strip(md2) == strip(md)
 
-    # a lost summary makes that cell missing (and a rerun would redo only that cell)
-    (tmp_path / "runs" / "smoke" / "table4_lra_listops_spectral_smoke_s0" / "summary.json").unlink()
-    assert main([str(EXP), "--scale", "smoke", "--seeds", "0", "--report-only", *tiny(tmp_path)]) == 0
+    # 4. a corrupt (half-written) summary counts as unfinished: that cell alone runs again (from its last
+    # checkpoint, which is the final step: only the final evaluation is redone)
+    (runs / names[2] / "summary.json").write_text('{"status": "finished", "metr')
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"{names[2]}: summary.json is unreadable (corrupt or half-written); treating the cell as unfinished" in out
+    assert out.count("finished earlier, skipped") == 2 and read_json(runs / names[2] / "summary.json")["steps"] == 8
+
+    # 5. a lost summary makes that cell missing in the table
+    (runs / names[1] / "summary.json").unlink()
+    assert main([*args, "--report-only"]) == 0
     assert "| missing |" in (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()
 
 
-def test_reproduce_refuses_bad_input(tmp_path):
+def test_reproduce_refuses_bad_input(tmp_path, capsys):
+    exp = str(listops_only(tmp_path))
     with pytest.raises(SystemExit):
-        main([str(EXP), "--scale", "huge"])
+        main([exp, "--scale", "huge"])
     with pytest.raises(SystemExit):
-        main([str(EXP), "--launcher", "moon"])
-    with pytest.raises(FileNotFoundError, match="known experiments: table4_lra"):
-        main([str(REPO / "experiments" / "table99.yaml")])
-    with pytest.raises(Exception, match="nope"):  # a bad override fails before any cell runs
-        main([str(EXP), "--seeds", "0", "conditioning.nope=1", *tiny(tmp_path)])
+        main([exp, "--launcher", "moon"])
+    assert main([str(REPO / "experiments" / "table99.yaml")]) == 2
+    assert "experiments/table99.yaml not found; known experiments: " in capsys.readouterr().err
+    # a bad override fails before any cell runs, named once for all cells, with the likely intended key
+    assert main([exp, "--seeds", "0", "conditioning.lamda=1", *tiny(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert ("refused before starting any job:\n  - override 'conditioning.lamda=1' names no key of the config; "
+            "did you mean conditioning.lam? (a leading + adds a new key on purpose)  [all 3 cells]") in err
+    assert main([exp, "--seeds", "0", "model=nystromformer", *tiny(tmp_path)]) == 2
+    assert "override 'model=nystromformer': there is no configs/model/nystromformer.yaml; did you mean " \
+           "model=nystromformer_lra?" in capsys.readouterr().err
+    # paper scale without the data: refused, naming the path looked at and how to prepare it
+    assert main([exp, "--scale", "paper", "--seeds", "0", f"paths.runs={tmp_path / 'runs'}",
+                 f"paths.data_root={tmp_path / 'nodata'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"paper-scale data missing: ListOps data not found in {tmp_path / 'nodata'}/lra_release/listops-1000" in err
+    assert "[all 3 cells]" in err
+    # a global batch that does not split over the launcher's GPUs
+    assert main([exp, "--seeds", "0", "--launcher", "slurm", "launcher.gpus_per_node=3", *tiny(tmp_path)]) == 2
+    assert ("global batch task.batch_size=8 is not divisible by impl.micro_batch_size=2 × 3 processes; choose a "
+            "micro-batch that divides 2, or another GPU count  [all 3 cells]") in capsys.readouterr().err
+    # an override that would put every cell into one run dir
+    assert main([exp, "--seeds", "0", "run.name=mine", *tiny(tmp_path)]) == 2
+    assert "3 cells (table4_lra_listops_none_smoke_s0, table4_lra_listops_spectral_smoke_s0, " \
+           "table4_lra_listops_embedded_smoke_s0) would share the run dir" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_corrupt_summary_is_reported_as_unfinished(tmp_path, capsys):
+    exp = str(listops_only(tmp_path))
+    run = tmp_path / "runs" / "smoke" / "table4_lra_listops_none_smoke_s0"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_bytes(b"\x00\x00garbage")
+    assert main([exp, "--seeds", "0", "--dry-run", *tiny(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ("table4_lra_listops_none_smoke_s0: summary.json is unreadable (corrupt or half-written); treating the "
+            "cell as unfinished") in out
+    assert "dry run: 3 of 3 cells would train here" in out
 
 
 def test_render_golden():
     exp = load_experiment(EXP)
+    exp["rows"] = {"listops": exp["rows"]["listops"]}
     cells = {}
     for m, vals in {"none": [30.0, 32.0], "spectral": [19.0], "embedded": []}.items():
         c = Cell("listops", m, [0, 1], values=vals, steps=[120] * len(vals), wall=[10.0] * len(vals))
@@ -85,3 +190,7 @@ def test_make_target_dry_invocation():
                          capture_output=True, text=True)
     cmd = " ".join(out.stdout.replace("\\\n", " ").split())
     assert 'condattn.reproduce experiments/table4_lra.yaml --scale small --launcher local --seeds "0 1"' in cmd
+    out = subprocess.run(["make", "-n", "reproduce-table-4", "SCALE=paper", "LAUNCHER=slurm", "DRY_RUN=1"], cwd=REPO,
+                         capture_output=True, text=True)
+    cmd = " ".join(out.stdout.replace("\\\n", " ").split())
+    assert "condattn.reproduce experiments/table4_lra.yaml --scale paper --launcher slurm --dry-run" in cmd

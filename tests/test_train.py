@@ -1,4 +1,4 @@
-"""The trainer end to end on tiny generated ListOps: CLI, summary, resume after SIGTERM, bad input."""
+"""The trainer end to end on tiny generated ListOps: CLI, summary, resume after SIGTERM, determinism, bad input."""
 
 import json
 import subprocess
@@ -10,8 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from condattn.config import compose
-from condattn.engine.io import read_jsonl
-from condattn.engine.trainer import TrainingInterrupted, train
+from condattn.engine.io import read_json, read_jsonl
+from condattn.engine.preflight import PreflightError, preflight
+from condattn.engine.trainer import TrainingDiverged, TrainingInterrupted, train
+from condattn.launch import ConfigError, compose_cell
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,6 +24,16 @@ def tiny(tmp: Path, cache: Path, *extra: str) -> list[str]:
         "data.generate.train=256", "data.generate.val=64", "data.generate.test=64", "data.generate.max_length=120",
         "data.max_length=128", "data.seq_len=128", "task.steps=6", "task.eval_every=3", "task.log_every=1",
         "impl.checkpoint_every=2", "diagnostics.batch_size=2", *extra,
+    ]
+
+
+def mini(tmp: Path, cache: Path, *extra: str) -> list[str]:
+    """Smaller and faster than tiny(): batch 8, length 64 (= the 64 landmarks: exact attention), 4 steps."""
+    return [
+        "scale=smoke", "logger=none", f"paths.runs={tmp}", f"paths.cache={cache}", "data.generate.train=64",
+        "data.generate.val=24", "data.generate.test=16", "data.generate.min_length=20", "data.generate.max_length=60",
+        "data.max_length=64", "data.seq_len=64", "task.batch_size=8", "task.steps=4", "task.eval_every=2",
+        "task.log_every=1", "impl.checkpoint_every=2", "diagnostics.batch_size=2", *extra,
     ]
 
 
@@ -51,6 +63,10 @@ def test_cli_run_writes_summary_metrics_and_diagnostics(tmp_path, cache):
     assert s["patch"]["counts"] == {"spectral:hf_separate_qkv": 2, "embedded:hf_encoder": 1}
     assert s["data"]["stand_in"] and len(s["data"]["checksum"]) == 64
     assert s["versions"]["torch"].startswith("2.") and s["commit"]
+    # everything needed to rerun it: the resolved config, where and how it ran
+    assert s["config"]["conditioning"]["method"] == "spectral+embedded" and s["config"]["seed"] == 0
+    assert s["hardware"]["num_processes"] == 1 and s["launch"]["launcher"] == "local"
+    assert s["launch"]["resumed_at_steps"] == []
     d0 = s["diagnostics"]["step0"]
     assert d0["kappa_x/b0"] <= 2.0 + 1e-3  # CET at the first block's input
     assert d0["kappa_wq/l0"] < 1.5  # SCA's λ = 10 dominates W_Q
@@ -94,6 +110,28 @@ def test_bad_overrides_are_refused_with_their_name():
         compose(["model=nope"])
     with pytest.raises(Exception, match="lamda"):
         compose(["conditioning.lamda=3"])
+    # the launcher's wrapper: one line naming the override and the likely intended one
+    with pytest.raises(ConfigError, match=r"override 'model=nope': there is no configs/model/nope.yaml; .*available: "
+                                          r".*nystromformer_lra"):
+        compose_cell(["model=nope"])
+    with pytest.raises(ConfigError, match=r"did you mean conditioning=spectral\?"):
+        compose_cell(["conditioning=spectal"])
+    with pytest.raises(ConfigError, match=r"override 'conditioning.lamda=3' names no key of the config; did you mean "
+                                          r"conditioning.lam\?"):
+        compose_cell(["conditioning.lamda=3"])
+    with pytest.raises(ConfigError, match=r"'impl.micro_batch=4' names no key .*did you mean impl.micro_batch_size\?"):
+        compose_cell(["impl.micro_batch=4"])
+
+
+def test_preflight_names_each_bad_value(tmp_path):
+    cfg = compose(["conditioning=spectral", "conditioning.lam=x", "task.steps=abc",
+                   "optim.schedule=cosinus", "impl.precision=fp64", f"paths.runs={tmp_path}"])
+    msgs = [str(p) for p in preflight(cfg, check_data=False)]
+    assert "conditioning.lam='x' must be a number" in msgs
+    assert "task.steps='abc' must be a positive integer" in msgs
+    assert any(m.startswith("unknown schedule optim.schedule='cosinus'; known: linear, cosine") for m in msgs)
+    assert "impl.precision='fp64': choose no, bf16 or fp16" in msgs
+    assert len(msgs) == 4
 
 
 def test_bad_conditioning_value_stops_before_training(tmp_path, cache):
@@ -102,8 +140,14 @@ def test_bad_conditioning_value_stops_before_training(tmp_path, cache):
 
 
 def test_inconsistent_batch_is_refused(tmp_path, cache):
-    with pytest.raises(ValueError, match="not divisible by impl.micro_batch_size=5"):
+    with pytest.raises(PreflightError, match="not divisible by impl.micro_batch_size=5"):
         train(compose(tiny(tmp_path, cache, "impl.micro_batch_size=5")))
+    # the planned process count of a launcher counts: 32 over 3 GPUs cannot split
+    cfg = compose(tiny(tmp_path, cache, "launcher=slurm", "launcher.gpus_per_node=3"))
+    assert [str(p) for p in preflight(cfg)] == [
+        "global batch task.batch_size=32 is not divisible by impl.micro_batch_size=10 × 3 processes; choose a "
+        "micro-batch that divides 10, or another GPU count"
+    ]
 
 
 def test_paper_scale_without_data_names_the_path(tmp_path):
@@ -119,6 +163,49 @@ def test_corrupt_checkpoint_is_reported(tmp_path, cache):
     (ck / "model.safetensors").write_bytes(b"garbage")
     with pytest.raises(RuntimeError, match="cannot resume from checkpoint .*step_0000001"):
         train(cfg)
+
+
+@pytest.mark.slow
+def test_checkpoint_of_another_architecture_is_refused(tmp_path, cache):
+    with pytest.raises(TrainingInterrupted):
+        train(compose(mini(tmp_path, cache, "debug.interrupt_at_step=1")))  # leaves checkpoints/step_0000001
+    other = compose(mini(tmp_path, cache, "model.hidden_size=32"))  # same run dir, narrower model
+    msg = (r"checkpoint .*step_0000001 was written by a different architecture: .* is \[\d+, 64\] there and "
+           r"\[\d+, 32\] here .*choose another run.name, or resume=never")
+    problems = preflight(other)  # before any job starts (the model is built on the meta device)
+    assert [p.kind for p in problems] == ["checkpoint"] and __import__("re").search(msg, str(problems[0]))
+    with pytest.raises(ValueError, match=msg):  # and again at start-up, against the real model
+        train(other)
+
+
+@pytest.mark.slow
+def test_diverging_loss_names_step_and_last_good_checkpoint(tmp_path, cache):
+    # lr 1e6 warmed up over 12 steps: the update of step 2 (lr 1.7e5) makes the loss NaN; the weights of
+    # step 1 still gave a finite loss
+    cfg = compose(mini(tmp_path, cache, "optim.lr=1e6", "impl.checkpoint_every=1", "task.steps=6"))
+    run_dir = Path(cfg.run.dir)
+    with pytest.raises(TrainingDiverged, match=r"non-finite training loss \(nan\) at step 3 of .*\(after 2 "
+                                               r"optimizer steps\); last good checkpoint: .*checkpoints/step_0000001\. "
+                                               r"Lower optim.lr"):
+        train(cfg)
+    s = read_json(run_dir / "summary.json")
+    assert s["status"] == "failed" and s["step"] == 3 and s["last_good_checkpoint"].endswith("step_0000001")
+    # an exploding (still finite) loss stops too when impl.max_loss is set
+    with pytest.raises(TrainingDiverged, match=r"training loss above impl.max_loss=1.0 \(2\.\d+\) at step 1 .*last "
+                                               r"good checkpoint: none"):
+        train(compose(mini(tmp_path, cache, "impl.max_loss=1.0", "resume=never")))
+
+
+@pytest.mark.slow
+def test_deterministic_mode_gives_bit_identical_runs(tmp_path, cache):
+    runs = [train(compose(mini(tmp_path / d, cache, "impl.deterministic=true", "conditioning=spectral+embedded")))
+            for d in ("a", "b")]
+    assert not torch.are_deterministic_algorithms_enabled()  # restored after the run
+    assert train_rows(runs[0]["run_dir"]) == train_rows(runs[1]["run_dir"])
+    assert runs[0]["metrics"] == runs[1]["metrics"]
+    wa, wb = (load_file(str(Path(r["run_dir"]) / "checkpoints" / "step_0000004" / "model.safetensors")) for r in runs)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert runs[0]["config"]["impl"]["deterministic"] is True
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ A new architecture adds one finder to each registry with `@attention_layout("nam
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,9 @@ class AttentionSite:
     num_heads: int
     head_dim: int
     proj: dict[str, Projection]
+    # vision zoo additions (defaults = every earlier layout): what the site's attention matrix is
+    attends_over: str = "tokens"  # "tokens" (N×N softmax) | "channels" (d_h×d_h per head: XCiT XCA, DaViT channel)
+    queries: str = "all"  # "all" tokens query | "first": only token 0 (class attention)
 
     def weight(self, role: str, effective: bool = True) -> torch.Tensor:
         """torch-layout weight (heads*head_dim, D_in) of one role; `effective` includes an SCA shift (W + λI)."""
@@ -67,6 +71,7 @@ class TokenSite:
     blocks: list[tuple[str, nn.Module]]  # all transformer blocks in order (diagnostics: κ of each input)
     mask_owner: nn.Module | None = None  # forward receives the padding mask
     mask_arg: tuple[str, int] | None = None  # (kwarg name, positional index) of that mask
+    channels_first: bool = False  # blocks receive (B, C, H, W) maps (DaViT): X = x.flatten(2).transpose(1, 2)
 
 
 AttentionFinder = Callable[[str, nn.Module], "AttentionSite | None"]
@@ -182,3 +187,229 @@ def _hf_encoder(name: str, m: nn.Module) -> TokenSite | None:
         mask_owner=m,
         mask_arg=("attention_mask", 1),
     )
+
+
+# ---------------------------------------------------------------- vision zoo: Swin, XCiT, DaViT (timm, pinned)
+#
+# Expected PatchReport counts follow from each architecture's definition (asserted in tests/test_vision_zoo.py):
+#   ViT / DeiT: `depth` timm_fused_qkv            Swin: sum(depths) timm_swin_window
+#   XCiT: `depth` timm_xca + `cls_attn_layers` timm_class_attn
+#   DaViT: sum(depths) timm_davit_window + sum(depths) timm_davit_channel (one spatial and one channel
+#          attention per dual block)
+#
+# AttentionSite.attends_over / .queries (fields above) tell consumers such as the entropy probe what a site's
+# attention matrix is; the SCA patch itself is the same for every site (x(W + λI)ᵀ on the projection's columns).
+
+
+def _site(name: str, m: nn.Module, layout: str, heads: int, head_dim: int, proj: dict[str, Projection],
+          attends_over: str = "tokens", queries: str = "all") -> AttentionSite:
+    return AttentionSite(name, m, layout, heads, head_dim, proj, attends_over, queries)
+
+
+def _stacked(lin: nn.Linear, heads: int, order: tuple[int, int, int] = (0, 1, 2)) -> tuple[int, dict[str, Projection]]:
+    """Roles of a fused Linear whose output is block-stacked in three equal chunks; `order[i]` is the chunk that
+    plays role ROLES[i]. Returns (head_dim, projections)."""
+    a = lin.out_features // 3
+    if a * 3 != lin.out_features or a % heads:
+        raise ValueError(f"fused qkv with {lin.out_features} outputs does not split into 3 × {heads} heads")
+    return a // heads, {r: Projection(lin, slice(order[i] * a, (order[i] + 1) * a)) for i, r in enumerate(ROLES)}
+
+
+@attention_layout("timm_swin_window")
+def _timm_swin_window(name: str, m: nn.Module) -> AttentionSite | None:
+    """timm Swin `WindowAttention`: one fused `qkv` (block-stacked [Q; K; V]) applied to each window's tokens
+    (B·nW, window_area, C); softmax over the window with a learned relative position bias (and the shift mask)
+    added to the logits. SCA adds λI to W_Q/W_K/W_V exactly as for ViT; the bias is untouched."""
+    from timm.models.swin_transformer import WindowAttention
+
+    if type(m) is not WindowAttention:
+        return None
+    head_dim, proj = _stacked(m.qkv, m.num_heads)
+    return _site(name, m, "timm_swin_window", m.num_heads, head_dim, proj)
+
+
+@attention_layout("timm_xca")
+def _timm_xca(name: str, m: nn.Module) -> AttentionSite | None:
+    """timm XCiT `XCA` (cross-covariance attention): fused `qkv`, block-stacked [Q; K; V]. Per head, q and k
+    (N × d_h) are L2-normalised along the token axis and the attention is softmax(τ · q̂ᵀ k̂) over a d_h × d_h
+    channel matrix, with τ a learned per-head temperature; the output is v · Aᵀ (channels mixed, tokens kept).
+
+    What SCA means here: W_Q, W_K, W_V still become W + λI (so κ(W + λI) ≤ (λ + σ_max)/(λ − σ_max) as for token
+    attention, and V's conditioning is unchanged in meaning). But the L2 normalisation removes the λ² growth of
+    the logits that saturates token softmax: with large λ, q̂ and k̂ tend to the normalised input channels x̂_c,
+    so q̂ᵀk̂ tends to the channel-correlation (cosine) matrix of X within each head, bounded by |τ|. The softmax
+    cannot go one-hot through λ; SCA instead pulls XCA's attention towards the input's own channel correlations.
+    """
+    from timm.models.xcit import XCA
+
+    if type(m) is not XCA:
+        return None
+    head_dim, proj = _stacked(m.qkv, m.num_heads)
+    return _site(name, m, "timm_xca", m.num_heads, head_dim, proj, attends_over="channels")
+
+
+@attention_layout("timm_class_attn")
+def _timm_class_attn(name: str, m: nn.Module) -> AttentionSite | None:
+    """timm CaiT/XCiT `ClassAttn` (XCiT's class-attention layers): separate `q`, `k`, `v` Linears; only the class
+    token queries (q = W_Q applied to x[:, 0]), keys and values come from all tokens; ordinary token softmax.
+
+    Decision: these layers COUNT as attention layers for SCA. They are softmax attention with their own
+    W_Q, W_K, W_V, and the SCA paper adds λI to "every attention layer"; so XCiT-M has 24 XCA + 2 class-attention
+    sites. The papers do not say whether their XCiT runs conditioned them; `conditioning.targets` and this
+    decision are recorded in every PatchReport (kind `spectral:timm_class_attn`)."""
+    from timm.models.cait import ClassAttn
+
+    if type(m) is not ClassAttn:
+        return None
+    heads = m.num_heads
+    proj = {r: Projection(lin, slice(0, lin.out_features)) for r, lin in zip(ROLES, (m.q, m.k, m.v))}
+    return _site(name, m, "timm_class_attn", heads, m.q.out_features // heads, proj, queries="first")
+
+
+@attention_layout("timm_davit_window")
+def _timm_davit_window(name: str, m: nn.Module) -> AttentionSite | None:
+    """timm DaViT spatial `WindowAttention`: fused `qkv`, block-stacked [Q; K; V], softmax over each window's
+    tokens (no relative position bias; DaViT's positions come from the depthwise-conv ConvPosEnc)."""
+    from timm.models.davit import WindowAttention
+
+    if type(m) is not WindowAttention:
+        return None
+    head_dim, proj = _stacked(m.qkv, m.num_heads)
+    return _site(name, m, "timm_davit_window", m.num_heads, head_dim, proj)
+
+
+@attention_layout("timm_davit_channel")
+def _timm_davit_channel(name: str, m: nn.Module) -> AttentionSite | None:
+    """timm DaViT `ChannelAttention` (and `ChannelAttentionV2`): fused `qkv`, block-stacked in three chunks, with
+    per-head attention over the d_h × d_h channel matrix (no normalisation, fixed scale).
+
+    Roles are assigned by what each chunk does in the attention formula, not by the variable names: timm's (and
+    the official DaViT code's) `ChannelAttention` computes softmax((k·scale)ᵀ v) and aggregates q, so there
+    chunk 1 ("k") plays the query, chunk 2 ("v") the key and chunk 0 ("q") the value. `ChannelAttentionV2`
+    computes softmax(qᵀ k) and aggregates v (chunks in order). With the default targets [q, k, v] both readings
+    patch the same three blocks; they differ only for a subset such as targets=[v]."""
+    from timm.models.davit import ChannelAttention, ChannelAttentionV2
+
+    if type(m) is ChannelAttention:
+        head_dim, proj = _stacked(m.qkv, m.num_heads, order=(1, 2, 0))
+        return _site(name, m, "timm_davit_channel", m.num_heads, head_dim, proj, attends_over="channels")
+    if type(m) is ChannelAttentionV2:
+        head_dim, proj = _stacked(m.qkv, m.groups)
+        return _site(name, m, "timm_davit_channel", m.groups, head_dim, proj, attends_over="channels")
+    return None
+
+
+# ---------------------------------------------------------------- vision zoo: token layouts
+#
+# TokenSite.channels_first (field above): True when the blocks receive (B, C, H, W) feature maps (DaViT), so X
+# is the (H·W) × C matrix x.flatten(2).transpose(1, 2), not x.reshape(B, -1, W).
+
+
+def _token_layout_first(name: str):
+    """Like `token_layout`, but the finder is tried before the generic ones already registered (a specific
+    architecture must win over `timm_vit`, which also matches XCiT's attribute names)."""
+
+    def deco(fn: TokenFinder) -> TokenFinder:
+        rest = dict(TOKEN_LAYOUTS)
+        TOKEN_LAYOUTS.clear()
+        TOKEN_LAYOUTS[name] = fn
+        TOKEN_LAYOUTS.update({k: v for k, v in rest.items() if k != name})
+        return fn
+
+    return deco
+
+
+@token_layout("timm_swin")
+def _timm_swin(name: str, m: nn.Module) -> TokenSite | None:
+    """timm Swin: X is the input of `layers[0].blocks[0]`, the patch embedding after its LayerNorm, laid out
+    B × H × W × C (CET flattens it to (H·W) × C). Swin v1 has no absolute position embedding (positions enter
+    as a relative bias inside each window attention), so after_pos_embed and before_pos_embed see the same X."""
+    from timm.models.swin_transformer import SwinTransformer
+
+    if type(m) is not SwinTransformer:
+        return None
+    blocks = [(_join(name, f"layers.{i}.blocks.{j}"), b) for i, st in enumerate(m.layers)
+              for j, b in enumerate(st.blocks)]
+    return TokenSite(
+        layout="timm_swin",
+        first_block=m.layers[0].blocks[0],
+        first_block_name=blocks[0][0],
+        embed=m.patch_embed,
+        embed_name=_join(name, "patch_embed"),
+        num_prefix_tokens=0,
+        blocks=blocks,
+    )
+
+
+@_token_layout_first("timm_xcit")
+def _timm_xcit(name: str, m: nn.Module) -> TokenSite | None:
+    """timm XCiT: X is the input of `blocks[0]`: the convolutional patch embedding plus the Fourier positional
+    encoding (after pos_drop). The class token is only prepended later, before the class-attention layers, so
+    X has no prefix tokens (the model's own `num_prefix_tokens` = 1 describes the class-attention stage).
+    `blocks` lists the XCA blocks and then the class-attention blocks (whose input includes the class token).
+    Only position=after_pos_embed applies: XCiT's patch embedding returns a tuple (tokens, (Hp, Wp))."""
+    from timm.models.xcit import Xcit
+
+    if type(m) is not Xcit:
+        return None
+    blocks = [(_join(name, f"blocks.{i}"), b) for i, b in enumerate(m.blocks)]
+    blocks += [(_join(name, f"cls_attn_blocks.{i}"), b) for i, b in enumerate(m.cls_attn_blocks or [])]
+    return TokenSite(
+        layout="timm_xcit",
+        first_block=m.blocks[0],
+        first_block_name=blocks[0][0],
+        embed=m.patch_embed,
+        embed_name=_join(name, "patch_embed"),
+        num_prefix_tokens=0,
+        blocks=blocks,
+    )
+
+
+@functools.cache
+def channels_first_supported() -> bool:
+    """Whether the consumers of a TokenSite read `TokenSite.channels_first`: CET's hook (checked by running it on a
+    (1, C, H, W) tensor against the correction of its (H·W) × C matrix) and the κ(X) probe of diagnostics
+    (`as_tokens(x, channels_first=...)`). Until both do, a (B, C, H, W) block input would be read as the
+    (C·H) × W matrix, so the DaViT token finder returns None (CET refuses DaViT, diagnostics skip κ(X)) instead
+    of computing something silently wrong."""
+    import inspect
+
+    from ..diagnostics import _util
+    from .embedded import EmbeddedTokens, polar_correction
+
+    if "channels_first" not in inspect.signature(_util.as_tokens).parameters:
+        return False
+    x = torch.randn(1, 6, 2, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    site = TokenSite("probe", nn.Identity(), "probe", nn.Identity(), "probe", 0, [], channels_first=True)
+    try:
+        got = EmbeddedTokens(site, "after_pos_embed", "all").correct(x)
+    except Exception:
+        return False
+    want = polar_correction(x.flatten(2).transpose(1, 2)).transpose(1, 2).reshape(x.shape)
+    return bool(torch.allclose(got, want))
+
+
+@token_layout("timm_davit")
+def _timm_davit(name: str, m: nn.Module) -> TokenSite | None:
+    """timm DaViT: X is the input of the first dual block, `stages[0].blocks[0]`: the conv stem's output after
+    its LayerNorm2d, laid out (B, C, H, W) (channels first). DaViT has no position embedding before the blocks:
+    each block starts with a depthwise-conv positional encoding (ConvPosEnc) inside it, so after_pos_embed and
+    before_pos_embed (the stem output) are the same X. Returns None while `channels_first_supported()` is False.
+    """
+    from timm.models.davit import DaVit
+
+    if type(m) is not DaVit or not channels_first_supported():
+        return None
+    blocks = [(_join(name, f"stages.{i}.blocks.{j}"), b) for i, st in enumerate(m.stages)
+              for j, b in enumerate(st.blocks)]
+    site = TokenSite(
+        layout="timm_davit",
+        first_block=m.stages[0].blocks[0],
+        first_block_name=blocks[0][0],
+        embed=m.stem,
+        embed_name=_join(name, "stem"),
+        num_prefix_tokens=0,
+        blocks=blocks,
+    )
+    site.channels_first = True
+    return site

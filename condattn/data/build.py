@@ -20,6 +20,9 @@ class DataBundle:
     test: Dataset | None
     checksum: str  # sha256 of the files the splits were read from
     info: dict[str, Any] = field(default_factory=dict)  # source, paths, sizes: recorded in summary.json
+    # (n, seed, rank, world, block=micro) -> training sampler, when the data's recipe needs a special order
+    # (repeated augmentation for the ImageNet recipes); None = the trainer's EpochSampler
+    sampler_factory: Callable[..., Any] | None = None
 
 
 DATA_BUILDERS: dict[str, Callable[[Any], DataBundle]] = {}
@@ -75,3 +78,40 @@ def _listops(cfg: Any) -> DataBundle:
         "tokenization": d.tokenization,
     }
     return DataBundle(splits["train"], splits["val"], splits["test"], listops.file_checksum(files), info)
+
+
+@data_builder("images")
+def _images(cfg: Any) -> DataBundle:
+    """ImageNet-1k (ImageFolder tree or Hugging Face copy) or an offline stand-in (MNIST 5k, digits)."""
+    from .images import build_image_bundle
+
+    return build_image_bundle(cfg)
+
+
+# The other four LRA tasks: each module documents its released layout and its offline stand-in.
+@data_builder("lra_text")
+def _lra_text(cfg: Any) -> DataBundle:
+    from . import lra_text
+
+    return lra_text.build(cfg)
+
+
+@data_builder("lra_retrieval")
+def _lra_retrieval(cfg: Any) -> DataBundle:
+    from . import lra_retrieval
+
+    return lra_retrieval.build(cfg)
+
+
+@data_builder("lra_image")
+def _lra_image(cfg: Any) -> DataBundle:
+    from . import lra_image
+
+    return lra_image.build(cfg)
+
+
+@data_builder("lra_pathfinder")
+def _lra_pathfinder(cfg: Any) -> DataBundle:
+    from . import pathfinder
+
+    return pathfinder.build(cfg)

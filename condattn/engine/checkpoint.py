@@ -45,6 +45,45 @@ def save_checkpoint(accelerator: Accelerator, run_dir: str | Path, step: int, ke
     return final
 
 
+def checkpoint_shapes(path: str | Path) -> dict[str, tuple[int, ...]] | None:
+    """Tensor shapes of the model saved in a checkpoint (read from the safetensors header, no weights
+    loaded); None when it holds no readable model file."""
+    from safetensors import safe_open
+
+    f = Path(path) / "model.safetensors"
+    if not f.is_file():
+        return None
+    try:
+        with safe_open(str(f), framework="pt") as sf:
+            return {k: tuple(sf.get_slice(k).get_shape()) for k in sf.keys()}
+    except Exception:
+        return None  # corrupt: load_checkpoint reports it
+
+
+def architecture_mismatch(path: str | Path, shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """Why the model saved at `path` cannot be this model (`shapes`: name -> shape of its state_dict), or None.
+    Names the first differing tensors, so "resumed into the wrong run dir" reads as such and not as a
+    corrupt file."""
+    saved = checkpoint_shapes(path)
+    if saved is None:
+        return None
+    differ = [k for k in saved if k in shapes and tuple(saved[k]) != tuple(shapes[k])]
+    missing = [k for k in shapes if k not in saved]
+    extra = [k for k in saved if k not in shapes]
+    # safetensors drops tied duplicates (e.g. a decoder tied to the embedding): a name missing there but
+    # whose shape equals a saved tensor's is not a mismatch on its own
+    if not differ and not extra and all(any(shapes[k] == v for v in saved.values()) for k in missing):
+        return None
+    parts = [f"{k} is {list(saved[k])} there and {list(shapes[k])} here" for k in differ[:3]]
+    parts += [f"{k} is missing there" for k in missing[:2]] + [f"{k} is not in this model" for k in extra[:2]]
+    return (
+        f"checkpoint {path} was written by a different architecture: {'; '.join(parts)} "
+        f"({len(differ)} tensors differ in shape, {len(missing)} missing, {len(extra)} unexpected). "
+        "This run directory belongs to another configuration: choose another run.name, or resume=never to "
+        "start this one over."
+    )
+
+
 def load_checkpoint(accelerator: Accelerator, path: str | Path) -> None:
     try:
         accelerator.load_state(str(path))

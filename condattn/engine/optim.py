@@ -27,10 +27,13 @@ def scaled_lr(cfg: Any, global_batch: int) -> float:
     return lr
 
 
+OPTIMIZERS = ("adamw",)
+
+
 def build_optimizer(model: nn.Module, cfg: Any, global_batch: int, total_steps: int):
     o = cfg.optim
-    if o.name != "adamw":
-        raise ValueError(f"unknown optimizer {o.name!r}; known: adamw")
+    if o.name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {o.name!r}; known: {', '.join(OPTIMIZERS)}")
     opt = torch.optim.AdamW(
         param_groups(model, float(o.weight_decay)), lr=scaled_lr(cfg, global_batch), betas=tuple(o.betas), eps=o.eps
     )

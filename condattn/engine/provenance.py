@@ -42,7 +42,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-def hardware(device: torch.device, num_processes: int) -> dict[str, object]:
+def hardware(device: torch.device, num_processes: int, num_nodes: int = 1) -> dict[str, object]:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
@@ -51,6 +51,7 @@ def hardware(device: torch.device, num_processes: int) -> dict[str, object]:
         "device_type": device.type,
         "device_name": name,
         "num_processes": num_processes,
+        "num_nodes": num_nodes,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "host": socket.gethostname(),
@@ -60,4 +61,5 @@ def hardware(device: torch.device, num_processes: int) -> dict[str, object]:
 def describe(hw: dict) -> str:
     """One line for tables: '2 × cpu (x86_64, 2 cores)' or '8 × cuda (NVIDIA H100)'."""
     extra = f"{hw['device_name']}, {hw['cpu_count']} cores" if hw["device_type"] == "cpu" else hw["device_name"]
-    return f"{hw['num_processes']} × {hw['device_type']} ({extra})"
+    nodes = int(hw.get("num_nodes", 1) or 1)
+    return f"{hw['num_processes']} × {hw['device_type']} ({extra})" + (f" on {nodes} nodes" if nodes > 1 else "")

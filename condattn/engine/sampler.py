@@ -7,14 +7,24 @@ from torch.utils.data import Sampler
 
 
 class EpochSampler(Sampler[int]):
-    """Shuffled indices for one epoch of one rank. The order depends only on (seed, epoch, rank), so a
-    resumed run replays exactly the order of an uninterrupted one; the trainer skips the batches the
-    epoch had already consumed."""
+    """Shuffled indices for one epoch of one rank. The order depends only on (seed, epoch), so a resumed run
+    replays exactly the order of an uninterrupted one; the trainer skips the batches the epoch had already
+    consumed.
 
-    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1, shuffle: bool = True):
+    The epoch's permutation is cut into blocks of `block` (the per-process micro-batch) dealt round-robin to
+    the ranks: micro-batch i of rank r is block i·world + r. So the samples of one optimizer step (world ×
+    accumulation micro-batches) are the same consecutive stretch of the permutation whatever the process
+    count: 1 process with 2 accumulation steps and 2 processes with 1 see the same global batches. With
+    world = 1 this is the plain permutation (the remainder smaller than a block is dropped either way)."""
+
+    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1, shuffle: bool = True, block: int = 1):
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} outside [0, {world})")
         self.n, self.seed, self.rank, self.world, self.shuffle = n, seed, rank, world, shuffle
+        self.block = max(int(block), 1)
         self.epoch = 0
-        self.per_rank = n // world  # drop the remainder so every rank takes the same number of steps
+        self.blocks_per_rank = n // (self.block * world)  # every rank takes the same number of steps
+        self.per_rank = self.blocks_per_rank * self.block
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -25,7 +35,8 @@ class EpochSampler(Sampler[int]):
             order = torch.randperm(self.n, generator=g)
         else:
             order = torch.arange(self.n)
-        return iter(order[self.rank : self.per_rank * self.world : self.world].tolist())
+        used = order[: self.blocks_per_rank * self.block * self.world]
+        return iter(used.view(self.blocks_per_rank, self.world, self.block)[:, self.rank].reshape(-1).tolist())
 
     def __len__(self) -> int:
         return self.per_rank

@@ -2,8 +2,13 @@
 
 Build (model from the zoo, conditioning patch asserted against the config, data, task) -> accelerate ->
 optimizer steps with gradient accumulation, clipping, schedule, periodic eval and checkpoints ->
-summary.json. Preemption (SIGTERM / SIGUSR1 / first Ctrl-C) saves a checkpoint at the next step boundary;
-`resume=auto` continues from it with the same data order and RNG state.
+summary.json. Preemption (SIGTERM / SIGUSR1 / SIGUSR2 / first Ctrl-C) saves a checkpoint at the next step
+boundary; `resume=auto` continues from it with the same data order and RNG state.
+
+Distributed (one process per device, started by `accelerate launch`, torchrun or a submitit job): the run
+directory comes from the config, so every rank agrees on it; rank 0 alone writes files (accelerate's
+checkpoint also stores each rank's RNG state); the stop request and the loss are reduced over ranks at
+every step, so all ranks checkpoint, stop or fail at the same step.
 """
 
 from __future__ import annotations
@@ -32,15 +37,27 @@ from ..data.build import build_datasets
 from ..models import build_model
 from ..tasks import build_task
 from . import provenance
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import architecture_mismatch, latest_checkpoint, load_checkpoint, save_checkpoint
 from .io import read_json, write_json_atomic
 from .logging import RunLogger
 from .optim import build_optimizer, scaled_lr
+from .preflight import PreflightError, batch_split, preflight
 from .sampler import EpochSampler
+from .signals import StopFlag
 
 
 class TrainingInterrupted(Exception):
     """Raised after a preemption checkpoint was written; rerunning the same command resumes."""
+
+    def __init__(self, message: str, signum: int | None = None, checkpoint: Path | None = None):
+        super().__init__(message)
+        self.signum = signum
+        self.checkpoint = checkpoint
+
+
+class TrainingDiverged(FloatingPointError):
+    """The training loss became non-finite or exceeded `impl.max_loss`; names the step and the last good
+    checkpoint."""
 
 
 class TrainState:
@@ -54,6 +71,7 @@ class TrainState:
         self.best_step = -1
         self.train_time = 0.0  # seconds in training steps, summed over resumes
         self.wall_time = 0.0
+        self.resumes: list[int] = []  # the step of every resume (preemption, requeue, crash)
 
     def state_dict(self) -> dict:
         return dict(vars(self))
@@ -62,43 +80,35 @@ class TrainState:
         vars(self).update(d)
 
 
-class _StopFlag:
-    SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGUSR1", None), signal.SIGINT) if s is not None)
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self):
-        for s in self.SIGNALS:
-            self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # second Ctrl-C: stop now
-        self.signum = signum
-
-    def __exit__(self, *exc):
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-
 def summary_is_finished(run_dir: str | Path) -> dict | None:
     s = read_json(Path(run_dir) / "summary.json")
     return s if isinstance(s, dict) and s.get("status") == "finished" and "metrics" in s else None
 
 
-def _batches(cfg: Any, world: int) -> tuple[int, int, int]:
-    """(global batch, per-process micro-batch, accumulation steps); refuses an inconsistent split."""
-    glob = int(cfg.task.batch_size)
-    micro = int(cfg.impl.micro_batch_size or glob // world)
-    if micro < 1 or glob % (micro * world):
-        raise ValueError(
-            f"global batch task.batch_size={glob} is not divisible by impl.micro_batch_size={micro} × "
-            f"{world} processes; choose a micro-batch that divides {glob // world if world else glob}"
-        )
-    return glob, micro, glob // (micro * world)
+def summary_status(run_dir: str | Path) -> str:
+    """finished | failed | corrupt (unreadable: treated as unfinished) | absent | <other status>."""
+    path = Path(run_dir) / "summary.json"
+    if not path.exists():
+        return "absent"
+    s = read_json(path)
+    if not isinstance(s, dict):
+        return "corrupt"
+    if s.get("status") == "finished" and "metrics" not in s:
+        return "corrupt"
+    return str(s.get("status", "corrupt"))
+
+
+def _launch_info(cfg: Any) -> dict[str, Any]:
+    """Where this session ran: launcher, SLURM job / array ids, node count, requeue count."""
+    env = os.environ
+    info: dict[str, Any] = {"launcher": str((cfg.get("launcher") or {}).get("name", "local"))}
+    for key, var in (("slurm_job_id", "SLURM_JOB_ID"), ("slurm_array_job_id", "SLURM_ARRAY_JOB_ID"),
+                     ("slurm_array_task_id", "SLURM_ARRAY_TASK_ID"), ("slurm_restart_count", "SLURM_RESTART_COUNT"),
+                     ("slurm_nodelist", "SLURM_JOB_NODELIST"), ("submitit_job_id", "SUBMITIT_LOCAL_JOB_ID")):
+        if env.get(var):
+            info[key] = env[var]
+    info["num_nodes"] = int(env.get("SLURM_JOB_NUM_NODES") or env.get("CONDATTN_NUM_NODES") or 1)
+    return info
 
 
 def _loader(ds, batch_size: int, sampler=None, workers: int = 0, pin: bool = False) -> DataLoader:
@@ -121,19 +131,40 @@ def train(cfg: Any) -> dict:
     if cfg.resume == "auto" and (done := summary_is_finished(run_dir)):
         print(f"[condattn] {run_dir} already finished; nothing to do (resume=never reruns it)")
         return done
+    deterministic = bool(cfg.impl.deterministic)
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    if deterministic:  # cuBLAS needs this before its first call to be deterministic (no effect on CPU)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    try:
+        return _train(cfg, run_dir, deterministic)
+    finally:  # a process that trains several cells (reproduce, tests) gets its global setting back
+        torch.use_deterministic_algorithms(was_deterministic)
+
+
+def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
     if cfg.impl.threads:
         torch.set_num_threads(int(cfg.impl.threads))
     torch.set_flush_denormal(bool(cfg.impl.get("flush_denormal", True)))
 
-    accelerator = Accelerator(mixed_precision=str(cfg.impl.precision), cpu=not torch.cuda.is_available())
+    # step_scheduler_with_optimizer=False: our schedule counts optimizer steps of the global batch; accelerate's
+    # default steps a prepared scheduler num_processes times per step (it assumes per-process batches), which
+    # ran the warmup and decay twice as fast with 2 processes
+    accelerator = Accelerator(mixed_precision=str(cfg.impl.precision), cpu=not torch.cuda.is_available(),
+                              step_scheduler_with_optimizer=False)
     world, rank, main = accelerator.num_processes, accelerator.process_index, accelerator.is_main_process
-    glob, micro, accum = _batches(cfg, world)
+    problems = preflight(cfg, world, check_data=False, check_run_dir=False)  # the data loader names missing files
+    if problems:
+        raise PreflightError(problems)
+    glob, micro, accum = batch_split(cfg, world)
     if cfg.resume == "never" and main and run_dir.exists():
         shutil.rmtree(run_dir)
     accelerator.wait_for_everyone()
-    set_seed(int(cfg.seed), deterministic=bool(cfg.impl.deterministic))
+    set_seed(int(cfg.seed), deterministic=deterministic)
+    if deterministic:
+        torch.backends.cudnn.benchmark = False
 
-    data = build_datasets(cfg)
+    with accelerator.main_process_first():  # rank 0 generates/caches the data files, the others then read them
+        data = build_datasets(cfg)
     model = build_model(cfg.model)
     cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
     report = apply_conditioning(model, cond.pop("method"), **cond)
@@ -144,7 +175,7 @@ def train(cfg: Any) -> dict:
     if cfg.impl.compile:
         model = torch.compile(model)
 
-    sampler = EpochSampler(len(data.train), int(cfg.seed), rank, world)
+    sampler = EpochSampler(len(data.train), int(cfg.seed), rank, world, block=micro)
     train_loader = _loader(data.train, micro, sampler, cfg.impl.num_workers, cfg.impl.pin_memory)
     if len(train_loader) < accum:
         raise ValueError(f"the training split has {len(data.train)} samples, fewer than one global batch ({glob})")
@@ -160,8 +191,13 @@ def train(cfg: Any) -> dict:
 
     ckpt = latest_checkpoint(run_dir) if cfg.resume == "auto" else None
     if ckpt is not None:
+        why = architecture_mismatch(ckpt, {k: tuple(v.shape) for k, v in raw.state_dict().items()})
+        if why:
+            raise ValueError(why)
         load_checkpoint(accelerator, ckpt)
-        print(f"[condattn] resumed {run_dir.name} from {ckpt.name} (step {state.step}/{steps})")
+        state.resumes.append(state.step)
+        if main:
+            print(f"[condattn] resumed {run_dir.name} from {ckpt.name} (step {state.step}/{steps})", flush=True)
     config = OmegaConf.to_container(cfg, resolve=True)
     logger = RunLogger(run_dir, cfg, main, state.step if ckpt else None, config)
     if main:
@@ -191,17 +227,48 @@ def train(cfg: Any) -> dict:
     def evaluate(loader) -> dict:
         return task.evaluate(model, loader, accelerator)
 
+    def any_rank(flag: bool) -> bool:
+        """True on every rank when it is true on one (a signal may reach the ranks at different steps)."""
+        if world == 1:
+            return flag
+        return bool(accelerator.reduce(torch.tensor([float(flag)], device=accelerator.device), "sum").item() > 0)
+
+    def fail(loss_value: float, reason: str) -> None:
+        good = good_ckpt if good_ckpt is not None and good_ckpt.exists() else None
+        msg = (
+            f"{reason} ({loss_value}) at step {state.step + 1} of {run_dir} (after {state.step} optimizer steps); "
+            f"last good checkpoint: {good or 'none'}. Lower optim.lr, set optim.clip_grad_norm, or resume from "
+            "that checkpoint after deleting the later ones."
+        )
+        if main:
+            write_json_atomic(run_dir / "summary.json", {
+                "status": "failed", "error": msg, "step": state.step + 1, "last_good_checkpoint": str(good or ""),
+                "run_name": cfg.run.name, "run_dir": str(run_dir), "config": config,
+            })
+        logger.finish()
+        raise TrainingDiverged(msg)
+
     clip = cfg.optim.get("clip_grad_norm")
+    max_loss = cfg.impl.get("max_loss")
     eval_every, log_every = int(cfg.task.eval_every), int(cfg.task.log_every)
     ckpt_every = int(cfg.impl.checkpoint_every)
     interrupt_at = cfg.debug.get("interrupt_at_step")
+    interrupt_sig = getattr(signal, str(cfg.debug.get("interrupt_signal") or "SIGTERM"))
+    # a checkpoint is "good" once the loss computed from its weights was finite
+    good_ckpt: Path | None = None
+    pending_ckpt: Path | None = ckpt
     started = time.time()
     session_steps = 0
     tty = sys.stderr.isatty()  # a progress bar on a terminal; one line per evaluation in logs (SLURM, reproduce)
     bar = tqdm(total=steps, initial=state.step, disable=not (main and tty), desc=cfg.run.name, mininterval=5,
                leave=False)
     model.train()
-    with _StopFlag() as stop:
+    with StopFlag() as stop:
+        if any_rank(stop.requested):  # asked to stop while the model was being built: nothing to save
+            bar.close()
+            logger.finish()
+            raise TrainingInterrupted(f"signal {stop.name} before the first step; run the same command again",
+                                      stop.signum, ckpt)
         sampler.set_epoch(state.epoch)
         it = iter(train_loader)
         for _ in range(state.batch_in_epoch):  # replay position inside the epoch after a resume
@@ -223,19 +290,23 @@ def train(cfg: Any) -> dict:
                     accelerator.backward(loss / accum)
                 losses.append(loss.detach())
                 accs.append(logs["acc"])
-            loss = torch.stack(losses).mean()
+            loss, acc = torch.stack(losses).mean(), torch.stack(accs).mean()
+            if world > 1:  # the loss of the whole global batch, identical on every rank
+                loss, acc = accelerator.reduce(torch.stack([loss, acc.to(loss.dtype)]), "mean").unbind()
             if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"non-finite loss ({loss.item()}) at step {state.step} of {run_dir}; last good checkpoint: "
-                    f"{last_ckpt or 'none'}. Lower optim.lr or enable optim.clip_grad_norm."
-                )
+                fail(loss.item(), "non-finite training loss")
+            if max_loss is not None and loss.item() > float(max_loss):
+                fail(loss.item(), f"training loss above impl.max_loss={max_loss}")
+            if pending_ckpt is not None:
+                good_ckpt, pending_ckpt = pending_ckpt, None
             if state.step == 0 and main:  # gradient norms of W_Q/W_K/W_V at step 0 (before the first update)
                 grads = grad_diagnostics(raw)
                 step0_diag.update(grads)
                 logger.log(0, "grad", grads)
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), float(clip)) if clip else None
             optimizer.step()
-            scheduler.step()
+            if not accelerator.optimizer_step_was_skipped:  # fp16: a step skipped on overflow does not advance
+                scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
             session_steps += 1
@@ -243,7 +314,7 @@ def train(cfg: Any) -> dict:
             bar.update(1)
 
             if state.step % log_every == 0 or state.step == steps:
-                row = {"loss": loss, "acc": torch.stack(accs).mean(), "lr": scheduler.get_last_lr()[0]}
+                row = {"loss": loss, "acc": acc, "lr": scheduler.get_last_lr()[0]}
                 if grad_norm is not None:
                     row["grad_norm"] = grad_norm
                 logger.log(state.step, "train", row)
@@ -263,17 +334,18 @@ def train(cfg: Any) -> dict:
             if diag_every and state.step % diag_every == 0:
                 run_diagnostics(state.step)
             if interrupt_at is not None and state.step == int(interrupt_at):
-                os.kill(os.getpid(), signal.SIGTERM)
-            if stop.signum is not None or state.step % ckpt_every == 0 or state.step == steps:
+                os.kill(os.getpid(), interrupt_sig)
+            stopping = any_rank(stop.requested)
+            if stopping or state.step % ckpt_every == 0 or state.step == steps:
                 state.wall_time += time.time() - started
                 started = time.time()
-                last_ckpt = checkpoint()
-            if stop.signum is not None:
+                last_ckpt = pending_ckpt = checkpoint()
+            if stopping:
                 bar.close()
                 logger.finish()
                 raise TrainingInterrupted(
-                    f"signal {signal.Signals(stop.signum).name} at step {state.step}: checkpoint {last_ckpt} "
-                    "written; run the same command again to resume"
+                    f"signal {stop.name} at step {state.step}: checkpoint {last_ckpt} written; run the same "
+                    "command again to resume", stop.signum, last_ckpt
                 )
     bar.close()
     state.wall_time += time.time() - started
@@ -285,14 +357,16 @@ def train(cfg: Any) -> dict:
         best = run_dir / "best_model.pt"
         accelerator.wait_for_everyone()
         if best.exists():  # the LRA protocol: test accuracy of the best-validation checkpoint
-            raw.load_state_dict(torch.load(best, map_location=accelerator.device, weights_only=True))
+            # map to the CPU first: under multi-process CPU runs accelerate's device is "cpu:0", which
+            # torch.load cannot map to; load_state_dict then copies onto the model's device
+            raw.load_state_dict(torch.load(best, map_location="cpu", weights_only=True))
             test = evaluate(test_loader)
         else:
             test = final_test
         test = {"test_acc": test["acc"], "test_loss": test["loss"], "final_test_acc": final_test["acc"]}
     final_diag = run_diagnostics(state.step) if main else {}
 
-    hw = provenance.hardware(accelerator.device, world)
+    hw = provenance.hardware(accelerator.device, world, _launch_info(cfg)["num_nodes"])
     summary = {
         "status": "finished",
         "run_name": cfg.run.name,
@@ -319,6 +393,7 @@ def train(cfg: Any) -> dict:
         "train_samples_per_s": round(glob * state.step / max(state.train_time, 1e-9), 2),
         "hardware": hw,
         "hardware_line": provenance.describe(hw),
+        "launch": {**_launch_info(cfg), "resumed_at_steps": list(state.resumes)},
         "versions": provenance.versions(),
         "commit": provenance.git_commit(),
         "data": {"checksum": data.checksum, **data.info},

@@ -1,5 +1,6 @@
-"""The LRA classifier: transformers' Nyströmformer with the Nyströmformer authors' LRA configuration
-(mlpen/Nystromformer, LRA/code/lra_config.py) and a mean-pooled classification head."""
+"""The LRA classifiers: transformers' Nyströmformer with the Nyströmformer authors' LRA configuration
+(mlpen/Nystromformer, LRA/code/lra_config.py) and a mean-pooled classification head; for Retrieval the
+same encoder applied to both documents of a pair (LRA/code/model_wrapper.py, ModelForSCDual)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from transformers import NystromformerConfig, NystromformerModel
 
 
 class NystromformerClassifier(nn.Module):
+    head_inputs = 1  # pooled encodings the head reads (its input width is head_inputs × hidden_size)
+
     def __init__(
         self,
         *,
@@ -49,7 +52,7 @@ class NystromformerClassifier(nn.Module):
         self.backbone = NystromformerModel(config)
         # LRA's classifier: Linear -> ReLU -> Linear on the pooled encoding
         self.head = nn.Sequential(
-            nn.Linear(hidden_size, head_hidden), nn.ReLU(), nn.Linear(head_hidden, num_classes)
+            nn.Linear(hidden_size * self.head_inputs, head_hidden), nn.ReLU(), nn.Linear(head_hidden, num_classes)
         )
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -65,3 +68,24 @@ class NystromformerClassifier(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.head(self.encode(input_ids, attention_mask))
+
+
+class NystromformerDualEncoder(NystromformerClassifier):
+    """LRA Retrieval: one shared Nyströmformer encodes both documents of a pair (two towers, shared weights);
+    the mean-pooled encodings u, v enter the LRA head as [u, v, u·v, u − v] (the Nyströmformer code's
+    SCHeadDual). The encoder runs once per document, each time with that document's padding mask, so the
+    conditioning hooks on the shared encoder (SCA on its 2 attention layers, CET at its first block) see
+    each tower's pass separately."""
+
+    head_inputs = 4
+
+    def forward(
+        self,
+        input_ids_0: torch.Tensor,
+        attention_mask_0: torch.Tensor,
+        input_ids_1: torch.Tensor,
+        attention_mask_1: torch.Tensor,
+    ) -> torch.Tensor:
+        u = self.encode(input_ids_0, attention_mask_0)
+        v = self.encode(input_ids_1, attention_mask_1)
+        return self.head(torch.cat([u, v, u * v, u - v], dim=-1))

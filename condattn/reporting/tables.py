@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from ..engine.io import read_json, read_jsonl
+from .stats import diff_ci, mean_std
 
 METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET"}
 PAPER_KEYS = {"embedded": "cet", "spectral": "sca"}  # method -> key of the papers' numbers
@@ -46,8 +46,7 @@ class Cell:
     def text(self) -> str:
         if not self.values:
             return "missing"
-        mean = statistics.fmean(self.values)
-        std = statistics.stdev(self.values) if len(self.values) > 1 else 0.0
+        mean, std = mean_std(self.values)
         s = f"{mean:.2f} ± {std:.2f} (n={len(self.values)})"
         return s + (f", missing seeds {self.missing}" if self.missing else "")
 
@@ -112,6 +111,7 @@ def render(exp: dict, scale: str, cells: dict[tuple, Cell]) -> tuple[str, list[d
         "|" + "---|" * len(head),
     ]
     csv_rows = []
+    base = methods[0]  # the baseline column: CIs of every other method's difference to it
     for row in exp["rows"]:
         ours = [cells[(row, m)] for m in methods]
         steps = sorted({s for c in ours for s in c.steps})
@@ -119,20 +119,26 @@ def render(exp: dict, scale: str, cells: dict[tuple, Cell]) -> tuple[str, list[d
         cols = [row, _paper(exp, row, "cet_baseline"), _paper(exp, row, "cet"),
                 _paper(exp, row, "sca_baseline"), _paper(exp, row, "sca")]
         cols += [c.text() for c in ours]
-        cols += [",".join(map(str, steps)) or "–", f"{statistics.fmean(walls):.0f} s" if walls else "–"]
+        cols += [",".join(map(str, steps)) or "–", f"{mean_std(walls)[0]:.0f} s" if walls else "–"]
         lines.append("| " + " | ".join(cols) + " |")
         for c in ours:
             pk = PAPER_KEYS.get(c.method)
+            ms = mean_std(c.values) if c.values else None
+            ci = diff_ci(cells[(row, base)].values, c.values) if c.method != base else None
             csv_rows.append({
                 "table": exp["table"], "row": row, "method": c.method, "label": METHOD_LABELS.get(c.method, c.method),
                 "scale": scale, "metric": exp["metric"], "n": len(c.values),
-                "mean": f"{statistics.fmean(c.values):.4f}" if c.values else "",
-                "std": f"{statistics.stdev(c.values):.4f}" if len(c.values) > 1 else "",
+                "mean": f"{ms[0]:.4f}" if ms else "",
+                "std": f"{ms[1]:.4f}" if len(c.values) > 1 else "",
                 "values": " ".join(f"{v:.4f}" for v in c.values), "missing_seeds": " ".join(map(str, c.missing)),
                 "steps": " ".join(map(str, c.steps)), "wall_time_s": " ".join(f"{w:.1f}" for w in c.wall),
                 "paper_value": (exp.get("paper") or {}).get(row, {}).get(pk, "") if pk else "",
                 "paper_baseline": (exp.get("paper") or {}).get(row, {}).get("cet_baseline", ""),
                 "commit": " ".join(sorted({s.get("commit", "") for s in c.summaries})),
+                "diff_vs_baseline": f"{ci.diff:.4f}" if ci else "",
+                "diff_ci95_low": f"{ci.low:.4f}" if ci else "",
+                "diff_ci95_high": f"{ci.high:.4f}" if ci else "",
+                "ci_method": ci.method if ci else "",
             })
     lines += ["", provenance_line(exp, scale, cells)]
     return "\n".join(lines) + "\n", csv_rows

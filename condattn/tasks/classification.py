@@ -1,4 +1,13 @@
-"""Sequence / image classification: cross-entropy, accuracy (LRA tasks, ImageNet-style tasks)."""
+"""Sequence / image classification: cross-entropy, accuracy (LRA tasks, ImageNet-style tasks).
+
+The ImageNet recipes add, all optional and off unless the task config sets them (the LRA tasks set none):
+- `task.mixup` ({mixup_alpha, cutmix_alpha, prob, switch_prob, mode}): timm's `Mixup` on each training
+  micro-batch, with soft targets and timm's `SoftTargetCrossEntropy` (label smoothing folded into the targets);
+- `task.label_smoothing` (> 0): the smoothing of the soft targets, or timm's `LabelSmoothingCrossEntropy`
+  when there is no mixup;
+- `task.top5: true`: top-5 accuracy in the evaluation.
+Evaluation is always plain cross-entropy against the true labels (as timm's validate.py does).
+"""
 
 from __future__ import annotations
 
@@ -13,12 +22,31 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in batch.items() if k != "labels"}
 
 
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+
+
 class ClassificationTask:
     higher_is_better = True
     metric = "acc"
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
+        self.label_smoothing = float(_get(cfg, "label_smoothing", 0.0) or 0.0)
+        self.top5 = bool(_get(cfg, "top5", False))
+        self.mixup = None
+        mix = _get(cfg, "mixup")
+        if mix is not None and (float(mix.mixup_alpha) > 0 or float(mix.cutmix_alpha) > 0):
+            from timm.data import Mixup
+
+            num_classes = _get(cfg, "num_classes")
+            if not num_classes:
+                raise ValueError("task.mixup needs task.num_classes (the soft targets' width)")
+            self.mixup = Mixup(
+                mixup_alpha=float(mix.mixup_alpha), cutmix_alpha=float(mix.cutmix_alpha), prob=float(mix.prob),
+                switch_prob=float(mix.switch_prob), mode=str(mix.mode), label_smoothing=self.label_smoothing,
+                num_classes=int(num_classes),
+            )
 
     @staticmethod
     def forward(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -28,24 +56,53 @@ class ClassificationTask:
         return model(**inputs)
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
-        logits = self.forward(model, batch)
-        loss = F.cross_entropy(logits.float(), batch["labels"])
-        acc = (logits.argmax(-1) == batch["labels"]).float().mean()
+        """Training loss of one micro-batch. `acc` is measured against the true (unmixed) labels."""
+        labels = batch["labels"]
+        if self.mixup is not None:
+            from timm.loss import SoftTargetCrossEntropy
+
+            x = batch["pixel_values"]
+            if x.shape[0] % 2:
+                raise ValueError(f"mixup/cutmix needs an even micro-batch, got {x.shape[0]}; "
+                                 "change impl.micro_batch_size")
+            x, soft = self.mixup(x.clone(), labels)  # timm mixes in place; keep the caller's batch intact
+            logits = self.forward(model, {**batch, "pixel_values": x})
+            loss = SoftTargetCrossEntropy()(logits.float(), soft)
+        else:
+            logits = self.forward(model, batch)
+            if self.label_smoothing > 0:
+                from timm.loss import LabelSmoothingCrossEntropy
+
+                loss = LabelSmoothingCrossEntropy(smoothing=self.label_smoothing)(logits.float(), labels)
+            else:
+                loss = F.cross_entropy(logits.float(), labels)
+        acc = (logits.argmax(-1) == labels).float().mean()
         return loss, {"acc": acc.detach()}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader, accelerator) -> dict[str, float]:
-        """Accuracy and mean loss over the whole split, gathered across processes (duplicates from
-        uneven sharding dropped by `gather_for_metrics`)."""
+        """Accuracy (top-1, and top-5 when task.top5) and mean loss over the whole split, gathered across
+        processes (duplicates from uneven sharding dropped by `gather_for_metrics`)."""
         was_training = model.training
         model.eval()
-        correct, total, loss_sum = 0, 0, 0.0
+        correct, correct5, total, loss_sum = 0, 0, 0, 0.0
         for batch in loader:
             logits = self.forward(model, batch).float()
             losses = F.cross_entropy(logits, batch["labels"], reduction="none")
-            pred, labels, losses = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"], losses))
+            if self.top5:
+                k = min(5, logits.shape[-1])
+                in5 = (logits.topk(k, dim=-1).indices == batch["labels"][:, None]).any(-1)
+                pred, labels, losses, in5 = accelerator.gather_for_metrics(
+                    (logits.argmax(-1), batch["labels"], losses, in5)
+                )
+                correct5 += int(in5.sum())
+            else:
+                pred, labels, losses = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"], losses))
             correct += int((pred == labels).sum())
             total += labels.numel()
             loss_sum += float(losses.sum())
         model.train(was_training)
-        return {"acc": correct / max(total, 1), "loss": loss_sum / max(total, 1), "n": total}
+        out = {"acc": correct / max(total, 1), "loss": loss_sum / max(total, 1), "n": total}
+        if self.top5:
+            out["top5"] = correct5 / max(total, 1)
+        return out

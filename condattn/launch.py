@@ -1,0 +1,389 @@
+"""Launching the cells of a table: in this process, as a SLURM job array, or as local submitit jobs.
+
+Design (see README "Cluster"): submitit is used directly, not through Hydra's launcher plugin. `reproduce`
+already expands a table into cells, validates all of them and skips finished ones; a plain executor then
+submits exactly the unfinished cells as one job array, returns at once (the plugin blocks for sweep
+results), and can print the exact sbatch script without submitting (a dry run needs no `sbatch`).
+
+Each array task runs `TrainJob(overrides)`: one process per GPU (`tasks_per_node = gpus_per_node`, over
+`nodes` nodes). Every task turns submitit's job environment into torch.distributed's variables (RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and calls `train(compose(overrides))`, whose Accelerator
+picks them up (NCCL on GPUs, gloo on CPUs). The run directory comes from the overrides, so all ranks and
+every requeue of a cell share it. On preemption or near the time limit SLURM sends USR2 (submitit's
+signal, `signal_delay_s` before the end) to every task; the trainer checkpoints at the next step boundary
+on all ranks, then rank 0 hands over to submitit, which calls `TrainJob.checkpoint` (the same cell again)
+and requeues the job; the requeued job resumes from the checkpoint (`resume=auto`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import submitit
+from omegaconf import DictConfig, OmegaConf
+
+from .engine.io import read_json, write_json_atomic
+from .engine.preflight import Problem, batch_split, planned_world
+
+SUBMITIT_LAUNCHERS = ("slurm", "submitit_local")
+LAUNCHERS = ("local", *SUBMITIT_LAUNCHERS)
+ACTIVE_SLURM_STATES = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING",
+                       "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
+
+
+class ConfigError(ValueError):
+    """A bad override or config, explained in one line."""
+
+
+@dataclass
+class Cell:
+    name: str
+    overrides: list[str]
+    cfg: DictConfig | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run.dir)
+
+
+# --------------------------------------------------------------------------------------------- overrides
+
+
+def _did_you_mean(key: str, overrides: list[str]) -> str:
+    from .config import compose
+
+    parent, _, last = key.rpartition(".")
+    try:
+        groups = [o for o in overrides if "=" in o and "." not in o.split("=", 1)[0]]  # group choices only
+        base = compose(groups)
+        node = OmegaConf.select(base, parent) if parent else base
+        keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+    except Exception:
+        return ""
+    close = difflib.get_close_matches(last, keys, n=1, cutoff=0.6)
+    return f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+
+
+def explain_override_error(overrides: list[str], exc: Exception) -> str:
+    """One line saying which override is wrong and what would be right."""
+    msg = str(exc)
+    if m := re.search(r"Could not find '([^/']+)/([^']+)'", msg):
+        group, option = m.groups()
+        avail = re.findall(r"^\t(\S+)$", msg.split("Config search path")[0], flags=re.M)
+        close = difflib.get_close_matches(option, avail, n=1, cutoff=0.5)
+        hint = f"did you mean {group}={close[0]}? " if close else ""
+        return f"override '{group}={option}': there is no configs/{group}/{option}.yaml; {hint}available: " + \
+            ", ".join(avail)
+    if m := re.search(r"Could not override '([^']+)'", msg):
+        key = m.group(1)
+        given = next((o for o in overrides if o.split("=", 1)[0].lstrip("+~") == key), key)
+        return (f"override '{given}' names no key of the config{_did_you_mean(key, overrides)} "
+                f"(a leading + adds a new key on purpose)")
+    first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
+    return f"overrides {' '.join(overrides)}: {first}"
+
+
+def compose_cell(overrides: list[str]) -> DictConfig:
+    """`compose(overrides)` with a one-line ConfigError naming the bad override."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .config import compose
+
+    try:
+        return compose(overrides)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        raise ConfigError(explain_override_error(overrides, e)) from e
+
+
+# --------------------------------------------------------------------------------------------- launcher config
+
+
+def tasks_per_node(lc: Any) -> int:
+    if lc.get("tasks_per_node"):
+        return int(lc.tasks_per_node)
+    return max(int(lc.get("gpus_per_node") or 0), 1)
+
+
+def launcher_problems(cfg: DictConfig) -> list[Problem]:
+    lc = cfg.launcher
+    out = []
+    if lc.name not in LAUNCHERS:
+        return [Problem("launcher", f"unknown launcher {lc.name!r}; choose one of {', '.join(LAUNCHERS)}")]
+    if lc.name == "local":
+        return out
+    for key in ("nodes", "timeout_min", "signal_delay_s"):
+        v = lc.get(key)
+        if not isinstance(v, (int, float)) or v <= 0:
+            out.append(Problem("launcher", f"launcher.{key}={v!r} must be a positive number"))
+    if not isinstance(lc.get("gpus_per_node"), int) or lc.gpus_per_node < 0:
+        out.append(Problem("launcher", f"launcher.gpus_per_node={lc.get('gpus_per_node')!r} must be an integer ≥ 0"))
+    if lc.get("tasks_per_node") is not None and lc.gpus_per_node and lc.tasks_per_node != lc.gpus_per_node:
+        out.append(Problem("launcher", f"launcher.tasks_per_node={lc.tasks_per_node} but gpus_per_node="
+                                       f"{lc.gpus_per_node}: one process per GPU is required (leave it null)"))
+    if lc.name == "submitit_local" and int(lc.get("nodes", 1)) != 1:
+        out.append(Problem("launcher", "launcher=submitit_local runs on this machine: launcher.nodes must be 1"))
+    if not out and lc.signal_delay_s >= 60 * lc.timeout_min:
+        out.append(Problem("launcher", f"launcher.signal_delay_s={lc.signal_delay_s} is not shorter than the time "
+                                       f"limit launcher.timeout_min={lc.timeout_min} min"))
+    return out
+
+
+def slurm_parameters(lc: Any, job_name: str) -> dict[str, Any]:
+    """The `SlurmExecutor.update_parameters` keywords for a launcher config (sbatch option names)."""
+    params: dict[str, Any] = {
+        "job_name": job_name,
+        "partition": lc.partition,
+        "account": lc.account,
+        "qos": lc.qos,
+        "nodes": int(lc.nodes),
+        "ntasks_per_node": tasks_per_node(lc),
+        "gpus_per_node": int(lc.gpus_per_node) or None,
+        "cpus_per_task": lc.cpus_per_task,
+        "mem": f"{lc.mem_gb}GB" if lc.mem_gb else None,
+        "time": int(lc.timeout_min),
+        "signal_delay_s": int(lc.signal_delay_s),
+        "array_parallelism": int(lc.array_parallelism),
+        "constraint": lc.constraint,
+        "exclude": lc.exclude,
+        "comment": lc.comment,
+        "setup": list(lc.setup) or None,
+        "srun_args": list(lc.srun_args) or None,
+        "additional_parameters": OmegaConf.to_container(lc.additional_parameters) or None,
+    }
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def local_parameters(lc: Any) -> dict[str, Any]:
+    params = {"tasks_per_node": tasks_per_node(lc), "gpus_per_node": int(lc.gpus_per_node),
+              "timeout_min": float(lc.timeout_min), "signal_delay_s": int(lc.signal_delay_s)}
+    if lc.get("setup"):
+        params["setup"] = list(lc.setup)
+    return params
+
+
+class SlurmExecutor(submitit.SlurmExecutor):
+    """submitit's SLURM executor (the name tests patch)."""
+
+
+class _DryRunSlurmExecutor(submitit.SlurmExecutor):
+    """Builds and validates parameters like the real one but needs no `srun` on this machine."""
+
+    @classmethod
+    def affinity(cls) -> int:
+        return 1
+
+
+def job_folder(lc: Any, table: str) -> Path:
+    return Path(str(lc.folder)).expanduser().absolute() / table / "%j"
+
+
+def make_executor(lc: Any, table: str, job_name: str, dry_run: bool = False):
+    python = lc.get("python") or None
+    if lc.name == "slurm":
+        cls = _DryRunSlurmExecutor if dry_run else SlurmExecutor
+        ex = cls(folder=job_folder(lc, table), max_num_timeout=int(lc.max_num_timeout), python=python)
+        ex.update_parameters(**slurm_parameters(lc, job_name))
+        return ex
+    ex = submitit.LocalExecutor(folder=job_folder(lc, table), max_num_timeout=int(lc.max_num_timeout), python=python)
+    ex.update_parameters(**local_parameters(lc))
+    return ex
+
+
+def sbatch_script(executor: submitit.SlurmExecutor, n_jobs: int) -> str:
+    """The exact script submitit hands to sbatch for an array of n_jobs (a single job when n_jobs == 1)."""
+    params = dict(executor.parameters)
+    if n_jobs > 1:
+        params["map_count"] = n_jobs
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    return _make_sbatch_string(command=executor._submitit_command_str, folder=executor.folder, **params)
+
+
+# --------------------------------------------------------------------------------------------- inside a job
+
+
+def distributed_env(env: Any, master_port: int | None = None) -> dict[str, str]:
+    """torch.distributed variables for this task from a submitit JobEnvironment (empty for 1 task)."""
+    out = {"CONDATTN_NUM_NODES": str(env.num_nodes)}
+    n = int(env.num_tasks)
+    if n <= 1:
+        return out
+    digits = re.sub(r"\D", "", str(env.raw_job_id)) or "0"
+    port = int(master_port) if master_port else 20000 + int(digits) % 20000
+    addr = "127.0.0.1" if int(env.num_nodes) == 1 else env.hostnames[0]
+    out.update(
+        RANK=str(env.global_rank), LOCAL_RANK=str(env.local_rank), WORLD_SIZE=str(n),
+        LOCAL_WORLD_SIZE=str(n // max(int(env.num_nodes), 1)), NODE_RANK=str(env.node), GROUP_RANK=str(env.node),
+        MASTER_ADDR=addr, MASTER_PORT=str(port),
+    )
+    return out
+
+
+class TrainJob(submitit.helpers.Checkpointable):
+    """One cell as a submitit job. `__call__` trains it (resuming from the run dir's last checkpoint);
+    `checkpoint` is submitit's requeue hook: the trainer has already written the checkpoint, so the
+    requeued job is simply the same cell again."""
+
+    def __init__(self, cwd: str, master_port: int | None = None):
+        self.cwd = cwd
+        self.master_port = master_port
+
+    def __call__(self, overrides: list[str]) -> dict:
+        os.chdir(self.cwd)  # relative paths in the config mean what they meant at submission
+        env = submitit.JobEnvironment()
+        os.environ.update(distributed_env(env, self.master_port))
+        from .engine.trainer import TrainingInterrupted, train
+
+        cfg = compose_cell(list(overrides))
+        try:
+            s = train(cfg)
+        except TrainingInterrupted as e:
+            preempt = env._usr_sig()
+            if e.signum == preempt:
+                # preemption / time limit: the checkpoint is written on every rank; give submitit its signal
+                # back (our handler was active during training): rank 0 calls self.checkpoint, requeues and
+                # exits; the other ranks end here and are restarted with the job
+                handler = signal.getsignal(preempt)
+                if callable(handler):
+                    handler(preempt, None)
+                if env.global_rank != 0:
+                    sys.exit(0)
+            raise  # SIGTERM / Ctrl-C (scancel, a user): stop with the checkpoint kept; rerunning resumes
+        return {"run_name": s["run_name"], "run_dir": s["run_dir"], "status": s["status"], "steps": s["steps"],
+                "metrics": s["metrics"]}
+
+    def checkpoint(self, overrides: list[str]) -> submitit.helpers.DelayedSubmission:
+        return submitit.helpers.DelayedSubmission(TrainJob(self.cwd, self.master_port), overrides)
+
+
+# --------------------------------------------------------------------------------------------- submission
+
+
+SUBMISSION_FILE = "submission.json"
+
+
+def active_job(run_dir: Path) -> str | None:
+    """'<job id> (<state>)' when this cell's recorded SLURM job is still queued or running, else None."""
+    rec = read_json(Path(run_dir) / SUBMISSION_FILE)
+    if not isinstance(rec, dict) or rec.get("launcher") != "slurm" or not rec.get("job_id"):
+        return None
+    states = squeue_states(str(rec["job_id"])) & ACTIVE_SLURM_STATES
+    return f"{rec['job_id']} ({', '.join(sorted(states))})" if states else None
+
+
+def squeue_states(job_id: str) -> set[str]:
+    """SLURM states of a job (empty when it has left the queue, or without squeue)."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return {s.strip() for s in out.stdout.split()} if out.returncode == 0 else set()
+
+
+def train_command(overrides: list[str]) -> str:
+    return "python -m condattn.train " + " ".join(shlex.quote(o) for o in overrides)
+
+
+def describe_plan(cells: list[Cell], lc: Any, executor: Any, say: Callable[[str], None]) -> None:
+    world = planned_world(cells[0].cfg)
+    splits = {c.name: batch_split(c.cfg, world) for c in cells}
+    nodes, tpn = int(lc.get("nodes", 1)), tasks_per_node(lc)
+    dev = f"{lc.gpus_per_node} GPU{'s' if lc.gpus_per_node != 1 else ''} per node" if lc.gpus_per_node else "no GPU"
+    line = (f"  each job: {nodes} node{'s' if nodes > 1 else ''} × {tpn} process{'es' if tpn > 1 else ''} per node "
+            f"({dev}) = {world} process{'es' if world > 1 else ''}")
+    if len(set(splits.values())) == 1:
+        glob, micro, accum = next(iter(splits.values()))
+        line += (f"; global batch {glob} = {micro} per process × {world} × {accum} accumulation "
+                 f"step{'s' if accum > 1 else ''}")
+    say(line)
+    say(f"  submitit: {type(executor).__name__.lstrip('_').replace('DryRun', '')}(folder={executor.folder}, "
+        f"max_num_timeout={executor.max_num_timeout}, python={executor.python})")
+    say(f"  parameters: {executor.parameters}")
+    say("  jobs (array index, run dir, equivalent command):")
+    for i, c in enumerate(cells):
+        glob, micro, accum = splits[c.name]
+        batch = f"  (global batch {glob} = {micro} × {world} × {accum})" if len(set(splits.values())) > 1 else ""
+        say(f"    [{i}] {c.run_dir}{batch}")
+        say(f"        {train_command(c.overrides)}")
+
+
+def submit(cells: list[Cell], lc: Any, table: str, scale: str, *, dry_run: bool, stop: Any,
+           say: Callable[[str], None] = print) -> list[str]:
+    """Submit the cells (all validated, none finished) with a submitit launcher. Returns the names of cells
+    whose job failed (when waiting)."""
+    job_name = f"condattn_{table}_{scale}"
+    executor = make_executor(lc, table, job_name, dry_run=dry_run)
+    kind = "one SLURM job array" if lc.name == "slurm" and len(cells) > 1 else (
+        "one SLURM job" if lc.name == "slurm" else "local submitit jobs, one after another")
+    say(f"[reproduce] {len(cells)} cell{'s' if len(cells) != 1 else ''} to submit as {kind} "
+        f"(launcher={lc.name}{', dry run: nothing is submitted' if dry_run else ''})")
+    describe_plan(cells, lc, executor, say)
+    if lc.name == "slurm":
+        script = sbatch_script(executor, len(cells))
+        say("  sbatch script (the exact text submitit passes to sbatch):")
+        for line in script.splitlines():
+            say("    " + line)
+    if dry_run:
+        return []
+
+    job = TrainJob(os.getcwd(), lc.get("master_port"))
+    if lc.name == "slurm":
+        jobs = executor.map_array(job, [c.overrides for c in cells])
+        for c, j in zip(cells, jobs):
+            write_json_atomic(c.run_dir / SUBMISSION_FILE, {
+                "launcher": "slurm", "job_id": j.job_id, "folder": str(executor.folder), "overrides": c.overrides,
+                "submitted_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+            })
+            say(f"[reproduce] submitted {c.name}: job {j.job_id}")
+        if not lc.get("wait"):
+            say(f"[reproduce] {len(jobs)} jobs submitted; logs in {executor.folder.parent}. When they end, "
+                f"`make report-table-N SCALE={scale}` writes the table (rerunning reproduce skips queued cells).")
+            return []
+        return _wait(list(zip(cells, jobs)), stop, say)
+    failed = []
+    for i, c in enumerate(cells, 1):  # submitit_local: one cell at a time on this machine
+        if stop.requested:
+            failed += [x.name for x in cells[i - 1:]]
+            break
+        say(f"[reproduce] {i}/{len(cells)} {c.name}: local submitit job, {tasks_per_node(lc)} process(es)")
+        j = executor.submit(job, c.overrides)
+        failed += _wait([(c, j)], stop, say)
+    return failed
+
+
+def _wait(pairs: list[tuple[Cell, Any]], stop: Any, say: Callable[[str], None]) -> list[str]:
+    forwarded = False
+    while not all(j.done() for _, j in pairs):
+        if stop.requested and not forwarded:  # pass the stop on: each job checkpoints and ends
+            forwarded = True
+            for _, j in pairs:
+                if not j.done():
+                    proc = getattr(j, "_process", None)
+                    if proc is not None:
+                        proc.send_signal(signal.SIGTERM)
+                    else:
+                        j.cancel(check=False)
+        time.sleep(0.5)
+    failed = []
+    for c, j in pairs:
+        exc = j.exception()
+        if exc is not None:
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            errs = [ln for ln in lines if re.search(r"(Error|Exception|Interrupted|Diverged)\b.*:", ln)]
+            why = (errs or lines or [repr(exc)])[-1]
+            say(f"[reproduce] {c.name}: job {j.job_id} failed: {why} (log: {j.paths.stderr})")
+            failed.append(c.name)
+    return failed

@@ -1,0 +1,102 @@
+"""`python -m condattn.compare`: groups of runs side by side, with the statistics the tables share."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from condattn.compare import main, resolve
+from condattn.reporting.stats import bootstrap_ci, diff_ci, fmt_mean_std, mean_std, welch_ci
+
+REPO = Path(__file__).resolve().parents[1]
+A = [0.30, 0.32, 0.31]  # test_acc of a baseline over 3 seeds
+B = [0.36, 0.38, 0.35]
+
+
+def fake_run(root: Path, name: str, acc: float, steps: int = 120, wall: float = 30.0, finished: bool = True) -> Path:
+    d = root / "smoke" / name
+    d.mkdir(parents=True)
+    summary = {"status": "finished" if finished else "failed", "run_dir": str(d), "steps": steps,
+               "wall_time_s": wall, "metrics": {"test_acc": acc, "val_acc": acc + 0.01}}
+    (d / "summary.json").write_text(json.dumps(summary))
+    rows = [{"step": s, "split": "val", "acc": acc * s / steps, "loss": 2.0} for s in (40, 80, 120)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "runs"
+    for i, v in enumerate(A):
+        fake_run(root, f"t4_listops_none_smoke_s{i}", v)
+    for i, v in enumerate(B):
+        fake_run(root, f"t4_listops_embedded_smoke_s{i}", v, wall=40.0)
+    fake_run(root, "t4_listops_spectral_smoke_s0", 0.2)
+    fake_run(root, "t4_listops_spectral_smoke_s1", 0.9, finished=False)
+    return root
+
+
+def test_stats_helpers():
+    assert mean_std([1.0]) == (1.0, 0.0)
+    assert fmt_mean_std([30.0, 32.0]) == "31.00 ± 1.41"  # the tables' format (sample std)
+    ci = welch_ci([100 * a for a in A], [100 * b for b in B])
+    from scipy import stats
+
+    ref = stats.ttest_ind([100 * b for b in B], [100 * a for a in A], equal_var=False).confidence_interval(0.95)
+    assert ci.diff == pytest.approx(5.3333333) and ci.method == "welch-t"
+    assert (ci.low, ci.high) == (pytest.approx(ref.low), pytest.approx(ref.high))
+    boot = bootstrap_ci(A, B)
+    assert boot.low < boot.diff < boot.high and boot == bootstrap_ci(A, B)  # seeded: reproducible
+    assert diff_ci([1.0], B) is None  # no interval from a single run
+    same = welch_ci([1.0, 1.0], [2.0, 2.0])
+    assert (same.low, same.high) == (1.0, 1.0)
+
+
+def test_groups_by_prefix_glob_and_directory(runs, tmp_path):
+    assert [p.name for p in resolve("t4_listops_none_smoke", runs)] == [f"t4_listops_none_smoke_s{i}" for i in range(3)]
+    assert len(resolve(str(runs / "smoke" / "t4_listops_embedded_smoke_s*"), runs)) == 3
+    assert len(resolve("t4_listops_*_smoke_s0", runs)) == 3  # a glob relative to the runs root's scale folders
+    one = resolve(str(runs / "smoke" / "t4_listops_none_smoke_s1"), runs)
+    assert [p.name for p in one] == ["t4_listops_none_smoke_s1"]
+    assert len(resolve(str(runs / "smoke"), runs)) == 8
+    assert resolve("nothing_like_this", runs) == []
+
+
+def test_compare_cli_table_and_figure(runs, tmp_path, capsys):
+    out_png = tmp_path / "cmp.png"
+    assert main(["t4_listops_none_smoke", str(runs / "smoke" / "t4_listops_embedded_smoke_s*"), "t4_listops_spectral",
+                 "--runs-root", str(runs), "--out", str(out_png)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == ("| group | n | test_acc (×100) | Δ vs t4_listops_none_smoke [95% CI] | steps | wall time / run "
+                        "| runs |")
+    ci = welch_ci([100 * a for a in A], [100 * b for b in B])
+    assert lines[2] == "| t4_listops_none_smoke | 3 | 31.00 ± 1.00 | – | 120 | 30 s | s0 s1 s2 |"
+    assert lines[3] == (f"| t4_listops_embedded_smoke_s* | 3 | 36.33 ± 1.53 | {ci.text()} | 120 | 40 s | s0 s1 s2 |")
+    assert lines[4] == ("| t4_listops_spectral | 1 | 20.00 ± 0.00 | -11.00 (no CI: needs ≥ 2 runs per group) | 120 | "
+                        "30 s | s0 (+1 unfinished) |")
+    assert "Δ: mean difference to the first group with its 95% CI (Welch t interval)." in out
+    assert "t4_listops_spectral_smoke_s1 has no finished summary; left out" in out
+    assert out_png.stat().st_size > 10_000 and f"[compare] figure: {out_png}" in out
+    assert not math.isnan(ci.low)
+
+
+def test_compare_refuses_unknown_groups_and_metrics(runs, capsys):
+    assert main(["t4_listops_none_smoke", "t4_nope", "--runs-root", str(runs)]) == 2
+    assert "no run matches 't4_nope'" in capsys.readouterr().err
+    assert main(["t4_listops_none_smoke", "--runs-root", str(runs), "--metric", "bleu"]) == 2
+    assert "metric 'bleu' is missing in runs of t4_listops_none_smoke; known metrics: test_acc, val_acc" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_make_compare_target_passes_globs_unexpanded(runs, tmp_path):
+    glob = str(runs / "smoke" / "t4_listops_none_smoke_s*")
+    out = subprocess.run(["make", "compare", f"RUNS={glob} t4_listops_embedded_smoke",
+                          f"ARGS=--runs-root {runs} --out {tmp_path / 'm.png'}", f"BIN={Path(sys.executable).parent}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "| t4_listops_none_smoke_s* | 3 | 31.00 ± 1.00 |" in out.stdout  # one group, not three runs

@@ -1,0 +1,300 @@
+"""The vision zoo (configs/model/*.yaml over timm): every entry builds, the conditioning patch covers exactly the
+attention layers its architecture defines, and the foundation properties hold for every family."""
+
+import time
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import condattn
+from condattn.conditioning import find_attention, find_tokens, remove_conditioning
+from condattn.conditioning.targets import channels_first_supported
+from condattn.config import compose
+from condattn.models import build_model
+
+FAMILIES = ["vit", "deit", "swin", "xcit", "davit"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one intra-op thread is faster, and far faster on a loaded machine (OpenMP sync dominates)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+BASE = {
+    "vit": "vit_base_patch16_224",
+    "deit": "deit_base_patch16_224",
+    "swin": "swin_base_patch4_window7_224",
+    "xcit": "xcit_medium_24_p16_224",
+    "davit": "davit_base",
+}
+
+# Expected attention sites per kind, from each architecture's definition (the papers / timm entrypoints):
+# ViT-B and DeiT-B depth 12; Swin-B depths (2, 2, 18, 2); XCiT-M24 depth 24 + 2 class-attention layers;
+# DaViT-B depths (1, 1, 9, 1) of dual blocks, each one spatial-window and one channel attention.
+BASE_EXPECTED = {
+    "vit": {"spectral:timm_fused_qkv": 12},
+    "deit": {"spectral:timm_fused_qkv": 12},
+    "swin": {"spectral:timm_swin_window": sum((2, 2, 18, 2))},
+    "xcit": {"spectral:timm_xca": 24, "spectral:timm_class_attn": 2},
+    "davit": {"spectral:timm_davit_window": sum((1, 1, 9, 1)), "spectral:timm_davit_channel": sum((1, 1, 9, 1))},
+}
+
+
+def expected_counts(family: str, m: dict) -> dict[str, int]:
+    """The same formulas applied to a (reduced) model config's own architecture keys."""
+    if family in ("vit", "deit"):
+        return {"spectral:timm_fused_qkv": m["depth"]}
+    if family == "swin":
+        return {"spectral:timm_swin_window": sum(m["depths"])}
+    if family == "xcit":
+        return {"spectral:timm_xca": m["depth"], "spectral:timm_class_attn": m.get("cls_attn_layers", 2)}
+    return {"spectral:timm_davit_window": sum(m["depths"]), "spectral:timm_davit_channel": sum(m["depths"])}
+
+
+def model_cfg(family: str, scale: str) -> dict:
+    cfg = compose([f"task=imagenet_{family}", f"scale={scale}"])
+    return OmegaConf.to_container(cfg.model, resolve=True)
+
+
+def build(mcfg: dict, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model(mcfg).eval()
+
+
+def images(b: int = 2, size: int = 32) -> torch.Tensor:
+    return torch.randn(b, 3, size, size, generator=torch.Generator().manual_seed(3))
+
+
+def cet_supported(family: str) -> bool:
+    return family != "davit" or channels_first_supported()
+
+
+# ---------------------------------------------------------------- paper-scale entries: construction + counts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_paper_entry_builds_and_patches_every_attention_layer(family):
+    cfg = compose([f"task=imagenet_{family}"])  # paper scale: the row's model and data (ImageNet, 224, 1000)
+    assert cfg.model.name == BASE[family] and cfg.data.name == "imagenet" and cfg.model.pretrained is False
+    mcfg = OmegaConf.to_container(cfg.model, resolve=True)
+    with torch.device("meta"):  # the full-size model, no memory and no weight init
+        model = build_model(mcfg)
+    expected = BASE_EXPECTED[family]
+    assert cfg.model.attention_layers == sum(expected.values())
+    rep = condattn.apply_conditioning(model, "spectral")
+    assert rep.counts == expected
+    rep.check(attention_layers=cfg.model.attention_layers)
+    remove_conditioning(model)
+    if cet_supported(family):
+        rep = condattn.apply_conditioning(model, "embedded")
+        assert rep.count("embedded") == 1
+
+
+# ---------------------------------------------------------------- small members: the properties, with forwards
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_smoke_variant_counts(family):
+    """The smoke recipes shrink each small member further; their asserted counts follow the same formulas."""
+    mcfg = model_cfg(family, "smoke")
+    expected = expected_counts(family, mcfg)
+    assert mcfg["attention_layers"] == sum(expected.values())
+    with torch.device("meta"):
+        rep = condattn.apply_conditioning(build_model(mcfg), "spectral")
+    assert rep.counts == expected
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_small_member_counts_none_identity_and_state_dict(family):
+    mcfg = model_cfg(family, "small")  # the family's zoo entry configs/model/*_32.yaml
+    expected = expected_counts(family, mcfg)
+    assert mcfg["attention_layers"] == sum(expected.values())
+    x = images()
+    ref, none = build(mcfg), build(mcfg)
+    assert condattn.apply_conditioning(none, "none").counts == {}
+    with torch.no_grad():
+        out_ref = ref(x)
+        assert torch.equal(out_ref, none(x))  # `none` is bit-identical to timm's model
+    params = {n: p.shape for n, p in ref.named_parameters()}
+    methods = ["spectral", "embedded", "spectral+embedded"] if cet_supported(family) else ["spectral"]
+    for method in methods:
+        model = build(mcfg)
+        rep = condattn.apply_conditioning(model, method, lam=2.0)
+        rep.check(attention_layers=mcfg["attention_layers"])
+        assert {k: v for k, v in rep.counts.items() if k.startswith("spectral")} == (
+            expected if "spectral" in method else {})
+        assert rep.count("embedded") == (1 if "embedded" in method else 0)
+        assert {n: p.shape for n, p in model.named_parameters()} == params  # no new parameters
+        assert list(model.state_dict()) == list(ref.state_dict())  # unchanged keys
+        model.load_state_dict(ref.state_dict(), strict=True)
+        with torch.no_grad():
+            out = model(x)
+        assert torch.isfinite(out).all() and not torch.equal(out, out_ref)  # the patch is live
+        remove_conditioning(model)
+        with torch.no_grad():
+            assert torch.equal(model(x), out_ref)
+
+
+def test_davit_cet_refuses_until_channels_first_is_supported():
+    if channels_first_supported():
+        pytest.skip("embedded.py and diagnostics read TokenSite.channels_first: DaViT CET is covered above")
+    model = build(model_cfg("davit", "smoke"))
+    with pytest.raises(ValueError, match="cannot locate the first transformer block of DaVit"):
+        condattn.apply_conditioning(model, "embedded")
+
+
+def test_davit_token_site_when_supported(monkeypatch):
+    """The DaViT finder's site (used once CET reads channels_first): first dual block, channels first."""
+    from condattn.conditioning import targets
+
+    monkeypatch.setattr(targets, "channels_first_supported", lambda: True)
+    mcfg = model_cfg("davit", "small")
+    site = find_tokens(build(mcfg))
+    assert site.layout == "timm_davit" and site.channels_first and site.num_prefix_tokens == 0
+    assert site.first_block_name == "stages.0.blocks.0" and len(site.blocks) == len(mcfg["depths"])
+
+
+def _explicit(weight: torch.Tensor, blocks: list[slice], lam: float) -> torch.Tensor:
+    """(W + λI)ᵀ in torch layout, from the definition: λ on the diagonal of each role's output block."""
+    w = weight.clone()
+    for cols in blocks:
+        n = cols.stop - cols.start
+        w[cols] += lam * torch.eye(n, w.shape[1])
+    return w
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("targets", [["q", "k", "v"], ["q"]])
+def test_spectral_is_the_explicit_formula_on_one_projection(family, targets):
+    """x @ (W + λI)ᵀ + b on the first attention site of each family, with the identity built by hand from the
+    layout's definition (for DaViT's channel attention the query is the *second* chunk of qkv)."""
+    model = build(model_cfg(family, "smoke"))
+    condattn.apply_conditioning(model, "spectral", lam=3.0, targets=targets)
+    sites = find_attention(model)
+    site = sites[-1] if family == "davit" else sites[0]  # DaViT: a channel attention (the last site)
+    lin = site.proj["q"].linear
+    seen = {}
+    lin.register_forward_hook(lambda m, a, o: seen.update(x=a[0], y=o))
+    with torch.no_grad():
+        model(images())
+    d = lin.out_features if site.layout == "timm_class_attn" else lin.out_features // 3
+    chunk = {"q": 0, "k": 1, "v": 2}
+    if site.layout == "timm_davit_channel":  # softmax((k·s)ᵀ v) aggregates q: query = chunk 1, key = 2, value = 0
+        chunk = {"q": 1, "k": 2, "v": 0}
+    roles = ["q"] if site.layout == "timm_class_attn" else targets
+    blocks = [slice(chunk[r] * d, chunk[r] * d + d) for r in roles]
+    w = _explicit(lin.weight.detach(), blocks, 3.0)
+    bias = lin.bias.detach() if lin.bias is not None else 0.0
+    torch.testing.assert_close(seen["y"], seen["x"] @ w.T + bias, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cet_kappa_at_most_two_at_the_first_block(family):
+    if not cet_supported(family):
+        pytest.skip("DaViT CET needs TokenSite.channels_first support in embedded.py (requested)")
+    mcfg = model_cfg(family, "smoke")
+    base, cond = build(mcfg), build(mcfg)
+    condattn.apply_conditioning(cond, "embedded")
+
+    def first_input(model):
+        site, seen = find_tokens(model), {}
+        site.first_block.register_forward_pre_hook(lambda m, a: seen.update(x=a[0]))
+        with torch.no_grad():
+            model(images(3))
+        x = seen["x"]
+        if x.dim() == 4:  # Swin (B, H, W, C) / DaViT (B, C, H, W): X is the (H·W) × C matrix
+            x = x.flatten(2).transpose(1, 2) if site.channels_first else x.reshape(x.shape[0], -1, x.shape[-1])
+        return x.double()
+
+    k0 = torch.linalg.cond(first_input(base))
+    k1 = torch.linalg.cond(first_input(cond))
+    assert (k0 > 2.5).all(), k0  # the raw tokens are worse conditioned
+    assert (k1 <= 2.0 + 1e-4).all(), k1
+
+
+def test_xcit_cet_input_has_no_class_token():
+    """XCiT's X is patch tokens + Fourier positions: no prefix token (the class token comes later)."""
+    model = build(model_cfg("xcit", "smoke"))
+    site = find_tokens(model)
+    assert site.layout == "timm_xcit" and site.num_prefix_tokens == 0 and site.first_block_name == "blocks.0"
+    assert [n for n, _ in site.blocks][-2:] == ["cls_attn_blocks.0", "cls_attn_blocks.1"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trains_a_few_steps_under_both_methods(family):
+    mcfg = model_cfg(family, "small")
+    methods = ["spectral", "embedded"] if cet_supported(family) else ["spectral"]
+    x, y = images(4), torch.tensor([0, 1, 2, 3])
+    for method in methods:
+        model = build(mcfg).train()
+        condattn.apply_conditioning(model, method, lam=2.0)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        losses = []
+        for _ in range(3):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            assert all(p.grad is not None for p in model.parameters() if p.requires_grad)  # every param learns
+            opt.step()
+            losses.append(float(loss.detach()))
+        assert all(map(lambda v: v == v and abs(v) < 1e4, losses)) and losses[-1] != losses[0]
+
+
+def test_spectral_lambda_zero_is_the_baseline_bit_for_bit():
+    """Table 8's λ = 0 row: SCA with λ = 0 adds 0·x, so it is the unpatched model exactly."""
+    mcfg = model_cfg("vit", "smoke")
+    ref, model = build(mcfg), build(mcfg)
+    condattn.apply_conditioning(model, "spectral", lam=0.0)
+    with torch.no_grad():
+        assert torch.equal(ref(images()), model(images()))
+
+
+def test_small_member_configs_match_the_small_recipes():
+    """configs/model/<member>.yaml is what the small scale of each row trains (one definition, checked)."""
+    members = {"vit": "vit_tiny_32", "deit": "deit_tiny_32", "swin": "swin_tiny_32", "xcit": "xcit_nano_32",
+               "davit": "davit_tiny_32"}
+    for family, member in members.items():
+        alone = OmegaConf.to_container(compose([f"model={member}", "data=mnist"]).model, resolve=True)
+        in_recipe = model_cfg(family, "small")
+        in_recipe.pop("drop_path_rate")  # the task's recipe key, not the architecture
+        assert in_recipe == alone, family
+
+
+# ---------------------------------------------------------------- fused attention and pretrained weights
+
+
+def test_fused_attn_is_set_per_model_config_and_restored():
+    from timm.layers import config as timm_layer_config
+
+    before = timm_layer_config._USE_FUSED_ATTN
+    for mode, stable, experimental in ((0, False, False), (1, True, False), (2, True, True)):
+        vit = build({**model_cfg("vit", "smoke"), "fused_attn": mode})
+        swin = build({**model_cfg("swin", "smoke"), "fused_attn": mode})
+        assert all(s.module.fused_attn is stable for s in find_attention(vit))
+        assert all(s.module.fused_attn is experimental for s in find_attention(swin))  # timm: experimental
+        assert timm_layer_config._USE_FUSED_ATTN == before
+    eager = build({**model_cfg("vit", "smoke"), "fused_attn": 0})
+    fused = build({**model_cfg("vit", "smoke"), "fused_attn": 1})
+    with torch.no_grad():
+        torch.testing.assert_close(eager(images()), fused(images()), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="model.fused_attn=3"):
+        build({**model_cfg("vit", "smoke"), "fused_attn": 3})
+    # one setting per model config: baseline and conditioned cells of a row resolve the same value
+    a = compose(["task=imagenet_swin", "scale=smoke", "conditioning=none"]).model.fused_attn
+    b = compose(["task=imagenet_swin", "scale=smoke", "conditioning=spectral"]).model.fused_attn
+    assert a == b == 1
+
+
+def test_pretrained_fails_fast_and_clearly_offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match="could not load pretrained weights for 'vit_tiny_patch16_224'"):
+        build({"builder": "timm", "model_name": "vit_tiny_patch16_224", "pretrained": True})
+    assert time.time() - t0 < 60
