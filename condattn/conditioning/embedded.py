@@ -173,6 +173,10 @@ class EmbeddedTokens:
 
     def correct(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
+        if x.dim() == 4 and self.site.channels_first:  # (B, C, H, W) (DaViT): X is the (H·W) × C matrix
+            t = x.flatten(2).transpose(1, 2)
+            out = polar_correction(t, self.row_mask(t.shape[0], t.shape[1], t.device), **self.solver_opts)
+            return out.transpose(1, 2).reshape(shape)
         if x.dim() == 4:  # (B, H, W, C) layouts (Swin): X is the (H·W) × C matrix
             x = x.reshape(shape[0], -1, shape[-1])
         out = polar_correction(x, self.row_mask(x.shape[0], x.shape[1], x.device), **self.solver_opts)

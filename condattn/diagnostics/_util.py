@@ -21,10 +21,10 @@ def rows_kept(mask: torch.Tensor | None, batch: int, n: int, device: torch.devic
     raise ValueError(f"padding mask of shape {tuple(keep.shape)} does not match a tensor of {batch}x{n} tokens")
 
 
-def as_tokens(x: torch.Tensor) -> torch.Tensor:
-    """(B, N, D) as is; 4-D (B, H, W, C) layouts flattened to (B, H·W, C)."""
+def as_tokens(x: torch.Tensor, channels_first: bool = False) -> torch.Tensor:
+    """(B, N, D) as is; 4-D (B, H, W, C) layouts (or (B, C, H, W) when channels_first) as (B, H·W, C)."""
     if x.dim() == 4:
-        return x.reshape(x.shape[0], -1, x.shape[-1])
+        return x.flatten(2).transpose(1, 2) if channels_first else x.reshape(x.shape[0], -1, x.shape[-1])
     if x.dim() != 3:
         raise ValueError(f"expected tokens (B, N, D) or (B, H, W, C), got shape {tuple(x.shape)}")
     return x

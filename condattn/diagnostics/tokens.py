@@ -34,21 +34,22 @@ class TokenProbe:
     def __init__(self, model: nn.Module, mask: torch.Tensor | None = None):
         site = find_tokens(model)
         self.blocks = site.blocks if site is not None else []
+        self.channels_first = bool(getattr(site, "channels_first", False))
         self.sites = find_attention(model)
         self.mask = mask
         self.block_kappa: list[list[float]] = [[] for _ in self.blocks]
         self.attn_kappa: list[list[float]] = [[] for _ in self.sites]
         self._handles: list = []
 
-    def _kappas(self, x: torch.Tensor) -> list[float]:
-        x = as_tokens(x.detach())
+    def _kappas(self, x: torch.Tensor, channels_first: bool = False) -> list[float]:
+        x = as_tokens(x.detach(), channels_first)
         return batch_condition_numbers(x, rows_kept(self.mask, x.shape[0], x.shape[1], x.device)).tolist()
 
     def __enter__(self) -> TokenProbe:
         for j, (_, block) in enumerate(self.blocks):
 
             def pre(module, args, kwargs, j=j):
-                self.block_kappa[j] += self._kappas(_block_input(args, kwargs))
+                self.block_kappa[j] += self._kappas(_block_input(args, kwargs), self.channels_first)
 
             self._handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
         for i, site in enumerate(self.sites):
