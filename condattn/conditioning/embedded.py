@@ -153,7 +153,9 @@ class EmbeddedTokens:
         key = "hidden_states" if "hidden_states" in kwargs else "x"
         return args, {**kwargs, key: self.correct(kwargs[key])}
 
-    def _post_hook(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    def _post_hook(self, module: nn.Module, args: tuple, output):
+        if isinstance(output, tuple):  # XCiT's patch embedding returns (tokens, (Hp, Wp))
+            return (self.correct(output[0]), *output[1:])
         return self.correct(output)
 
     def row_mask(self, batch: int, n: int, device: torch.device) -> torch.Tensor | None:
