@@ -152,9 +152,13 @@ def plot_curves(exp: dict, scale: str, cells: dict[tuple, Cell], out: Path) -> P
 
     split, key = exp.get("curve", {}).get("split", "val"), exp.get("curve", {}).get("key", "acc")
     rows = list(exp["rows"])
-    fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.6), squeeze=False)
+    ncols = min(3, len(rows))
+    nrows = -(-len(rows) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 3.6 * nrows), squeeze=False)
+    for ax in axes.flat[len(rows):]:
+        ax.set_visible(False)
     drew = False
-    for ax, row in zip(axes[0], rows):
+    for ax, row in zip(axes.flat, rows):
         for m in exp["methods"]:
             for i, s in enumerate(cells[(row, m)].summaries):
                 pts = [(r["step"], 100 * r[key]) for r in read_jsonl(Path(s["run_dir"]) / "metrics.jsonl")
