@@ -138,17 +138,16 @@ def test_missing_hf_cache_fails_fast_offline(tmp_path):
     assert str(tmp_path / "empty") in str(e.value)
 
 
-def test_paper_scale_refuses_repeated_aug_the_trainer_cannot_apply(tmp_path):
-    from condattn.data.images import trainer_takes_sampler_factory
+def test_repeated_aug_sampler_repeats_each_index_within_an_epoch():
+    from condattn.data.images import RepeatAugEpochSampler
 
-    if trainer_takes_sampler_factory():
-        pytest.skip("the trainer applies DataBundle.sampler_factory")
-    _fake_imagefolder(tmp_path / "imagenet")
-    with pytest.raises(RuntimeError, match="repeated augmentation"):
-        build_datasets(paper_cfg(tmp_path / "imagenet", repeats=3))
+    s = RepeatAugEpochSampler(512, seed=0, num_repeats=3, block=8)
+    order = list(s)
+    assert len(order) == len(s) == 512  # n // 256 * 256 indices, as DeiT's RASampler keeps
+    assert all(order[i] == order[i + 1] == order[i + 2] for i in range(0, 510, 3))
+    halves = [list(RepeatAugEpochSampler(512, 0, r, 2, num_repeats=3, block=8)) for r in (0, 1)]
+    assert sorted(halves[0] + halves[1]) == sorted(order)  # two ranks deal the same epoch between them
 
-
-# ---------------------------------------------------------------- repeated augmentation
 
 
 def test_repeat_aug_sampler_repeats_in_order_and_is_world_invariant():

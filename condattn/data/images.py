@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +26,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 from torch.utils.data import Dataset, Sampler
+
+from ..engine.sampler import EpochSampler
 
 SOURCES = ("auto", "imagefolder", "hf_disk", "hf_cache", "mnist", "digits")
 IMAGENET_LAYOUT = (
@@ -83,7 +84,7 @@ class HFImages:
 # ---------------------------------------------------------------- repeated augmentation
 
 
-class RepeatAugEpochSampler(Sampler[int]):
+class RepeatAugEpochSampler(EpochSampler):
     """Repeated augmentation (Hoffer et al. 2020; DeiT's RASampler, timm's RepeatAugSampler) with the trainer's
     resumable, process-count-invariant order (condattn.engine.sampler.EpochSampler): epoch e draws a permutation
     from (seed, e) and repeats each index `num_repeats` times in a row, so the copies of one image (each with its
@@ -98,39 +99,7 @@ class RepeatAugEpochSampler(Sampler[int]):
 
     def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1, shuffle: bool = True, block: int = 1,
                  num_repeats: int = 3, selected_round: int = 256):
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} outside [0, {world})")
-        self.n, self.seed, self.rank, self.world, self.shuffle = n, seed, rank, world, shuffle
-        self.block, self.num_repeats = max(int(block), 1), int(num_repeats)
-        self.epoch = 0
-        total = n // selected_round * selected_round if selected_round and n >= selected_round else n
-        self.blocks_per_rank = total // (self.block * world)
-        self.per_rank = self.blocks_per_rank * self.block
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(self.n, generator=g)
-        else:
-            order = torch.arange(self.n)
-        order = order.repeat_interleave(self.num_repeats)[: self.blocks_per_rank * self.block * self.world]
-        used = order.view(self.blocks_per_rank, self.world, self.block)
-        return iter(used[:, self.rank].reshape(-1).tolist())
-
-    def __len__(self) -> int:
-        return self.per_rank
-
-
-def trainer_takes_sampler_factory() -> bool:
-    """Whether condattn.engine.trainer builds its training sampler from `DataBundle.sampler_factory` (the hook
-    repeated augmentation needs; the trainer belongs to the engine). Checked, not assumed, so the summary says
-    whether repeated augmentation really ran."""
-    from ..engine import trainer
-
-    return "sampler_factory" in inspect.getsource(trainer)
+        super().__init__(n, seed, rank, world, shuffle, block, num_repeats, selected_round)
 
 
 # ---------------------------------------------------------------- sources
@@ -361,19 +330,10 @@ def build_image_bundle(cfg: Any):
 
     repeats = int(cfg.task.get("repeated_aug", 1) or 1)
     factory = None
-    ra = {"requested": repeats, "applied": repeats <= 1}
+    ra = {"requested": repeats, "applied": True}  # the trainer builds its sampler from `sampler_factory`
     if repeats > 1:
         def factory(n: int, seed: int, rank: int, world: int, block: int = 1) -> Sampler:
             return RepeatAugEpochSampler(n, seed, rank, world, block=block, num_repeats=repeats)
-
-        ra["applied"] = trainer_takes_sampler_factory()
-        if not ra["applied"]:
-            msg = (f"repeated augmentation (task.repeated_aug={repeats}) needs the trainer to build its sampler from "
-                   "DataBundle.sampler_factory, which condattn.engine.trainer does not do yet")
-            if cfg.scale.name == "paper":
-                raise RuntimeError(msg + "; a paper-scale run without it would not be the recipe. Set "
-                                   "task.repeated_aug=1 to run without it anyway.")
-            print(f"[condattn] WARNING: {msg}; this run uses the plain EpochSampler (recorded in summary.json)")
     info.update({
         "source": info.get("source", d.source),
         "dataset": d.name,

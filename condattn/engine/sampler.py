@@ -17,13 +17,16 @@ class EpochSampler(Sampler[int]):
     count: 1 process with 2 accumulation steps and 2 processes with 1 see the same global batches. With
     world = 1 this is the plain permutation (the remainder smaller than a block is dropped either way)."""
 
-    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1, shuffle: bool = True, block: int = 1):
+    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1, shuffle: bool = True, block: int = 1,
+                 num_repeats: int = 1, selected_round: int = 0):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside [0, {world})")
         self.n, self.seed, self.rank, self.world, self.shuffle = n, seed, rank, world, shuffle
-        self.block = max(int(block), 1)
+        self.block, self.num_repeats = max(int(block), 1), int(num_repeats)
         self.epoch = 0
-        self.blocks_per_rank = n // (self.block * world)  # every rank takes the same number of steps
+        # repeated augmentation keeps n // selected_round * selected_round indices (DeiT's RASampler)
+        total = n // selected_round * selected_round if selected_round and n >= selected_round else n
+        self.blocks_per_rank = total // (self.block * world)  # every rank takes the same number of steps
         self.per_rank = self.blocks_per_rank * self.block
 
     def set_epoch(self, epoch: int) -> None:
@@ -35,6 +38,8 @@ class EpochSampler(Sampler[int]):
             order = torch.randperm(self.n, generator=g)
         else:
             order = torch.arange(self.n)
+        if self.num_repeats > 1:
+            order = order.repeat_interleave(self.num_repeats)
         used = order[: self.blocks_per_rank * self.block * self.world]
         return iter(used.view(self.blocks_per_rank, self.world, self.block)[:, self.rank].reshape(-1).tolist())
 

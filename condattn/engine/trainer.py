@@ -175,7 +175,8 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
     if cfg.impl.compile:
         model = torch.compile(model)
 
-    sampler = EpochSampler(len(data.train), int(cfg.seed), rank, world, block=micro)
+    make_sampler = data.sampler_factory or EpochSampler  # e.g. repeated augmentation for ImageNet recipes
+    sampler = make_sampler(len(data.train), int(cfg.seed), rank, world, block=micro)
     train_loader = _loader(data.train, micro, sampler, cfg.impl.num_workers, cfg.impl.pin_memory)
     if len(train_loader) < accum:
         raise ValueError(f"the training split has {len(data.train)} samples, fewer than one global batch ({glob})")
