@@ -3,7 +3,10 @@
 Each argument is one group:
 - a run directory (holding summary.json), or a directory of run directories;
 - a glob (quote it): `'runs/smoke/table4_lra_listops_none_smoke_s*'`;
-- a run-name prefix looked up under the runs root (and its scale folders): `table4_lra_listops_none_smoke`.
+- a run-name prefix looked up under the runs root (and its scale folders): `table4_lra_listops_none_smoke`;
+- `wandb:ENTITY/PROJECT/NAME_PREFIX`: the wandb runs (of a synced or online project) whose name starts with
+  the prefix, read through the wandb public API (summary metrics, `condattn/steps`, `condattn/wall_time_s`
+  and the logged history), so runs from several clusters can be compared without copying run directories.
 
 Prints, per group, the final metric as mean ± std over its finished runs, the difference to the first group
 with a 95% confidence interval (Welch's t interval, or a bootstrap without scipy; the same statistics code
@@ -28,9 +31,10 @@ from .reporting.stats import diff_ci, mean_std
 @dataclass
 class Group:
     label: str
-    runs: list[Path] = field(default_factory=list)  # finished runs
+    runs: list[Path] = field(default_factory=list)  # finished runs (wandb runs: Path(run name))
     summaries: list[dict] = field(default_factory=list)
     unfinished: list[Path] = field(default_factory=list)
+    histories: list[list[dict]] = field(default_factory=list)  # metrics.jsonl rows of each finished run
 
 
 def _is_run(p: Path) -> bool:
@@ -60,6 +64,8 @@ def resolve(arg: str, runs_root: Path) -> list[Path]:
 
 
 def load_group(arg: str, runs_root: Path) -> Group:
+    if arg.startswith(WANDB_PREFIX):
+        return load_wandb_group(arg)
     label = Path(arg.rstrip("/")).name or arg
     g = Group(label)
     for d in resolve(arg, runs_root):
@@ -67,8 +73,51 @@ def load_group(arg: str, runs_root: Path) -> Group:
         if isinstance(s, dict) and s.get("status") == "finished" and isinstance(s.get("metrics"), dict):
             g.runs.append(d)
             g.summaries.append(s)
+            g.histories.append(read_jsonl(d / "metrics.jsonl"))
         else:
             g.unfinished.append(d)
+    return g
+
+
+WANDB_PREFIX = "wandb:"
+
+
+def load_wandb_group(arg: str, api=None) -> Group:
+    """`wandb:ENTITY/PROJECT/NAME_PREFIX` -> the runs of that project whose display name starts with the prefix.
+
+    A run counts as finished when wandb says so and it carries the metrics the trainer writes into the run
+    summary at the end (RunLogger.finish); its history rows `split/key` become metrics.jsonl-style rows."""
+    spec = arg[len(WANDB_PREFIX):].strip("/")
+    parts = spec.split("/")
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(f"wandb group {arg!r} must look like wandb:ENTITY/PROJECT/NAME_PREFIX")
+    entity, project, prefix = parts
+    if api is None:
+        import wandb
+
+        api = wandb.Api(timeout=20)
+    g = Group(prefix)
+    runs = api.runs(f"{entity}/{project}", filters={"display_name": {"$regex": f"^{re.escape(prefix)}"}})
+    for run in sorted(runs, key=lambda r: r.name):
+        summary = {k: v for k, v in dict(run.summary).items() if not k.startswith("_")}
+        metrics = {k: v for k, v in summary.items() if "/" not in k and isinstance(v, (int, float))}
+        if run.state != "finished" or not metrics:
+            g.unfinished.append(Path(run.name))
+            continue
+        g.runs.append(Path(run.name))
+        g.summaries.append({"status": "finished", "metrics": metrics, "run_dir": run.url,
+                            "steps": summary.get("condattn/steps", 0),
+                            "wall_time_s": summary.get("condattn/wall_time_s", 0.0)})
+        rows = []
+        for h in run.scan_history():
+            step = h.get("_step")
+            by_split: dict[str, dict] = {}
+            for k, v in h.items():
+                split, sep, key = k.partition("/")
+                if sep and split != "condattn" and v is not None:
+                    by_split.setdefault(split, {})[key] = v
+            rows += [{"step": step, "split": sp, **vals} for sp, vals in by_split.items()]
+        g.histories.append(rows)
     return g
 
 
@@ -135,8 +184,8 @@ def plot(groups: list[Group], out: Path, split: str = "val", key: str = "acc") -
     drew = False
     for i, g in enumerate(groups):
         curves = []
-        for d in g.runs:
-            pts = {r["step"]: r[key] for r in read_jsonl(d / "metrics.jsonl") if r.get("split") == split and key in r}
+        for hist in g.histories:
+            pts = {r["step"]: r[key] for r in hist if r.get("split") == split and key in r}
             if pts:
                 curves.append(pts)
                 xs = sorted(pts)
@@ -175,7 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     runs_root = Path(args.runs_root or os.environ.get("CONDATTN_RUNS", "runs"))
-    groups = [load_group(a, runs_root) for a in args.groups]
+    try:
+        groups = [load_group(a, runs_root) for a in args.groups]
+    except ValueError as e:
+        print(f"[compare] {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # wandb unreachable, unknown project, missing API key
+        if not any(a.startswith(WANDB_PREFIX) for a in args.groups):
+            raise
+        print(f"[compare] could not read the wandb groups ({type(e).__name__}: {e}); check WANDB_API_KEY, the "
+              f"entity/project names and the network, or compare local run directories instead", file=sys.stderr)
+        return 2
     empty = [a for a, g in zip(args.groups, groups) if not g.runs and not g.unfinished]
     if empty:
         print(f"[compare] no run matches {', '.join(repr(a) for a in empty)} (looked as a path, a glob, and a run-name "

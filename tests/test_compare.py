@@ -100,3 +100,64 @@ def test_make_compare_target_passes_globs_unexpanded(runs, tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "| t4_listops_none_smoke_s* | 3 | 31.00 ± 1.00 |" in out.stdout  # one group, not three runs
+
+
+class _FakeWandbRun:
+    def __init__(self, name, acc, state="finished"):
+        self.name, self.state, self.url = name, state, f"https://wandb.ai/me/condattn/runs/{name}"
+        self.summary = {"test_acc": acc, "val_acc": acc + 0.01, "condattn/steps": 120, "condattn/wall_time_s": 30.0,
+                        "val/acc": acc, "_step": 120} if state == "finished" else {}
+        self._hist = [{"_step": s, "val/acc": acc * s / 120, "val/loss": 2.0, "train/loss": None}
+                      for s in (40, 80, 120)]
+
+    def scan_history(self):
+        return iter(self._hist)
+
+
+class _FakeWandbApi:
+    """Stands in for wandb.Api: the same runs() filter the real API takes, answered from memory."""
+
+    def __init__(self, runs):
+        self._runs, self.queries = runs, []
+
+    def runs(self, path, filters):
+        import re
+
+        self.queries.append((path, filters))
+        pattern = filters["display_name"]["$regex"]
+        return [r for r in self._runs if re.match(pattern, r.name)]
+
+
+def test_compare_reads_wandb_groups(runs, tmp_path, capsys, monkeypatch):
+    from condattn import compare
+
+    api = _FakeWandbApi([_FakeWandbRun(f"t4_listops_embedded_smoke_s{i}", b) for i, b in enumerate(B)]
+                        + [_FakeWandbRun("t4_listops_embedded_smoke_s3", 0.0, state="crashed"),
+                           _FakeWandbRun("t4_listops_none_smoke_s0", 0.1)])
+    g = compare.load_wandb_group("wandb:me/condattn/t4_listops_embedded", api=api)
+    assert api.queries == [("me/condattn", {"display_name": {"$regex": "^t4_listops_embedded"}})]
+    assert [p.name for p in g.runs] == [f"t4_listops_embedded_smoke_s{i}" for i in range(3)]
+    assert [p.name for p in g.unfinished] == ["t4_listops_embedded_smoke_s3"]
+    assert g.summaries[0]["metrics"] == {"test_acc": B[0], "val_acc": B[0] + 0.01}  # "val/acc" is history, not a metric
+    assert g.histories[0][0] == {"step": 40, "split": "val", "acc": B[0] * 40 / 120, "loss": 2.0}
+
+    import wandb
+
+    monkeypatch.setattr(wandb, "Api", lambda timeout=None: api)
+    assert main(["t4_listops_none_smoke", "wandb:me/condattn/t4_listops_embedded", "--runs-root", str(runs),
+                 "--out", str(tmp_path / "w.png")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ci = welch_ci([100 * a for a in A], [100 * b for b in B])
+    assert lines[3] == (f"| t4_listops_embedded | 3 | 36.33 ± 1.53 | {ci.text()} | 120 | 30 s | "
+                        "s0 s1 s2 (+1 unfinished) |")
+    assert (tmp_path / "w.png").stat().st_size > 10_000
+
+    assert main(["wandb:me/condattn"]) == 2
+    assert "must look like wandb:ENTITY/PROJECT/NAME_PREFIX" in capsys.readouterr().err
+
+    def unreachable(timeout=None):
+        raise ConnectionError("no route to api.wandb.ai")
+
+    monkeypatch.setattr(wandb, "Api", unreachable)
+    assert main(["wandb:me/condattn/t4"]) == 2
+    assert "could not read the wandb groups (ConnectionError: no route to api.wandb.ai)" in capsys.readouterr().err

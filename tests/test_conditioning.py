@@ -83,7 +83,7 @@ def test_spectral_equals_explicit_formula_fused_qkv(identity, targets):
     site = find_attention(model)[0]
     lin = site.proj["q"].linear
     seen = {}
-    lin.register_forward_hook(lambda m, a, o: seen.update(x=a[0], y=o))  # runs after the SCA hook
+    lin.register_forward_hook(lambda m, a, o: seen.update(x=a[0], y=o))  # sees the shifted output
     run(model, vit_inputs())
     a = site.num_heads * site.head_dim
     roles = [("q", "k", "v").index(t) for t in targets]
@@ -219,6 +219,57 @@ def test_spectral_gradients_reach_weights_and_lambda_is_not_trained():
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in tiny_vit().parameters())
 
 
+def test_spectral_survives_deepcopy_and_pickle_and_removal_restores_linear():
+    import copy
+    import io
+
+    model = tiny_vit()
+    expected = run(model, vit_inputs())
+    condattn.apply_conditioning(model, "spectral", lam=2.0)
+    shifted = run(model, vit_inputs())
+    assert not torch.allclose(shifted, expected)
+    for clone in (copy.deepcopy(model), torch.load(_pickled(model, io), weights_only=False)):
+        torch.testing.assert_close(run(clone, vit_inputs()), shifted, rtol=0, atol=0)
+    remove_conditioning(model)
+    assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
+    torch.testing.assert_close(run(model, vit_inputs()), expected, rtol=0, atol=0)
+
+
+def _pickled(model, io):
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    return buf
+
+
+def test_spectral_eval_cache_follows_weight_updates_and_subclass_gets_hook():
+    model = tiny_vit().eval()
+    condattn.apply_conditioning(model, "spectral", lam=2.0)
+    lin = find_attention(model)[0].proj["q"].linear
+    x = torch.randn(3, lin.in_features)
+    shift = lin._condattn_shift
+    explicit = lambda: x @ (lin.weight.detach() + shift.delta_weight()).T + lin.bias.detach()  # noqa: E731
+    with torch.no_grad():
+        torch.testing.assert_close(lin(x), explicit())
+        lin.weight.add_(0.5)  # an optimizer step: the cached W + λI must be rebuilt
+        torch.testing.assert_close(lin(x), explicit())
+
+    class MyLinear(torch.nn.Linear):  # e.g. a LoRA or quantised Linear with its own forward
+        def forward(self, x):
+            return super().forward(x) * 1.0
+
+    plain = tiny_vit().eval()
+    custom = tiny_vit().eval()
+    for blk in custom.blocks:
+        q = blk.attn.qkv
+        blk.attn.qkv = MyLinear(q.in_features, q.out_features)
+        blk.attn.qkv.load_state_dict(q.state_dict())
+    for m in (plain, custom):
+        condattn.apply_conditioning(m, "spectral", lam=2.0)
+    assert type(custom.blocks[0].attn.qkv) is MyLinear and custom.blocks[0].attn.qkv._forward_hooks
+    torch.testing.assert_close(run(custom, vit_inputs()), run(plain, vit_inputs()), rtol=1e-5, atol=1e-5)
+
+
 def tiny_bert():
     from transformers import BertConfig, BertModel
 
@@ -243,3 +294,14 @@ def test_bert_layouts_counts_and_kappa(solver, bound):
     assert torch.equal(x0[~keep], x1[~keep])
     for b in range(3):
         assert kappa(x1[b, keep[b]]) <= bound
+
+
+def test_spectral_and_embedded_trace_under_torch_compile():
+    """Both patches go through dynamo without graph breaks into eager code paths we cannot follow
+    (aot_eager: the same tracing as inductor, no C++ compiler needed)."""
+    for method in ("spectral", "embedded"):
+        model = tiny_vit().eval()
+        condattn.apply_conditioning(model, method, **({"solver": "newton_schulz"} if method == "embedded" else {}))
+        eager = run(model, vit_inputs())
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=method == "spectral")
+        torch.testing.assert_close(run(compiled, vit_inputs()), eager, rtol=1e-4, atol=1e-4)

@@ -62,6 +62,9 @@ class RunLogger:
             if summary:
                 for k, v in summary.get("metrics", {}).items():
                     self.wandb.summary[k] = v
+                # what `compare wandb:...` needs besides the metrics
+                self.wandb.summary["condattn/steps"] = summary.get("steps")
+                self.wandb.summary["condattn/wall_time_s"] = summary.get("wall_time_s")
             self.wandb.finish()
 
 
