@@ -103,14 +103,17 @@ def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters:
                     times[arm].append(dt)
                 if device.type == "cuda":
                     peak[arm] = max(peak[arm] or 0.0, torch.cuda.max_memory_allocated() / 2**20)
-    base_t = statistics.median(times["baseline"])
     rows = {}
     for arm, ts in times.items():
         med = statistics.median(ts)
+        # paired by round (the arms of one round ran back to back), so slow drift of a shared machine cancels
+        ratios = sorted(t / b for t, b in zip(ts, times["baseline"]))
+        q1, q3 = (statistics.quantiles(ratios, n=4)[i] for i in (0, 2)) if len(ratios) > 1 else (ratios[0],) * 2
         rows[arm] = {
             "step_ms": round(1000 * med, 1),
             "samples_per_s": round(batch / med, 2),
-            "ratio_to_baseline": round(med / base_t, 3),
+            "ratio_to_baseline": round(statistics.median(ratios), 3),
+            "ratio_iqr": [round(q1, 3), round(q3, 3)],
             "peak_mem_mib": None if peak[arm] is None else round(peak[arm], 1),
         }
     return {"model": name, "batch": batch, "warmup": warmup, "iters": iters, "precision": precision, "arms": rows}
@@ -162,13 +165,15 @@ def trainer_vs_reference(overrides: list[str], steps: int, out_runs: str) -> dic
 
 
 def render(results: list[dict], header: str) -> str:
-    lines = [header, "", "| model | batch | arm | step (ms, median) | samples/s | × baseline | peak mem (MiB) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [header, "", "× baseline: median over rounds of the arm's step time / the baseline's step time in the same "
+             "round, with the interquartile range of those per-round ratios (the machine's noise).", "",
+             "| model | batch | arm | step (ms, median) | samples/s | × baseline | IQR | peak mem (MiB) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         for arm, v in r["arms"].items():
             mem = "–" if v["peak_mem_mib"] is None else v["peak_mem_mib"]
             lines.append(f"| {r['model']} | {r['batch']} | {arm} | {v['step_ms']} | {v['samples_per_s']} | "
-                         f"{v['ratio_to_baseline']:.3f} | {mem} |")
+                         f"{v['ratio_to_baseline']:.3f} | {v['ratio_iqr'][0]:.3f}–{v['ratio_iqr'][1]:.3f} | {mem} |")
     return "\n".join(lines) + "\n"
 
 

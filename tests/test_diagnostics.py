@@ -161,9 +161,19 @@ def test_cet_bounds_kappa_x_nystromformer_with_padding(text):
     cet = token_conditioning(m, nys_forward, text, mask=mask)
     assert max(cet["blocks"][0]["kappa"]) <= 2 + 1e-3
     assert min(base["blocks"][0]["kappa"]) > 2
-    # without the mask the padded rows would be counted, and the bound does not hold for them
+    # no mask given: the probe reads the one the encoder receives, so padded rows are still left out
     unmasked = token_conditioning(m, nys_forward, text)
-    assert max(unmasked["blocks"][0]["kappa"]) > 2 + 1e-3
+    assert unmasked["blocks"][0]["kappa"] == pytest.approx(cet["blocks"][0]["kappa"])
+    # ...and with them the bound would not hold: κ over all rows of the corrected tokens
+    seen = {}
+    h = m.backbone.encoder.layer[0].register_forward_pre_hook(
+        lambda mod, a, kw: seen.update(x=a[0] if a else kw["hidden_states"]), with_kwargs=True
+    )
+    with torch.no_grad():
+        nys_forward(m, text)
+    h.remove()
+    sv = torch.linalg.svdvals(seen["x"].double())
+    assert float((sv[:, 0] / sv[:, -1]).max()) > 2 + 1e-3
 
 
 # ---------------------------------------------------------------- attention entropy

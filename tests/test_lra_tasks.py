@@ -4,6 +4,7 @@ conditioning methods, paper-scale configs without data, and table 4's rows at ev
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,20 @@ def test_table4_has_the_papers_numbers():
         for i, row in enumerate(cols):
             assert exp["paper"][row][f"{method}_baseline"] == numbers["baseline"][i]
             assert exp["paper"][row][method] == numbers["conditioned"][i]
+
+
+def test_diagnostics_read_each_towers_mask_from_the_model():
+    """TokenProbe / AttentionProbe take the mask the encoder receives on each call: CET's κ(X) ≤ 2 shows in
+    the diagnostics of both towers, and padded keys get no attention."""
+    from condattn.diagnostics import cheap_diagnostics
+
+    model = dual_model()
+    condattn.apply_conditioning(model, "embedded")
+    batch = pair_batch()
+    out = cheap_diagnostics(model, lambda m, b: m(**b), batch)
+    b0 = out["blocks"][0]
+    assert len(b0["kappa"]) == 6  # 3 pairs × 2 towers
+    assert b0["kappa_max"] <= 2.0 + 1e-3
+    n_valid = [int(batch[f"attention_mask_{k}"][i].sum()) for k in range(2) for i in range(3)]
+    expected_uniform = sum(n * math.log(n) for n in n_valid) / sum(n_valid)
+    assert out["attention"][0]["entropy_uniform"] == pytest.approx(expected_uniform)

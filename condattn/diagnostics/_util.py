@@ -46,3 +46,22 @@ def summarise(values: list[float], prefix: str = "kappa") -> dict:
         f"{prefix}_min": float(t.min()),
         prefix: [float(v) for v in values],
     }
+
+
+def track_model_mask(site, setter) -> list:
+    """When the model's token site names the module that receives the padding mask (HF encoders), a
+    forward pre-hook hands every call's mask, as (B, N) bool, to `setter`. A two-tower model (LRA
+    Retrieval) runs its encoder once per document with that document's mask, so a single mask given up
+    front cannot be right for both calls. Returns the hook handles (none when the site has no mask owner)."""
+    if site is None or site.mask_owner is None:
+        return []
+    from ..conditioning.embedded import key_mask
+
+    name, idx = site.mask_arg
+
+    def capture(module, args, kwargs):
+        m = kwargs.get(name, args[idx] if len(args) > idx else None)
+        if m is not None:
+            setter(key_mask(m))
+
+    return [site.mask_owner.register_forward_pre_hook(capture, with_kwargs=True)]

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..conditioning.targets import AttentionSite, find_attention
-from ._util import rows_kept
+from ..conditioning.targets import AttentionSite, find_attention, find_tokens
+from ._util import rows_kept, track_model_mask
 
 _CHUNK_ELEMENTS = 1 << 25  # logits per chunk of samples, to bound memory on long sequences
 
@@ -47,10 +47,12 @@ def softmax_entropy(logits: torch.Tensor, key_keep: torch.Tensor | None = None):
 
 class AttentionProbe:
     """Context manager: while active, every forward accumulates per-head attention entropy and max
-    probability of every attention site. `mask` (B, N), 1/True = real token."""
+    probability of every attention site. `mask` (B, N), 1/True = real token; models whose encoder
+    receives the mask (HF) have it read from each call instead."""
 
     def __init__(self, model: nn.Module, mask: torch.Tensor | None = None):
         self.sites = find_attention(model)
+        self.token_site = find_tokens(model)
         self.mask = mask
         h = [s.num_heads for s in self.sites]
         self.ent = [torch.zeros(n, dtype=torch.float64) for n in h]
@@ -61,6 +63,7 @@ class AttentionProbe:
         self._handles: list = []
 
     def __enter__(self) -> AttentionProbe:
+        self._handles += track_model_mask(self.token_site, lambda m: setattr(self, "mask", m))
         for i, site in enumerate(self.sites):
             groups: dict[int, tuple[nn.Linear, list[str]]] = {}
             for role in ("q", "k"):

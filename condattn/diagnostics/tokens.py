@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..conditioning.targets import find_attention, find_tokens
-from ._util import as_tokens, first_tensor, rows_kept, summarise
+from ._util import as_tokens, first_tensor, rows_kept, summarise, track_model_mask
 from .linalg import batch_condition_numbers
 
 
@@ -28,11 +28,13 @@ def _block_input(args: tuple, kwargs: dict) -> torch.Tensor:
 
 class TokenProbe:
     """Context manager: while active, every forward records per-sample κ of each block input and of each
-    attention module's output. `mask` (B, N), 1/True = real token, applies to every token-aligned tensor.
+    attention module's output. `mask` (B, N), 1/True = real token, applies to every token-aligned tensor;
+    models whose encoder receives the mask (HF) have it read from each call instead.
     """
 
     def __init__(self, model: nn.Module, mask: torch.Tensor | None = None):
         site = find_tokens(model)
+        self.site = site
         self.blocks = site.blocks if site is not None else []
         self.channels_first = bool(getattr(site, "channels_first", False))
         self.sites = find_attention(model)
@@ -46,6 +48,7 @@ class TokenProbe:
         return batch_condition_numbers(x, rows_kept(self.mask, x.shape[0], x.shape[1], x.device)).tolist()
 
     def __enter__(self) -> TokenProbe:
+        self._handles += track_model_mask(self.site, lambda m: setattr(self, "mask", m))
         for j, (_, block) in enumerate(self.blocks):
 
             def pre(module, args, kwargs, j=j):
