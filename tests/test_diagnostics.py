@@ -143,7 +143,7 @@ def test_sca_lowers_weight_kappa_and_obeys_weyl():
 def test_cet_bounds_kappa_x_vit(images):
     base = token_conditioning(vit(), vit_forward, images)
     m = vit()
-    condattn.apply_conditioning(m, "embedded")
+    condattn.apply_conditioning(m, "embedded", solver="svd")
     cet = token_conditioning(m, vit_forward, images)
     b0, c0 = base["blocks"][0], cet["blocks"][0]
     assert len(c0["kappa"]) == len(images) and len(cet["blocks"]) == 2 and len(cet["attn_out"]) == 2
@@ -157,7 +157,7 @@ def test_cet_bounds_kappa_x_nystromformer_with_padding(text):
     ids, mask = text
     base = token_conditioning(nystrom(), nys_forward, text, mask=mask)
     m = nystrom()
-    condattn.apply_conditioning(m, "embedded")
+    condattn.apply_conditioning(m, "embedded", solver="svd")
     cet = token_conditioning(m, nys_forward, text, mask=mask)
     assert max(cet["blocks"][0]["kappa"]) <= 2 + 1e-3
     assert min(base["blocks"][0]["kappa"]) > 2
@@ -346,7 +346,7 @@ def _hook_count(model):
 @pytest.mark.parametrize("training", [True, False])
 def test_cheap_diagnostics_vit(images, training):
     m = vit()
-    condattn.apply_conditioning(m, "spectral+embedded")
+    condattn.apply_conditioning(m, "spectral+embedded", solver="svd")
     m.train(training)
     m.head.eval()  # a module in its own mode must keep it
     hooks = _hook_count(m)

@@ -150,7 +150,7 @@ def test_dual_encoder_is_patched_once_for_both_towers(method, counts):
 def test_cet_conditions_each_tower_with_its_own_padding_mask():
     """The shared encoder runs once per tower; CET's pre-hook must use that tower's mask each time."""
     plain, patched = dual_model(), dual_model()
-    condattn.apply_conditioning(patched, "embedded")
+    condattn.apply_conditioning(patched, "embedded", solver="svd")
     seen = {"plain": [], "patched": []}
     for name, model in (("plain", plain), ("patched", patched)):
 
@@ -222,7 +222,7 @@ def test_diagnostics_read_each_towers_mask_from_the_model():
     out = cheap_diagnostics(model, lambda m, b: m(**b), batch)
     b0 = out["blocks"][0]
     assert len(b0["kappa"]) == 6  # 3 pairs × 2 towers
-    assert b0["kappa_max"] <= 2.0 + 1e-3
+    assert b0["kappa_max"] <= 2.05  # the default (newton_schulz) solver's bound
     n_valid = [int(batch[f"attention_mask_{k}"][i].sum()) for k in range(2) for i in range(3)]
     expected_uniform = sum(n * math.log(n) for n in n_valid) / sum(n_valid)
     assert out["attention"][0]["entropy_uniform"] == pytest.approx(expected_uniform)

@@ -26,8 +26,8 @@ EMBEDDED_DEFAULTS: dict[str, Any] = {
     "position": "after_pos_embed",  # open choice: X exactly as the first block receives it
     "tokens": "all",  # open choice: prefix (CLS) tokens included in X
     "gradient": "detach",  # open choice: C is a constant in backward
-    "solver": "svd",  # exact; newton_schulz is the fast approximation
-    "lift_iters": 6,  # newton_schulz only: quintic steps that lift small singular values
+    "solver": "newton_schulz",  # fast, κ ≤ 2.05 (configs/conditioning/_options.yaml says why); svd is exact
+    "lift_iters": 8,  # newton_schulz only: quintic steps that lift small singular values
     "ns_iters": 4,  # newton_schulz only: cubic Newton–Schulz steps that converge them to 1
     "power_iters": 20,  # newton_schulz only: power iterations for σ_1
 }

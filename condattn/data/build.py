@@ -115,3 +115,11 @@ def _lra_pathfinder(cfg: Any) -> DataBundle:
     from . import pathfinder
 
     return pathfinder.build(cfg)
+
+
+@data_builder("lm_text")
+def _lm_text(cfg: Any) -> DataBundle:
+    """Causal-LM text (table 5): TinyStories from disk, or the offline political-speeches stand-in (lm_text.py)."""
+    from . import lm_text
+
+    return lm_text.build(cfg)

@@ -47,6 +47,15 @@ def _listops_files(cfg: Any) -> None:
 DATA_CHECKS: dict[str, Callable[[Any], None]] = {"listops": _listops_files}
 
 
+def _lm_text_files(cfg: Any) -> None:
+    from ..data import lm_text
+
+    lm_text.check_paper_data(cfg)
+
+
+DATA_CHECKS["lm_text"] = _lm_text_files  # TinyStories (table 5): one of the layouts lm_text.py lists
+
+
 def planned_world(cfg: Any) -> int:
     """Processes one cell will run with under its launcher (1 for the in-process local launcher)."""
     lc = cfg.get("launcher") or {}

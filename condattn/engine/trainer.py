@@ -170,6 +170,10 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
     report = apply_conditioning(model, cond.pop("method"), **cond)
     report.check(attention_layers=cfg.model.get("attention_layers"))
     task = build_task(cfg)
+    # the task's selection metric and its direction (classification: acc, higher is better; lm: loss, lower is
+    # better). state.best_val holds sign × value, so "larger is better" and the checkpoints' -inf start stay valid.
+    sel_key = str(getattr(task, "metric", "acc"))
+    sel_sign = 1.0 if getattr(task, "higher_is_better", True) else -1.0
     steps = int(cfg.task.steps)
     optimizer, scheduler = build_optimizer(model, cfg, glob, steps)
     if cfg.impl.compile:
@@ -325,9 +329,9 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
                 logger.log(state.step, "val", val)
                 if main and not tty:
                     print(f"[condattn] {cfg.run.name} step {state.step}/{steps} loss={loss.item():.4f} "
-                          f"val_acc={val['acc']:.4f} ({state.train_time:.0f} s training)", flush=True)
-                if val["acc"] > state.best_val:
-                    state.best_val, state.best_step = val["acc"], state.step
+                          f"val_{sel_key}={val[sel_key]:.4f} ({state.train_time:.0f} s training)", flush=True)
+                if sel_sign * val[sel_key] > state.best_val:
+                    state.best_val, state.best_step = sel_sign * val[sel_key], state.step
                     if main:
                         tmp = run_dir / ".best_model.pt.tmp"
                         torch.save(raw.state_dict(), tmp)
@@ -378,10 +382,11 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
         "scale": cfg.scale.name,
         "seed": int(cfg.seed),
         "metrics": {
-            "val_acc": state.best_val,
+            f"val_{sel_key}": sel_sign * state.best_val,  # the best validation value (val_acc, or val_loss for lm)
             "best_step": state.best_step,
             "final_val_acc": final_val["acc"],
             "final_val_loss": final_val["loss"],
+            **{f"final_val_{k}": v for k, v in final_val.items() if k not in ("acc", "loss", "n")},  # e.g. lm's ppl
             **test,
         },
         "steps": state.step,

@@ -85,3 +85,57 @@ def _timm(model_name: str, pretrained: bool = False, fused_attn: int | None = No
         return timm.create_model(model_name, pretrained=False, **kw)
     finally:
         timm_layer_config._USE_FUSED_ATTN = previous
+
+
+@model_builder("gpt2")
+def _gpt2(
+    *,
+    vocab_size: int,
+    n_positions: int = 1024,
+    n_embd: int = 768,
+    n_layer: int = 12,
+    n_head: int = 12,
+    n_inner: int | None = None,
+    dropout: float = 0.1,
+    activation_function: str = "gelu_new",
+    attn_implementation: str = "sdpa",
+    seq_len: int | None = None,
+    pretrained: bool | str = False,
+) -> nn.Module:
+    """transformers `GPT2LMHeadModel` (tied input/output embeddings), random init from a `GPT2Config`.
+
+    `dropout` sets GPT-2's three dropouts (residual, embedding, attention). `seq_len` (the data's block length) is
+    only checked against `n_positions`. `pretrained`: false (random init), true (the hub's `gpt2`) or a hub id / local
+    directory; weights are read with local_files_only (from the Hugging Face cache or that directory), so an offline
+    machine without them stops at once with a message instead of trying to download. The checkpoint's architecture
+    wins over n_embd/n_layer/...; its vocabulary must equal `vocab_size` (use its tokenizer: data.tokenizer=DIR)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if seq_len is not None and int(seq_len) > int(n_positions):
+        raise ValueError(f"data.seq_len={seq_len} exceeds the model's n_positions={n_positions} position embeddings")
+    if pretrained:
+        name = "gpt2" if pretrained is True else str(pretrained)
+        try:
+            model = GPT2LMHeadModel.from_pretrained(name, local_files_only=True,
+                                                    attn_implementation=attn_implementation)
+        except OSError as e:
+            raise RuntimeError(
+                f"could not load pretrained GPT-2 weights {name!r} without downloading (offline): "
+                f"{str(e).rstrip('.')}. Put them in the Hugging Face cache (`huggingface-cli download gpt2` on a "
+                "machine with access) or give a local directory as model.pretrained=DIR; model.pretrained=false "
+                "trains from random init."
+            ) from e
+        if model.config.vocab_size != int(vocab_size):
+            raise ValueError(f"pretrained {name!r} has a vocabulary of {model.config.vocab_size}, the data "
+                             f"{vocab_size}: use its tokenizer (data.tokenizer=DIR, data.vocab_size="
+                             f"{model.config.vocab_size})")
+        model.config.use_cache = False
+        return model
+    config = GPT2Config(
+        vocab_size=int(vocab_size), n_positions=int(n_positions), n_embd=int(n_embd), n_layer=int(n_layer),
+        n_head=int(n_head), n_inner=n_inner, activation_function=activation_function, resid_pdrop=float(dropout),
+        embd_pdrop=float(dropout), attn_pdrop=float(dropout), use_cache=False,  # training only: no KV cache
+        bos_token_id=None, eos_token_id=None,  # the data's tokenizer owns its special tokens (no generation here)
+        attn_implementation=attn_implementation,
+    )
+    return GPT2LMHeadModel(config)

@@ -28,6 +28,12 @@ def load_experiment(path: str | Path) -> dict:
     return exp
 
 
+def multiplier(exp: dict) -> float:
+    """What the table multiplies the metric by: 100 (accuracies shown in %) unless the experiment sets
+    `metric_multiplier` (e.g. 1 for a validation loss)."""
+    return float(exp.get("metric_multiplier", 100))
+
+
 def run_name(table: str, row: str, method: str, scale: str, seed: int) -> str:
     return f"{table}_{row}_{method}_{scale}_s{seed}"
 
@@ -37,7 +43,7 @@ class Cell:
     row: str
     method: str
     seeds: list[int]
-    values: list[float] = field(default_factory=list)  # metric ×100 per finished seed
+    values: list[float] = field(default_factory=list)  # metric × multiplier(exp) (default 100) per finished seed
     steps: list[int] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)  # seeds without a finished summary
@@ -64,7 +70,7 @@ def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | Non
                 if not ok:
                     cell.missing.append(seed)
                     continue
-                cell.values.append(100.0 * float(s["metrics"][exp["metric"]]))
+                cell.values.append(multiplier(exp) * float(s["metrics"][exp["metric"]]))
                 cell.steps.append(int(s["steps"]))
                 cell.wall.append(float(s["wall_time_s"]))
                 cell.summaries.append(s)
@@ -74,7 +80,7 @@ def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | Non
 
 def _paper(exp: dict, row: str, key: str) -> str:
     v = (exp.get("paper") or {}).get(row, {}).get(key)
-    return "–" if v is None else f"{v:.1f}"
+    return "–" if v is None else f"{v:.{int(exp.get('paper_digits', 1))}f}"
 
 
 def provenance_line(exp: dict, scale: str, cells: dict[tuple, Cell]) -> str:
@@ -96,6 +102,16 @@ def provenance_line(exp: dict, scale: str, cells: dict[tuple, Cell]) -> str:
     )
 
 
+def _times(exp: dict) -> str:
+    m = multiplier(exp)
+    return "" if m == 1 else f" × {m:g}"
+
+
+def _direction(exp: dict) -> str:
+    """A note when lower is better (`higher_is_better: false`, e.g. a loss); nothing for the usual accuracies."""
+    return "" if exp.get("higher_is_better", True) else " Lower is better."
+
+
 def render(exp: dict, scale: str, cells: dict[tuple, Cell]) -> tuple[str, list[dict]]:
     """Markdown text and CSV rows for one table at one scale."""
     methods = exp["methods"]
@@ -105,7 +121,7 @@ def render(exp: dict, scale: str, cells: dict[tuple, Cell]) -> tuple[str, list[d
         f"# {exp['table']}: {exp.get('title', '')}",
         "",
         f"Papers' numbers ({exp.get('paper_provenance', 'see experiments yaml')}) beside ours "
-        f"(mean ± std over seeds of {exp['metric']} × 100).",
+        f"(mean ± std over seeds of {exp['metric']}{_times(exp)}).{_direction(exp)}",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -161,7 +177,7 @@ def plot_curves(exp: dict, scale: str, cells: dict[tuple, Cell], out: Path) -> P
     for ax, row in zip(axes.flat, rows):
         for m in exp["methods"]:
             for i, s in enumerate(cells[(row, m)].summaries):
-                pts = [(r["step"], 100 * r[key]) for r in read_jsonl(Path(s["run_dir"]) / "metrics.jsonl")
+                pts = [(r["step"], multiplier(exp) * r[key]) for r in read_jsonl(Path(s["run_dir"]) / "metrics.jsonl")
                        if r.get("split") == split and key in r]
                 if pts:
                     x, y = zip(*pts)
@@ -170,7 +186,7 @@ def plot_curves(exp: dict, scale: str, cells: dict[tuple, Cell], out: Path) -> P
                     drew = True
         ax.set_title(f"{row} ({scale})")
         ax.set_xlabel("optimizer step")
-        ax.set_ylabel(f"{split} {key} (%)")
+        ax.set_ylabel(f"{split} {key}" + (" (%)" if multiplier(exp) == 100 else ""))
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     if not drew:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from .classification import ClassificationTask
+from .lm import LMTask
 
-TASKS = {"classification": ClassificationTask}
+TASKS = {"classification": ClassificationTask, "lm": LMTask}
 
 
 def build_task(cfg: Any):
@@ -16,4 +17,4 @@ def build_task(cfg: Any):
     return TASKS[kind](cfg.task)
 
 
-__all__ = ["TASKS", "ClassificationTask", "build_task"]
+__all__ = ["TASKS", "ClassificationTask", "LMTask", "build_task"]
