@@ -62,11 +62,35 @@ def _nystromformer_lra(batch: int, device: torch.device):
     return model, lambda m: F.cross_entropy(m(input_ids=ids, attention_mask=mask), y)
 
 
+def _zoo(config: str):
+    """A vision zoo entry exactly as the trainer builds it (configs/model/<config>.yaml through build_model), at its
+    own input size (224 for the paper members, 32 for the small ones)."""
+
+    def factory(batch: int, device: torch.device):
+        from .config import compose
+        from .models import build_model
+
+        size = 32 if config.endswith("_32") else 224
+        cfg = compose([f"model={config}", "data=imagenet", f"data.img_size={size}", "data.num_classes=1000"])
+        model = build_model(cfg.model)
+        x = torch.randn(batch, 3, size, size, device=device)
+        y = torch.randint(0, 1000, (batch,), device=device)
+        return model, lambda m: F.cross_entropy(m(x), y)
+
+    return factory
+
+
 MODELS: dict[str, tuple[Callable, int, int]] = {  # name -> (factory, CPU batch, GPU batch)
     "vit_small_patch16_224": (_vit_small, 16, 128),
     "bert_base_seq128": (_bert_base, 8, 64),
     "nystromformer_lra_listops": (_nystromformer_lra, 8, 32),
 }
+# `--models zoo`: every vision zoo entry of table 1 (paper members, then the small members the small scale trains)
+ZOO = ["vit_base_patch16_224", "deit_base_patch16_224", "swin_base_patch4_window7_224", "xcit_medium_24_p16_224",
+       "davit_base", "vit_tiny_32", "deit_tiny_32", "swin_tiny_32", "xcit_nano_32", "davit_tiny_32"]
+MODELS.update({name: (_zoo(name), 4 if not name.endswith("_32") else 64, 64 if not name.endswith("_32") else 512)
+               for name in ZOO})
+DEFAULT_MODELS = ["vit_small_patch16_224", "bert_base_seq128", "nystromformer_lra_listops"]
 
 
 def _step(model: nn.Module, loss_fn: Callable, opt: torch.optim.Optimizer, device: torch.device) -> float:
@@ -179,7 +203,8 @@ def render(results: list[dict], header: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m condattn.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="*", default=list(MODELS), help=f"from {list(MODELS)}")
+    p.add_argument("--models", nargs="*", default=DEFAULT_MODELS,
+                   help=f"from {list(MODELS)}; `zoo` = every vision zoo entry (default: {DEFAULT_MODELS})")
     p.add_argument("--batch", type=int, help="default: per model, smaller on CPU")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=7)
@@ -189,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                    help='also time our trainer against a plain loop on this config, e.g. "scale=smoke" (repeatable)')
     p.add_argument("--trainer-steps", type=int, default=40)
     args = p.parse_args(argv)
+    args.models = [m for name in args.models for m in (ZOO if name == "zoo" else [name])]
     bad = [m for m in args.models if m not in MODELS]
     if bad:
         p.error(f"unknown model(s) {bad}; choose from {list(MODELS)}")

@@ -23,3 +23,17 @@ def test_bench_runs_all_arms_and_writes_results(tmp_path, capsys):
 def test_bench_refuses_unknown_model():
     with pytest.raises(SystemExit):
         main(["--models", "resnet_9000"])
+
+
+def test_bench_zoo_small_members_all_arms(tmp_path, capsys):
+    """Every small vision zoo member goes through all four arms (the paper members only differ in size)."""
+    from condattn.bench import ZOO
+
+    small = [m for m in ZOO if m.endswith("_32")]
+    assert len(small) == 5 and len(ZOO) == 10
+    assert main(["--models", *small, "--batch", "2", "--warmup", "0", "--iters", "1", "--out", str(tmp_path)]) == 0
+    data = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert [r["model"] for r in data["results"]] == small
+    for r in data["results"]:
+        assert set(r["arms"]) == {"baseline", "SCA", "CET-svd", "CET-fast"}
+        assert all(v["step_ms"] > 0 for v in r["arms"].values())

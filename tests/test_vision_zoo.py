@@ -299,3 +299,43 @@ def test_pretrained_fails_fast_and_clearly_offline(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="could not load pretrained weights for 'vit_tiny_patch16_224'"):
         build({"builder": "timm", "model_name": "vit_tiny_patch16_224", "pretrained": True})
     assert time.time() - t0 < 60
+
+
+@pytest.mark.parametrize("family", ["xcit", "davit"])
+def test_attention_entropy_of_channel_and_class_attention_matches_the_modules_own_softmax(family):
+    """The entropy probe recomputes each site's softmax; for XCA, DaViT channel attention and class attention
+    it must be the module's own (checked against the attention matrix the unfused module computes)."""
+    from condattn.diagnostics.attention import AttentionProbe, softmax_entropy
+
+    model = build(model_cfg(family, "smoke")).eval()
+    sites = find_attention(model)
+    captured: dict[int, torch.Tensor] = {}
+    for i, s in enumerate(sites):
+        s.module.fused_attn = False
+        drop = getattr(s.module, "attn_drop", None)
+        if isinstance(drop, torch.nn.Module):  # the unfused path passes the softmax through attn_drop
+            drop.register_forward_hook(lambda m, a, o, i=i: captured.__setitem__(i, o.detach()))
+        elif s.layout == "timm_davit_channel":  # no attn_drop: timm's ChannelAttention formula, by hand
+
+            def davit(m, a, out, i=i, mod=s.module):
+                b, n, c = out.shape[0], out.shape[1], out.shape[2] // 3
+                q, k, v = out.reshape(b, n, 3, mod.num_heads, c // mod.num_heads).permute(2, 0, 3, 1, 4).unbind(0)
+                captured[i] = ((k * mod.scale).transpose(-1, -2) @ v).softmax(-1).detach()
+
+            s.module.qkv.register_forward_hook(davit)
+    x = images(2)
+    with torch.no_grad(), AttentionProbe(model) as probe:
+        model(x)
+    res = probe.results()
+    kinds = {(s.attends_over, s.queries) for s in sites}
+    assert ("channels", "all") in kinds and (family != "xcit" or ("tokens", "first") in kinds)
+    checked = 0
+    for i, s in enumerate(sites):
+        if i not in captured:
+            continue
+        p = captured[i]
+        ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean()
+        assert res[i]["entropy"] == pytest.approx(float(ent), rel=1e-4, abs=1e-5), (s.layout, s.name)
+        checked += 1
+    assert checked >= 2
+    assert softmax_entropy  # imported for the reader: the same helper the probe uses

@@ -6,6 +6,11 @@ the exact softmax(q k^T · scale) over the keys is recomputed (scale = the modul
 1/sqrt(head_dim); a timm q_norm/k_norm is applied first). Padded keys are masked out and padded queries
 excluded. For Nyströmformer this is the exact softmax attention that its q and k define, i.e. the matrix
 its landmark (Nyström) attention approximates, not the approximation itself.
+
+Sites that attend over channels (AttentionSite.attends_over == "channels") get their own softmax: XCiT's
+XCA softmax(q̂ᵀk̂ · τ) over the d_h channels of a head (q, k L2-normalised over tokens, τ the learned
+per-head temperature), DaViT's channel attention softmax((q·scale)ᵀ k) in its roles (timm's k and v).
+Their "queries" are the d_h channels. Class attention (queries == "first") has one query, the class token.
 """
 
 from __future__ import annotations
@@ -28,10 +33,27 @@ def _scale(site: AttentionSite) -> float:
 
 
 def _heads(t: torch.Tensor, site: AttentionSite) -> torch.Tensor:
-    if t.dim() == 2:
-        t = t.unsqueeze(0)
+    if t.dim() == 2:  # (B, C): class attention's single query (the class token)
+        t = t.unsqueeze(1)
     b, n = t.shape[0], t.shape[-2]
     return t.reshape(b, n, site.num_heads, site.head_dim).transpose(1, 2)  # (B, H, N, d)
+
+
+def _roles(site: AttentionSite) -> tuple[str, str]:
+    """The two projections whose product is softmaxed. Layouts name roles by what they do in the formula
+    (DaViT's ChannelAttention: its `k` chunk is the "q" role), so this is always (q, k)."""
+    return ("q", "k")
+
+
+def _logits(site: AttentionSite, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Pre-softmax scores (B, H, queries, keys) from the heads (B, H, N, d) of the two roles."""
+    if site.attends_over != "channels":
+        return a @ b.transpose(-1, -2) * _scale(site)
+    if site.layout == "timm_xca":
+        a = torch.nn.functional.normalize(a, dim=-2)
+        b = torch.nn.functional.normalize(b, dim=-2)
+        return a.transpose(-1, -2) @ b * site.module.temperature.detach().float()
+    return (a * _scale(site)).transpose(-1, -2) @ b  # DaViT channel attention (roles: timm's k, v)
 
 
 def softmax_entropy(logits: torch.Tensor, key_keep: torch.Tensor | None = None):
@@ -66,7 +88,7 @@ class AttentionProbe:
         self._handles += track_model_mask(self.token_site, lambda m: setattr(self, "mask", m))
         for i, site in enumerate(self.sites):
             groups: dict[int, tuple[nn.Linear, list[str]]] = {}
-            for role in ("q", "k"):
+            for role in _roles(site):
                 lin = site.proj[role].linear
                 groups.setdefault(id(lin), (lin, []))[1].append(role)
             for lin, roles in groups.values():
@@ -87,25 +109,26 @@ class AttentionProbe:
         site, buf = self.sites[i], self._buf[i]
         for role in roles:
             buf[role] = output.detach()[..., site.proj[role].cols]
-        if "q" in buf and "k" in buf:
-            self._accumulate(i, _heads(buf.pop("q"), site), _heads(buf.pop("k"), site))
+        qr, kr = _roles(site)
+        if qr in buf and kr in buf:
+            self._accumulate(i, _heads(buf.pop(qr), site), _heads(buf.pop(kr), site))
 
     def _accumulate(self, i: int, q: torch.Tensor, k: torch.Tensor) -> None:
         site = self.sites[i]
         qn, kn = getattr(site.module, "q_norm", None), getattr(site.module, "k_norm", None)
         q = (qn(q) if isinstance(qn, nn.Module) else q).float()
         k = (kn(k) if isinstance(kn, nn.Module) else k).float()
-        b, h, nq, _ = q.shape
-        nk = k.shape[2]
-        qkeep = rows_kept(self.mask, b, nq, q.device)
-        kkeep = rows_kept(self.mask, b, nk, q.device)
+        b, h = q.shape[:2]
+        channels = site.attends_over == "channels"
+        nq, nk = (q.shape[3], k.shape[3]) if channels else (q.shape[2], k.shape[2])
+        qkeep = None if channels else rows_kept(self.mask, b, nq, q.device)
+        kkeep = None if channels else rows_kept(self.mask, b, nk, q.device)
         qw = torch.ones(b, nq, device=q.device) if qkeep is None else qkeep.float()
         nkeys = torch.full((b,), float(nk), device=q.device) if kkeep is None else kkeep.sum(1).float()
         step = max(1, _CHUNK_ELEMENTS // (h * nq * nk))
-        scale = _scale(site)
         for s in range(0, b, step):
             sl = slice(s, s + step)
-            ent, maxp = softmax_entropy(q[sl] @ k[sl].transpose(-1, -2) * scale, None if kkeep is None else kkeep[sl])
+            ent, maxp = softmax_entropy(_logits(site, q[sl], k[sl]), None if kkeep is None else kkeep[sl])
             w = qw[sl][:, None, :]
             self.ent[i] += (ent * w).sum((0, 2)).double().cpu()
             self.maxp[i] += (maxp * w).sum((0, 2)).double().cpu()
