@@ -4,6 +4,7 @@
 #   make reproduce-table-4 SCALE=smoke    train every cell of table 4 and write results/smoke/table4_lra.md
 #   make reproduce-table-1 SCALE=smoke    table 1 (ImageNet zoo); reproduce-table-8: the SCA λ ablation
 #   make reproduce-table-5 SCALE=smoke    table 5 (GPT-2 on TinyStories; validation loss, lower is better)
+#   make reproduce-table-6 SCALE=smoke    table 6 (the papers' condition-number figures: κ over training)
 #   make reproduce-table-4 SCALE=paper LAUNCHER=slurm DRY_RUN=1   print the SLURM jobs without submitting
 #   make compare RUNS="runs/smoke/table4_lra_listops_none_smoke_s* runs/smoke/table4_lra_listops_embedded_smoke_s*"
 SHELL := /bin/bash

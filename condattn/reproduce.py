@@ -1,7 +1,8 @@
 """`python -m condattn.reproduce experiments/tableN.yaml --scale smoke`: every cell of a table, then the table.
 
 Cells are rows × methods × seeds; each is one `train` run with Hydra overrides
-`<row overrides> conditioning=<method> scale=<scale> seed=<seed>` and a fixed run name
+`<row overrides> <scale overrides> conditioning=<method> scale=<scale> seed=<seed>` (scale overrides: the
+experiment's optional `scales: {<scale>: {overrides: [...]}}`) and a fixed run name
 `<table>_<row>_<method>_<scale>_s<seed>`. Before any cell trains or is submitted, every cell's config is
 composed and checked (overrides, options, data, batch split, checkpoints in its run dir); one message per
 problem. Finished cells are skipped (their summary.json is valid), unfinished ones resume from their last
@@ -30,12 +31,13 @@ from .reporting.tables import run_name
 def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
           launcher: str = "local") -> list[tuple[str, list[str]]]:
     out = []
+    at_scale = list((exp["scales"].get(scale) or {}).get("overrides", []))  # `scales: {<scale>: {overrides: [...]}}`
     for row, spec in exp["rows"].items():
         for method in exp["methods"]:
             for seed in seeds:
                 name = run_name(exp["table"], row, method, scale, seed)
-                overrides = [*spec.get("overrides", []), f"conditioning={method}", f"scale={scale}", f"seed={seed}",
-                             f"run.table={exp['table']}", f"run.row={row}", f"run.name={name}",
+                overrides = [*spec.get("overrides", []), *at_scale, f"conditioning={method}", f"scale={scale}",
+                             f"seed={seed}", f"run.table={exp['table']}", f"run.row={row}", f"run.name={name}",
                              f"launcher={launcher}", *extra]
                 out.append((name, overrides))
     return out

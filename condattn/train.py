@@ -36,8 +36,10 @@ def main(cfg: DictConfig) -> None:
         print(f"[condattn] {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(2)
     m = s["metrics"]
+    sel = next((k for k in m if k.startswith("val_")), "val_acc")  # the task's selection metric (val_loss for lm/mlm)
     print(
-        f"[condattn] {s['run_name']}: val_acc={m['val_acc']:.4f} test_acc={m.get('test_acc', float('nan')):.4f} "
+        f"[condattn] {s['run_name']}: {sel}={m.get(sel, float('nan')):.4f} "
+        f"test_acc={m.get('test_acc', float('nan')):.4f} "
         f"steps={s['steps']} wall={s['wall_time_s']:.0f}s -> {s['run_dir']}/summary.json"
     )
 

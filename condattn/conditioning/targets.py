@@ -487,3 +487,49 @@ def _hf_gpt2_tokens(name: str, m: nn.Module) -> TokenSite | None:
         mask_owner=m,
         mask_arg=("attention_mask", 2),
     )
+
+
+# ---------------------------------------------------------------- crammed BERT (ours, condattn/models/crammed_bert.py)
+#
+# Expected PatchReport counts: a crammed BERT of `num_layers` blocks has num_layers crammed_bert attention sites (one
+# fused `qkv` each) and one crammed_bert token site (its CrammedBertEncoder).
+
+
+@attention_layout("crammed_bert")
+def _crammed_bert_attention(name: str, m: nn.Module) -> AttentionSite | None:
+    """Our `CrammedSelfAttention`: one bias-free `qkv` Linear, block-stacked [Q; K; V] (each D = heads × head_dim,
+    head-major), softmax over the tokens. SCA adds λI to each D × D block exactly as for timm's ViT. (cramming's own
+    module interleaves the three per head; ours is the block-stacked reparametrisation, see the model's docstring.)"""
+    if not hasattr(m, "qkv"):  # cheap test first
+        return None
+    from ..models.crammed_bert import CrammedSelfAttention
+
+    if type(m) is not CrammedSelfAttention:
+        return None
+    head_dim, proj = _stacked(m.qkv, m.num_heads)
+    return _site(name, m, "crammed_bert", m.num_heads, head_dim, proj)
+
+
+@token_layout("crammed_bert")
+def _crammed_bert_tokens(name: str, m: nn.Module) -> TokenSite | None:
+    """Our `CrammedBertEncoder` (inside CrammedBertForMLM as `encoder`): X is the input of `layers.0`, i.e. word +
+    scaled-sinusoidal position embeddings after the embedding LayerNorm (and its dropout); before_pos_embed hooks the
+    word embedding's output. No prefix tokens (packed MLM blocks carry no per-sample [CLS]). The encoder's forward
+    receives `attention_mask` (keyword, or second positional), so CET excludes padded rows."""
+    if not (hasattr(m, "layers") and hasattr(m, "embedding")):
+        return None
+    from ..models.crammed_bert import CrammedBertEncoder
+
+    if type(m) is not CrammedBertEncoder or len(m.layers) == 0:
+        return None
+    return TokenSite(
+        layout="crammed_bert",
+        first_block=m.layers[0],
+        first_block_name=_join(name, "layers.0"),
+        embed=m.embedding.word_embedding,
+        embed_name=_join(name, "embedding.word_embedding"),
+        num_prefix_tokens=0,
+        blocks=[(_join(name, f"layers.{i}"), b) for i, b in enumerate(m.layers)],
+        mask_owner=m,
+        mask_arg=("attention_mask", 1),
+    )

@@ -123,3 +123,12 @@ def _lm_text(cfg: Any) -> DataBundle:
     from . import lm_text
 
     return lm_text.build(cfg)
+
+
+@data_builder("mlm_text")
+def _mlm_text(cfg: Any) -> DataBundle:
+    """MLM pretraining text (crammed BERT): a corpus from disk (e.g. the Pile) or the offline political-speeches
+    stand-in, WordPiece, packed blocks (mlm_text.py)."""
+    from . import mlm_text
+
+    return mlm_text.build(cfg)

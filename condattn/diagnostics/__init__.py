@@ -11,6 +11,7 @@ from .jacobian import (
     jacobian_condition_number_matfree,
     jacobian_singular_values,
     lanczos_extremes,
+    xca_head,
 )
 from .linalg import batch_condition_numbers, condition_number, sigma_max, sigma_min, singular_values
 from .tokens import TokenProbe, token_conditioning
@@ -38,4 +39,5 @@ __all__ = [
     "softmax_entropy",
     "token_conditioning",
     "weight_conditioning",
+    "xca_head",
 ]

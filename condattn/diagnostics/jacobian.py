@@ -6,6 +6,10 @@ left-hand side.
 J = ∂vec(f) / ∂(vec W_Q, vec W_K, vec W_V) has shape (N·d, 3·D·d); κ(J) is taken over its nonzero
 singular values. Exact: torch.func.jacrev + an SVD, in float64 (small sizes). Matrix-free: Lanczos on
 J J^T with products through torch.func.vjp / jvp (full-size layers).
+
+Every function takes an optional `head`: any function (X, W_q, W_k, W_v) -> (N, d) of the same shapes, e.g.
+`functools.partial(xca_head, temperature=τ)` for XCiT's cross-covariance attention. The default (None) is
+`attention_head` with `scale`, i.e. the token softmax head above.
 """
 
 from __future__ import annotations
@@ -26,6 +30,29 @@ def attention_head(X, W_q, W_k, W_v, scale: float | None = None) -> torch.Tensor
     return torch.softmax((X @ W_q) @ (X @ W_k).T * s, dim=-1) @ (X @ W_v)
 
 
+def xca_head(X, W_q, W_k, W_v, temperature: float = 1.0) -> torch.Tensor:
+    """One head of XCiT's cross-covariance attention (timm `XCA.forward`, head h with τ = temperature[h]),
+    shape (N, d): Q = X W_q, K = X W_k, V = X W_v (N, d); each of Q's and K's d columns is L2-normalised over
+    the N tokens (q̂, k̂, as torch.nn.functional.normalize: ‖·‖ clamped at 1e-12); the d × d channel attention
+    A = softmax(τ · q̂ᵀ k̂) (rows sum to 1) mixes V's channels: output V Aᵀ (tokens kept, channels mixed).
+    No bias (as `attention_head`): timm's qkv bias would shift Q, K, V by constant rows."""
+    norm = torch.nn.functional.normalize
+    q, k = norm(X @ W_q, dim=0), norm(X @ W_k, dim=0)
+    return (X @ W_v) @ torch.softmax(float(temperature) * (q.T @ k), dim=-1).T
+
+
+HeadFn = Callable[..., torch.Tensor]
+
+
+def _head_fn(head: HeadFn | None, scale: float | None) -> HeadFn:
+    """The head function (X, W_q, W_k, W_v) -> (N, d) the Jacobian is taken of."""
+    if head is None:
+        return lambda X, wq, wk, wv: attention_head(X, wq, wk, wv, scale)
+    if scale is not None:
+        raise ValueError("scale applies to the default attention_head only; bind it into `head` instead")
+    return head
+
+
 def _setup(X, W_q, W_k, W_v):
     X = torch.as_tensor(X).detach().to(torch.float64)
     params = tuple(torch.as_tensor(w).detach().to(device=X.device, dtype=torch.float64) for w in (W_q, W_k, W_v))
@@ -38,27 +65,30 @@ def _setup(X, W_q, W_k, W_v):
     return X, params
 
 
-def attention_jacobian(X, W_q, W_k, W_v, scale: float | None = None) -> torch.Tensor:
-    """The explicit J, float64, shape (N·d, 3·D·d); columns: vec(W_q), vec(W_k), vec(W_v), row-major."""
+def attention_jacobian(X, W_q, W_k, W_v, scale: float | None = None, head: HeadFn | None = None) -> torch.Tensor:
+    """The explicit J, float64, shape (N·d, 3·D·d); columns: vec(W_q), vec(W_k), vec(W_v), row-major.
+    head: the head function (default: attention_head with `scale`)."""
+    fn = _head_fn(head, scale)
     X, params = _setup(X, W_q, W_k, W_v)
     sizes = [w.numel() for w in params]
     shape = params[0].shape
 
     def f(flat):
         wq, wk, wv = (p.reshape(shape) for p in flat.split(sizes))
-        return attention_head(X, wq, wk, wv, scale).reshape(-1)
+        return fn(X, wq, wk, wv).reshape(-1)
 
     return torch.func.jacrev(f)(torch.cat([w.reshape(-1) for w in params]))
 
 
-def jacobian_singular_values(X, W_q, W_k, W_v, scale: float | None = None) -> torch.Tensor:
+def jacobian_singular_values(X, W_q, W_k, W_v, scale: float | None = None,
+                             head: HeadFn | None = None) -> torch.Tensor:
     """Nonzero singular values of J, descending (float64 SVD; nonzero: > max(shape)·eps64·σ_max)."""
-    return singular_values(attention_jacobian(X, W_q, W_k, W_v, scale))
+    return singular_values(attention_jacobian(X, W_q, W_k, W_v, scale, head))
 
 
-def jacobian_condition_number(X, W_q, W_k, W_v, scale: float | None = None) -> float:
+def jacobian_condition_number(X, W_q, W_k, W_v, scale: float | None = None, head: HeadFn | None = None) -> float:
     """Exact κ(J) = σ_max / σ_min over the nonzero singular values of J (jacrev + SVD, float64)."""
-    s = jacobian_singular_values(X, W_q, W_k, W_v, scale)
+    s = jacobian_singular_values(X, W_q, W_k, W_v, scale, head)
     return float(s[0] / s[-1]) if s.numel() else float("nan")
 
 
@@ -125,6 +155,7 @@ def jacobian_condition_number_matfree(
     tol: float = 1e-6,
     seed: int = 0,
     return_info: bool = False,
+    head: HeadFn | None = None,
 ):
     """κ(J) without forming J: sqrt(λ_max / λ_min) of J J^T, both extremes by Lanczos, each product
     J J^T v = jvp(f, J^T v) with J^T v = vjp(f)(v). Float64.
@@ -140,11 +171,15 @@ def jacobian_condition_number_matfree(
 
     iters bounds the Lanczos steps (each one vjp + one jvp); with iters ≥ N·d the answer is exact up to
     rounding. return_info=True returns (κ, info dict with sigma_min, sigma_max, iterations, converged).
+    head: the head function (default: attention_head with `scale`). The rank argument above holds for
+    xca_head too: its W_V block maps dW_v to X dW_v Aᵀ, of full row rank N·d when X has full row rank
+    (N ≤ D) and the d × d softmax matrix A is nonsingular.
     """
+    fn = _head_fn(head, scale)
     X, params = _setup(X, W_q, W_k, W_v)
 
     def f(wq, wk, wv):
-        return attention_head(X, wq, wk, wv, scale).reshape(-1)
+        return fn(X, wq, wk, wv).reshape(-1)
 
     out, vjp_fn = torch.func.vjp(f, *params)
 

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from .checkpoint import architecture_mismatch, latest_checkpoint
 from .io import read_json
-from .optim import OPTIMIZERS
+from .optim import OPTIMIZERS, PROGRESS_SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,15 @@ def _lm_text_files(cfg: Any) -> None:
 
 
 DATA_CHECKS["lm_text"] = _lm_text_files  # TinyStories (table 5): one of the layouts lm_text.py lists
+
+
+def _mlm_text_files(cfg: Any) -> None:
+    from ..data import mlm_text
+
+    mlm_text.check_paper_data(cfg)
+
+
+DATA_CHECKS["mlm_text"] = _mlm_text_files  # MLM corpus (crammed BERT, the Pile): one of the layouts mlm_text.py lists
 
 
 def planned_world(cfg: Any) -> int:
@@ -132,10 +141,17 @@ def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
     try:
         from transformers import SchedulerType
 
-        SchedulerType(cfg.optim.schedule)
+        if cfg.optim.schedule not in PROGRESS_SCHEDULES:
+            SchedulerType(cfg.optim.schedule)
     except ValueError:
         bad("config", f"unknown schedule optim.schedule={cfg.optim.schedule!r}; "
-                      f"known: {', '.join(s.value for s in SchedulerType)}")
+                      f"known: {', '.join([*(s.value for s in SchedulerType), *PROGRESS_SCHEDULES])}")
+    try:
+        from .budget import Budget
+
+        Budget.from_cfg(cfg.task, 1)
+    except (TypeError, ValueError) as e:
+        bad("config", str(e))
     for key in ("task.steps", "task.eval_every", "task.log_every", "impl.checkpoint_every"):
         v = OmegaConf.select(cfg, key)
         if not isinstance(v, int) or v < 1:

@@ -37,6 +37,7 @@ from ..data.build import build_datasets
 from ..models import build_model
 from ..tasks import build_task
 from . import provenance
+from .budget import Budget
 from .checkpoint import architecture_mismatch, latest_checkpoint, load_checkpoint, save_checkpoint
 from .io import read_json, write_json_atomic
 from .logging import RunLogger
@@ -69,7 +70,9 @@ class TrainState:
         self.batch_in_epoch = 0
         self.best_val = -math.inf
         self.best_step = -1
-        self.train_time = 0.0  # seconds in training steps, summed over resumes
+        self.train_time = 0.0  # seconds in training steps, summed over resumes (the wall-clock budget's clock)
+        self.samples = 0  # training samples consumed (differs from steps × global batch under a batch ramp)
+        self.budget_stopped = False  # the run ended because task.budget_hours was used up
         self.wall_time = 0.0
         self.resumes: list[int] = []  # the step of every resume (preemption, requeue, crash)
 
@@ -175,7 +178,8 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
     sel_key = str(getattr(task, "metric", "acc"))
     sel_sign = 1.0 if getattr(task, "higher_is_better", True) else -1.0
     steps = int(cfg.task.steps)
-    optimizer, scheduler = build_optimizer(model, cfg, glob, steps)
+    budget = Budget.from_cfg(cfg.task, steps)  # wall-clock budget + batch ramp (engine/budget.py); off by default
+    optimizer, scheduler = build_optimizer(model, cfg, glob, steps, progress=budget.progress)
     if cfg.impl.compile:
         model = torch.compile(model)
 
@@ -191,6 +195,7 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
     val_loader = accelerator.prepare(val_loader)
     test_loader = accelerator.prepare(test_loader) if test_loader is not None else None
     state = TrainState()
+    budget.bind(state)
     accelerator.register_for_checkpointing(state)
     raw = accelerator.unwrap_model(model)
 
@@ -214,12 +219,20 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
     diag_batch = _first(data.val, int(cfg.diagnostics.batch_size))
     diag_every = int(cfg.diagnostics.every or 0)
     step0_diag: dict[str, Any] = {}
+    diag_jacobian = bool(cfg.diagnostics.get("jacobian", False))
 
     def run_diagnostics(step: int) -> dict:
         if not main:
             return {}
         batch = {k: v.to(accelerator.device) for k, v in diag_batch.items()}
         flat = cheap_diagnostics(raw, task.forward, batch, mask=batch.get("attention_mask"))["flat"]
+        if diag_jacobian:  # κ(J) of layer 0; restores train/eval modes and the RNG state (training is unchanged)
+            from ..diagnose import jacobian_diagnostics
+
+            d, tokens = cfg.diagnostics, cfg.diagnostics.get("jacobian_tokens")
+            flat.update(jacobian_diagnostics(raw, task, batch, int(tokens) if tokens else None,
+                                             iters=int(d.get("jacobian_iters") or 300),
+                                             exact_max_entries=int(d.get("jacobian_exact_entries") or 4_000_000)))
         logger.log(step, "diag", flat)
         return flat
 
@@ -279,20 +292,21 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
         for _ in range(state.batch_in_epoch):  # replay position inside the epoch after a resume
             next(it)
         last_ckpt = ckpt
-        while state.step < steps:
+        while state.step < steps and not budget.exhausted():  # (a resumed run may have used its budget up)
             t0 = time.time()
             losses, accs = [], []
-            for micro_i in range(accum):
+            accum_now = budget.accumulation(state.step, glob, micro * world)  # = accum unless the batch ramps
+            for micro_i in range(accum_now):
                 if state.batch_in_epoch >= len(train_loader):
                     state.epoch, state.batch_in_epoch = state.epoch + 1, 0
                     sampler.set_epoch(state.epoch)
                     it = iter(train_loader)
                 batch = {k: v.to(accelerator.device) for k, v in next(it).items()}
                 state.batch_in_epoch += 1
-                sync = micro_i == accum - 1
+                sync = micro_i == accum_now - 1
                 with nullcontext() if sync else accelerator.no_sync(model):
                     loss, logs = task.loss(model, batch)
-                    accelerator.backward(loss / accum)
+                    accelerator.backward(loss / accum_now)
                 losses.append(loss.detach())
                 accs.append(logs["acc"])
             loss, acc = torch.stack(losses).mean(), torch.stack(accs).mean()
@@ -316,15 +330,18 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
             state.step += 1
             session_steps += 1
             state.train_time += time.time() - t0
+            state.samples += accum_now * micro * world
+            state.budget_stopped = budget.hours is not None and any_rank(budget.exhausted())
+            last = state.step == steps or state.budget_stopped
             bar.update(1)
 
-            if state.step % log_every == 0 or state.step == steps:
+            if state.step % log_every == 0 or last:
                 row = {"loss": loss, "acc": acc, "lr": scheduler.get_last_lr()[0]}
                 if grad_norm is not None:
                     row["grad_norm"] = grad_norm
                 logger.log(state.step, "train", row)
                 bar.set_postfix(loss=f"{loss.item():.3f}")
-            if state.step % eval_every == 0 or state.step == steps:
+            if state.step % eval_every == 0 or last:
                 val = evaluate(val_loader)
                 logger.log(state.step, "val", val)
                 if main and not tty:
@@ -341,7 +358,7 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
             if interrupt_at is not None and state.step == int(interrupt_at):
                 os.kill(os.getpid(), interrupt_sig)
             stopping = any_rank(stop.requested)
-            if stopping or state.step % ckpt_every == 0 or state.step == steps:
+            if stopping or state.step % ckpt_every == 0 or last:
                 state.wall_time += time.time() - started
                 started = time.time()
                 last_ckpt = pending_ckpt = checkpoint()
@@ -352,6 +369,11 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
                     f"signal {stop.name} at step {state.step}: checkpoint {last_ckpt} written; run the same "
                     "command again to resume", stop.signum, last_ckpt
                 )
+            if state.budget_stopped:
+                if main and not tty:
+                    print(f"[condattn] {cfg.run.name} budget of {budget.hours} h used up at step {state.step}/{steps}",
+                          flush=True)
+                break
     bar.close()
     state.wall_time += time.time() - started
 
@@ -372,6 +394,7 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
     final_diag = run_diagnostics(state.step) if main else {}
 
     hw = provenance.hardware(accelerator.device, world, _launch_info(cfg)["num_nodes"])
+    samples = state.samples if budget.ramp else glob * state.step  # (a checkpoint from before `samples` existed)
     summary = {
         "status": "finished",
         "run_name": cfg.run.name,
@@ -390,13 +413,18 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
             **test,
         },
         "steps": state.step,
+        "budget": budget.summary(state.step, state.budget_stopped or (budget.exhausted() and state.step < steps),
+                                 glob, micro * world),
         "global_batch": glob,
         "micro_batch": micro,
         "grad_accum": accum,
         "lr": scaled_lr(cfg, glob),
         "wall_time_s": round(state.wall_time, 2),
         "train_time_s": round(state.train_time, 2),
-        "train_samples_per_s": round(glob * state.step / max(state.train_time, 1e-9), 2),
+        "train_samples_per_s": round(samples / max(state.train_time, 1e-9), 2),
+        **({"train_tokens_per_s": round(samples * int(data.info["seq_len"]) / max(state.train_time, 1e-9), 1)}
+           if data.info.get("seq_len") else {}),
+        "train_samples": samples,
         "hardware": hw,
         "hardware_line": provenance.describe(hw),
         "launch": {**_launch_info(cfg), "resumed_at_steps": list(state.resumes)},

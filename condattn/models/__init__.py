@@ -139,3 +139,12 @@ def _gpt2(
         attn_implementation=attn_implementation,
     )
     return GPT2LMHeadModel(config)
+
+
+@model_builder("crammed_bert")
+def _crammed_bert(**kw) -> nn.Module:
+    """Our crammed-BERT module (cramming's `crammed-bert` architecture, condattn/models/crammed_bert.py) with its
+    tied, sparse MLM decoder; random init (cramming's normal(0, 0.02))."""
+    from .crammed_bert import CrammedBertForMLM
+
+    return CrammedBertForMLM(**kw)

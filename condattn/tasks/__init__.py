@@ -6,8 +6,9 @@ from typing import Any
 
 from .classification import ClassificationTask
 from .lm import LMTask
+from .mlm import MLMTask
 
-TASKS = {"classification": ClassificationTask, "lm": LMTask}
+TASKS = {"classification": ClassificationTask, "lm": LMTask, "mlm": MLMTask}
 
 
 def build_task(cfg: Any):
@@ -17,4 +18,4 @@ def build_task(cfg: Any):
     return TASKS[kind](cfg.task)
 
 
-__all__ = ["TASKS", "ClassificationTask", "LMTask", "build_task"]
+__all__ = ["TASKS", "ClassificationTask", "LMTask", "MLMTask", "build_task"]
