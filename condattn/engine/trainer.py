@@ -319,9 +319,11 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
             if pending_ckpt is not None:
                 good_ckpt, pending_ckpt = pending_ckpt, None
             if state.step == 0 and main:  # gradient norms of W_Q/W_K/W_V at step 0 (before the first update)
+                t_diag = time.time()
                 grads = grad_diagnostics(raw)
                 step0_diag.update(grads)
                 logger.log(0, "grad", grads)
+                t0 += time.time() - t_diag  # measurement, not training: kept out of the step time
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), float(clip)) if clip else None
             optimizer.step()
             if not accelerator.optimizer_step_was_skipped:  # fp16: a step skipped on overflow does not advance
