@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trainer", action="append", default=[], metavar="OVERRIDES",
                    help='also time our trainer against a plain loop on this config, e.g. "scale=smoke" (repeatable)')
     p.add_argument("--trainer-steps", type=int, default=100)
+    p.add_argument("--trainer-repeats", type=int, default=3, help="alternating trainer / plain-loop pairs")
     args = p.parse_args(argv)
     args.models = [m for name in args.models for m in (ZOO if name == "zoo" else [name])]
     bad = [m for m in args.models if m not in MODELS]
@@ -262,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         print(render([r], f"## {name}"), flush=True)
     md = render(results, header)
-    trainer_rows = [trainer_vs_reference(t.split(), args.trainer_steps, str(Path(args.out) / "runs"))
-                    for t in args.trainer]
+    trainer_rows = [trainer_vs_reference(t.split(), args.trainer_steps, str(Path(args.out) / "runs"),
+                                         args.trainer_repeats) for t in args.trainer]
     if trainer_rows:
         md += ("\n| trainer config | model | global batch | steps × pairs | ours (samples/s) | plain loop (samples/s) "
                "| ours / plain (median, range) |\n|---|---|---|---|---|---|---|\n")
