@@ -347,3 +347,23 @@ def test_newton_schulz_bound_on_padded_layernormed_tokens(kept):
         sv = torch.linalg.svdvals(y[i][keep[i]].double())
         assert float(sv[0] / sv[-1]) <= 2.05
     assert torch.equal(y[~keep], x[~keep])
+
+
+def test_unconverged_or_nan_polar_factor_falls_back_to_the_exact_svd():
+    """The per-sample check must also catch a NaN/inf polar factor (NaN compares false with everything), and
+    leave samples whose tokens are themselves non-finite alone (the trainer's loss check reports those)."""
+    from condattn.conditioning.embedded import _exact_where_unconverged, _svd_polar
+
+    x = torch.randn(3, 20, 8, generator=torch.Generator().manual_seed(0))
+    x[2, 0, 0] = float("nan")
+    sigma, polar = _svd_polar(x[:2])
+    sigma = torch.cat([sigma, torch.ones(1, 1, 1)])
+    polar = torch.cat([polar, torch.zeros(1, 20, 8)])
+    polar[0] = float("nan")  # sample 0: diverged iteration
+    polar[1, :, 0] *= 0.5  # sample 1: a singular value far below 1
+    s2, p2 = _exact_where_unconverged(x, None, sigma, polar)
+    for b in range(2):
+        s_ref, p_ref = _svd_polar(x[b])
+        torch.testing.assert_close(p2[b], p_ref)
+        torch.testing.assert_close(s2[b], s_ref)
+    assert torch.equal(p2[2], polar[2])  # non-finite tokens: untouched

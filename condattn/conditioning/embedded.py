@@ -81,7 +81,10 @@ def _exact_where_unconverged(
     padded ListOps samples, none on unpadded ViT/BERT tokens)."""
     n_rows = keep.sum(1) if keep is not None else torch.full(xf.shape[:1], xf.shape[-2], device=xf.device)
     rank = n_rows.clamp(max=xf.shape[-1]).to(polar.dtype)
-    bad = ((polar * polar).sum((-2, -1)) - rank).abs() > 0.05
+    # `not <=` also catches a NaN/inf polar factor (an under-estimated σ_1 pushes singular values out of the
+    # iteration's basin); samples whose tokens are themselves non-finite are left for the loss check to report
+    off = ((polar * polar).sum((-2, -1)) - rank).abs()
+    bad = ~(off <= 0.05) & torch.isfinite(xf).all(dim=-1).all(dim=-1)
     if torch.compiler.is_compiling() or not bool(bad.any()):
         return sigma, polar
     sigma, polar = sigma.clone(), polar.clone()
