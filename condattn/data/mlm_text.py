@@ -56,10 +56,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from . import lm_text
 from . import lra_common as C
+from .lm_text import PackedBlocks
 
 VERSION = 1  # bump when the cached tokenizer / token arrays change meaning
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4 in a tokenizer trained here
@@ -295,31 +295,19 @@ def encode_to_file(tok, docs: Docs, path: Path, dtype, cls_id: int | None, sep_i
 # ----------------------------------------------------------------------------------------------------
 
 
-class MLMBlocks(Dataset):
-    """Consecutive blocks of `seq_len` tokens of one token stream, as MLM items (module docstring). `keep_partial`:
-    the last, shorter block is kept, right-padded with [PAD] and mask 0 (else dropped); `max_blocks` keeps the first
-    blocks only."""
+class MLMBlocks(PackedBlocks):
+    """lm_text's packed blocks (same cutting and padding) as MLM items (module docstring): plus the special-token
+    mask, the [MASK] id, the tokenizer size and the sample index."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, specials: dict[str, int], tokenizer_size: int,
                  keep_partial: bool, max_blocks: int | None = None):
-        self.tokens, self.seq_len = tokens, int(seq_len)
-        self.pad_id, self.mask_id, self.size = int(specials["pad"]), int(specials["mask"]), int(tokenizer_size)
+        super().__init__(tokens, seq_len, int(specials["pad"]), keep_partial, max_blocks)
+        self.mask_id, self.size = int(specials["mask"]), int(tokenizer_size)
         self.special = torch.tensor(sorted(set(specials.values())), dtype=torch.long)
-        n = len(tokens) // self.seq_len + (1 if keep_partial and len(tokens) % self.seq_len else 0)
-        self.n = n if max_blocks is None else min(n, int(max_blocks))
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        if not 0 <= index < self.n:
-            raise IndexError(index)
-        chunk = np.asarray(self.tokens[index * self.seq_len : (index + 1) * self.seq_len], dtype=np.int64)
-        ids = torch.full((self.seq_len,), self.pad_id, dtype=torch.long)
-        ids[: len(chunk)] = torch.from_numpy(chunk)
-        mask = torch.zeros(self.seq_len, dtype=torch.long)
-        mask[: len(chunk)] = 1
-        return {"input_ids": ids, "attention_mask": mask, "special_tokens_mask": torch.isin(ids, self.special),
+        item = super().__getitem__(index)
+        return {**item, "special_tokens_mask": torch.isin(item["input_ids"], self.special),
                 "mask_token_id": torch.tensor(self.mask_id), "tokenizer_size": torch.tensor(self.size),
                 "sample_index": torch.tensor(index)}
 
