@@ -5,6 +5,9 @@
 #   make reproduce-table-1 SCALE=smoke    table 1 (ImageNet zoo); reproduce-table-8: the SCA λ ablation
 #   make reproduce-table-5 SCALE=smoke    table 5 (GPT-2 on TinyStories; validation loss, lower is better)
 #   make reproduce-table-6 SCALE=smoke    table 6 (the papers' condition-number figures: κ over training)
+#   make reproduce-table-3 SCALE=smoke    table 3 (crammed-BERT pretraining per method, then GLUE fine-tuning, medians)
+#   make reproduce-table-2 SCALE=smoke    table 2 (COCO, Mask R-CNN + XCiT-S12/M24: box and mask AP)
+#   make reproduce-table-7 SCALE=smoke    table 7 (COCO, DETR-R50: box AP beside the DETR paper's reference)
 #   make reproduce-table-4 SCALE=paper LAUNCHER=slurm DRY_RUN=1   print the SLURM jobs without submitting
 #   make compare RUNS="runs/smoke/table4_lra_listops_none_smoke_s* runs/smoke/table4_lra_listops_embedded_smoke_s*"
 SHELL := /bin/bash

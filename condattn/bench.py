@@ -62,6 +62,21 @@ def _nystromformer_lra(batch: int, device: torch.device):
     return model, lambda m: F.cross_entropy(m(input_ids=ids, attention_mask=mask), y)
 
 
+def _crammed_bert(batch: int, device: torch.device):
+    """crammed BERT exactly as table 3 pretrains it (configs/model/crammed_bert.yaml: 16 × 768, 32768 WordPiece,
+    128-token packed blocks, dropout off as bert-o4) on its MLM loss: 25 % of the tokens masked, sparse decoder."""
+    from .config import compose
+    from .models import build_model
+
+    cfg = compose(["task=mlm_crammed", "data.vocab_size=32768", "data.seq_len=128"])
+    model = build_model(cfg.model)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 32768, (batch, 128), generator=g).to(device)
+    labels = torch.where(torch.rand(batch, 128, generator=g).to(device) < 0.25, ids, torch.full_like(ids, -100))
+    target = labels[labels != -100]
+    return model, lambda m: F.cross_entropy(m(input_ids=ids, labels=labels), target)
+
+
 def _zoo(config: str):
     """A vision zoo entry exactly as the trainer builds it (configs/model/<config>.yaml through build_model), at its
     own input size (224 for the paper members, 32 for the small ones)."""
@@ -84,7 +99,9 @@ MODELS: dict[str, tuple[Callable, int, int]] = {  # name -> (factory, CPU batch,
     "vit_small_patch16_224": (_vit_small, 16, 128),
     "bert_base_seq128": (_bert_base, 8, 64),
     "nystromformer_lra_listops": (_nystromformer_lra, 8, 32),
+    "crammed_bert": (_crammed_bert, 8, 256),
 }
+TOKENS_PER_SAMPLE = {"bert_base_seq128": 128, "nystromformer_lra_listops": 2048, "crammed_bert": 128}
 # `--models zoo`: every vision zoo entry of table 1 (paper members, then the small members the small scale trains)
 ZOO = ["vit_base_patch16_224", "deit_base_patch16_224", "swin_base_patch4_window7_224", "xcit_medium_24_p16_224",
        "davit_base", "vit_tiny_32", "deit_tiny_32", "swin_tiny_32", "xcit_nano_32", "davit_tiny_32"]
@@ -105,12 +122,15 @@ def _step(model: nn.Module, loss_fn: Callable, opt: torch.optim.Optimizer, devic
     return time.perf_counter() - t
 
 
-def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters: int, precision: str) -> dict:
+def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters: int, precision: str,
+                arm_names: list[str] | None = None) -> dict:
     factory = MODELS[name][0]
     torch.manual_seed(0)
     base, loss_fn = factory(batch, device)
     arms = {}
     for arm, (method, opts) in ARMS.items():
+        if arm_names and arm != "baseline" and arm not in arm_names:
+            continue
         model = copy.deepcopy(base).to(device).train()
         apply_conditioning(model, method, **opts)
         arms[arm] = (model, torch.optim.AdamW(model.parameters(), lr=1e-6))
@@ -136,6 +156,7 @@ def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters:
         rows[arm] = {
             "step_ms": round(1000 * med, 1),
             "samples_per_s": round(batch / med, 2),
+            **({"tokens_per_s": round(batch * TOKENS_PER_SAMPLE[name] / med, 1)} if name in TOKENS_PER_SAMPLE else {}),
             "ratio_to_baseline": round(statistics.median(ratios), 3),
             "ratio_iqr": [round(q1, 3), round(q3, 3)],
             "peak_mem_mib": None if peak[arm] is None else round(peak[arm], 1),
@@ -218,13 +239,14 @@ def trainer_vs_reference(overrides: list[str], steps: int, out_runs: str, repeat
 def render(results: list[dict], header: str) -> str:
     lines = [header, "", "× baseline: median over rounds of the arm's step time / the baseline's step time in the same "
              "round, with the interquartile range of those per-round ratios (the machine's noise).", "",
-             "| model | batch | arm | step (ms, median) | samples/s | × baseline | IQR | peak mem (MiB) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| model | batch | arm | step (ms, median) | samples/s | tokens/s | × baseline | IQR | peak mem (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for arm, v in r["arms"].items():
             mem = "–" if v["peak_mem_mib"] is None else v["peak_mem_mib"]
             lines.append(f"| {r['model']} | {r['batch']} | {arm} | {v['step_ms']} | {v['samples_per_s']} | "
-                         f"{v['ratio_to_baseline']:.3f} | {v['ratio_iqr'][0]:.3f}–{v['ratio_iqr'][1]:.3f} | {mem} |")
+                         f"{v.get('tokens_per_s', '–')} | {v['ratio_to_baseline']:.3f} | "
+                         f"{v['ratio_iqr'][0]:.3f}–{v['ratio_iqr'][1]:.3f} | {mem} |")
     return "\n".join(lines) + "\n"
 
 
@@ -233,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", nargs="*", default=DEFAULT_MODELS,
                    help=f"from {list(MODELS)}; `zoo` = every vision zoo entry (default: {DEFAULT_MODELS})")
     p.add_argument("--batch", type=int, help="default: per model, smaller on CPU")
+    p.add_argument("--arms", nargs="*", help=f"only these arms beside the baseline, from {list(ARMS)[1:]} "
+                   "(more rounds in the same time, e.g. --arms SCA --iters 21)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=7)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
@@ -243,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trainer-repeats", type=int, default=3, help="alternating trainer / plain-loop pairs")
     args = p.parse_args(argv)
     args.models = [m for name in args.models for m in (ZOO if name == "zoo" else [name])]
+    bad_arms = [a for a in args.arms or [] if a not in ARMS]
+    if bad_arms:
+        p.error(f"unknown arm(s) {bad_arms}; choose from {list(ARMS)[1:]}")
     bad = [m for m in args.models if m not in MODELS]
     if bad:
         p.error(f"unknown model(s) {bad}; choose from {list(MODELS)}")
@@ -259,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.models:
         batch = args.batch or MODELS[name][1 if device.type == "cpu" else 2]
-        r = bench_model(name, device, batch, args.warmup, args.iters, args.precision)
+        r = bench_model(name, device, batch, args.warmup, args.iters, args.precision, args.arms)
         results.append(r)
         print(render([r], f"## {name}"), flush=True)
     md = render(results, header)

@@ -5,9 +5,30 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 CONFIG_DIR = Path(os.environ.get("CONDATTN_CONFIG_DIR", Path(__file__).resolve().parent.parent / "configs"))
+
+
+def _epoch_steps(samples: int, batch: int, epochs: int = 1) -> int:
+    """Optimizer steps of `epochs` passes over `samples` at global batch `batch` (the last partial batch dropped, as
+    the trainer's sampler does)."""
+    steps = int(epochs) * (int(samples) // int(batch))
+    if steps < 1:
+        raise ValueError(f"{samples} samples make no full global batch of {batch}")
+    return steps
+
+
+def _glue_num_labels(task: str) -> int:
+    from .data.glue import glue_task
+
+    return glue_task(str(task)).num_labels
+
+
+# `${epoch_steps:SAMPLES,BATCH[,EPOCHS]}` in a config: epochs expressed as optimizer steps (the GLUE task configs);
+# `${glue_num_labels:TASK}`: the classifier's outputs for a GLUE task (1 = regression)
+OmegaConf.register_new_resolver("epoch_steps", _epoch_steps, replace=True)
+OmegaConf.register_new_resolver("glue_num_labels", _glue_num_labels, replace=True)
 
 
 def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "train") -> DictConfig:

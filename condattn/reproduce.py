@@ -25,22 +25,47 @@ from .engine.preflight import preflight
 from .engine.signals import StopFlag
 from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, Cell, ConfigError, active_job, compose_cell, launcher_problems
 from .reporting import load_experiment, write_table
-from .reporting.tables import run_name
+from .reporting.tables import rows_for, run_name
 
 
 def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
           launcher: str = "local") -> list[tuple[str, list[str]]]:
+    """(run name, overrides) of every cell, in the order they run: with a `pretrain:` stage (table 3), first one
+    pretraining run per method, then the rows' runs of that method, each given `model.init_from=<its pretraining
+    run's name>`."""
     out = []
     at_scale = list((exp["scales"].get(scale) or {}).get("overrides", []))  # `scales: {<scale>: {overrides: [...]}}`
-    for row, spec in exp["rows"].items():
+    common = [f"run.table={exp['table']}", f"launcher={launcher}"]
+    pre = exp.get("pretrain")
+    pre_names = {}
+    if pre:
+        pseed = int(pre.get("seed", 0))
         for method in exp["methods"]:
+            name = pre_names[method] = run_name(exp["table"], "pretrain", method, scale, pseed)
+            out.append((name, [*pre.get("overrides", []), *(pre.get("scales", {}).get(scale) or []),
+                               f"conditioning={method}", f"scale={scale}", f"seed={pseed}", "run.row=pretrain",
+                               f"run.name={name}", *common, *extra]))
+    for row in rows_for(exp, scale):
+        spec = exp["rows"][row]
+        for method in exp["methods"]:
+            init = [f"model.init_from={pre_names[method]}"] if pre else []
             for seed in seeds:
                 name = run_name(exp["table"], row, method, scale, seed)
-                overrides = [*spec.get("overrides", []), *at_scale, f"conditioning={method}", f"scale={scale}",
-                             f"seed={seed}", f"run.table={exp['table']}", f"run.row={row}", f"run.name={name}",
-                             f"launcher={launcher}", *extra]
+                overrides = [*spec.get("overrides", []), *at_scale, *init, f"conditioning={method}", f"scale={scale}",
+                             f"seed={seed}", f"run.row={row}", f"run.name={name}", *common, *extra]
                 out.append((name, overrides))
     return out
+
+
+def needs(exp: dict, name: str, scale: str) -> str | None:
+    """The pretraining cell a fine-tuning cell starts from (None without a pretrain stage)."""
+    if not exp.get("pretrain") or "_pretrain_" in name:
+        return None
+    for method in sorted(exp["methods"], key=len, reverse=True):  # "spectral+embedded" before "embedded"
+        for row in exp["rows"]:
+            if name.startswith(f"{exp['table']}_{row}_{method}_{scale}_s"):
+                return run_name(exp["table"], "pretrain", method, scale, int(exp["pretrain"].get("seed", 0)))
+    return None
 
 
 def _problem_report(problems: dict[str, list[str]], n_cells: int) -> list[str]:
@@ -133,6 +158,7 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
     from .engine.trainer import summary_status
 
     pending: list[Cell] = []
+    by_name = {c.name: c for c in todo}
     queued = 0
     n = len(todo)
     for i, c in enumerate(todo, 1):
@@ -150,6 +176,14 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
             print(f"[reproduce] {i}/{n} {c.name}: failed earlier; running it again")
         if c.cfg.launcher.name == "slurm" and (job := active_job(c.run_dir)):
             print(f"[reproduce] {i}/{n} {c.name}: job {job} is still queued or running, skipped")
+            queued += 1
+            continue
+        first_stage = needs(exp, c.name, args.scale)
+        if first_stage and c.cfg.launcher.name in SUBMITIT_LAUNCHERS and \
+                (args.force or summary_status(by_name[first_stage].run_dir) != "finished"):
+            # a job array has no order: fine-tuning jobs are submitted by a later call, once their pretraining ended
+            print(f"[reproduce] {i}/{n} {c.name}: waits for its pretraining run {first_stage}; run the same command "
+                  "again (without --force) once that has finished")
             queued += 1
             continue
         pending.append(c)
@@ -206,6 +240,11 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
                 print(f"[reproduce] stop requested ({stop.name})")
                 break
             cfg = c.cfg
+            if (first_stage := needs(exp, c.name, args.scale)) in failed:
+                print(f"[reproduce] {i}/{len(pending)} {c.name}: skipped, its pretraining run {first_stage} failed "
+                      "(reported as missing)", flush=True)
+                failed.append(c.name)
+                continue
             if args.force:
                 cfg.resume = "never"
             print(f"[reproduce] {i}/{len(pending)} {c.name}", flush=True)
@@ -213,8 +252,8 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
             t0 = time.time()
             try:
                 s = train(cfg)
-                print(f"[reproduce]   {exp['metric']}={s['metrics'].get(exp['metric'], float('nan')):.4f} "
-                      f"in {time.time() - t0:.0f} s", flush=True)
+                key = exp["metric"] if exp["metric"] in s["metrics"] else next(iter(s["metrics"]))  # (a pretrain cell)
+                print(f"[reproduce]   {key}={s['metrics'][key]:.4f} in {time.time() - t0:.0f} s", flush=True)
             except (TrainingInterrupted, KeyboardInterrupt) as e:
                 why = str(e).split("; run the same command")[0] if str(e) else "KeyboardInterrupt"
                 print(f"[reproduce] stopped at {c.name}: {why}", flush=True)

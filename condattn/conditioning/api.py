@@ -11,7 +11,7 @@ from torch import nn
 from .embedded import GRADIENTS, POSITIONS, SOLVERS, TOKENS, EmbeddedTokens
 from .report import PatchEntry, PatchReport
 from .spectral import IDENTITY_PLACEMENTS, patch_spectral, unpatch_spectral
-from .targets import ATTENTION_LAYOUTS, ROLES, TOKEN_LAYOUTS, find_attention, find_tokens
+from .targets import ATTENTION_LAYOUTS, DETR_ATTENTION, ROLES, TOKEN_LAYOUTS, find_attention, find_tokens
 
 METHODS = ("none", "spectral", "embedded", "spectral+embedded")
 
@@ -21,6 +21,9 @@ SPECTRAL_DEFAULTS: dict[str, Any] = {
     "lam": 10.0,  # SCA: the paper's best value of its ablation
     "targets": ("q", "k", "v"),  # which projections get λI (paper: all three)
     "identity": "full",  # open choice: λI_D over the fused block vs the same λI_{D×d} in every head
+    # open choice for encoder–decoder models (METHODS.md): which DETR attention kinds get λI (default: all); models
+    # whose attention sites carry no kind (every other layout) ignore it
+    "detr_attention": DETR_ATTENTION,
 }
 EMBEDDED_DEFAULTS: dict[str, Any] = {
     "position": "after_pos_embed",  # open choice: X exactly as the first block receives it
@@ -54,6 +57,15 @@ def _normalise_targets(targets: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(r for r in ROLES if r in items)
 
 
+def _normalise_detr_attention(kinds: str | Iterable[str]) -> tuple[str, ...]:
+    items = [kinds] if isinstance(kinds, str) else list(kinds)
+    bad = [k for k in items if k not in DETR_ATTENTION]
+    if bad or not items or len(set(items)) != len(items):
+        raise ValueError(f"detr_attention={kinds!r}: give a non-empty subset of {list(DETR_ATTENTION)}, e.g. "
+                         "conditioning.detr_attention=[encoder,decoder_cross] (conditioning=none turns SCA off)")
+    return tuple(k for k in DETR_ATTENTION if k in items)
+
+
 def resolve_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
     """Check method and option names/values; return the options that apply to `method` with defaults."""
     if method not in METHODS:
@@ -68,6 +80,7 @@ def resolve_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"conditioning option {key}={opts[key]!r} is invalid; choose one of {list(choices)}")
     opts["lam"] = float(opts["lam"])
     opts["targets"] = _normalise_targets(opts["targets"])
+    opts["detr_attention"] = _normalise_detr_attention(opts["detr_attention"])
     for key in ("lift_iters", "ns_iters", "power_iters"):
         low = 0 if key == "lift_iters" else 1
         if int(opts[key]) < low:
@@ -104,8 +117,14 @@ def apply_conditioning(model: nn.Module, method: str = "none", **options: Any) -
                 f"spectral: no attention module of {type(model).__name__} matches a known layout "
                 f"({', '.join(ATTENTION_LAYOUTS)}); register one in condattn/conditioning/targets.py"
             )
+        kinds = opts["detr_attention"]
+        skipped = [s for s in sites if s.group is not None and s.group not in kinds]
+        sites = [s for s in sites if s.group is None or s.group in kinds]
         handles, patched = patch_spectral(sites, opts["lam"], opts["targets"], opts["identity"])
         state.handles += handles
+        for site in skipped:  # counted against the model config's attention_layers by PatchReport.check
+            report.skipped.append(PatchEntry(site.name, f"spectral:{site.layout}",
+                                             f"{site.group} not in detr_attention={list(kinds)}"))
         for site in sites:
             detail = f"{'/'.join(patched[site.name])} heads={site.num_heads}x{site.head_dim}"
             report.entries.append(PatchEntry(site.name, f"spectral:{site.layout}", detail))

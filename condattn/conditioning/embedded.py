@@ -170,7 +170,7 @@ class EmbeddedTokens:
         handles = []
         if self.site.mask_owner is not None:
             handles.append(self.site.mask_owner.register_forward_pre_hook(self._capture_mask, with_kwargs=True))
-        if self.position == "after_pos_embed":
+        if self.position == "after_pos_embed" or self.site.embed is None:  # None: no positions on the tokens (DETR)
             handles.append(self.site.first_block.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
         else:
             handles.append(self.site.embed.register_forward_hook(self._post_hook))

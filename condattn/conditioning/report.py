@@ -19,6 +19,8 @@ class PatchReport:
     method: str
     options: dict[str, Any] = field(default_factory=dict)
     entries: list[PatchEntry] = field(default_factory=list)
+    # attention layers found but left unpatched by an option that selects kinds (DETR's conditioning.detr_attention)
+    skipped: list[PatchEntry] = field(default_factory=list)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -33,9 +35,10 @@ class PatchReport:
         exactly one embedded-token entry, for the methods that ask for them."""
         problems = []
         if "spectral" in self.method and attention_layers is not None:
-            n = self.count("spectral")
-            if n != attention_layers:
-                problems.append(f"spectral patched {n} attention layers, the model config expects {attention_layers}")
+            n, skipped = self.count("spectral"), len(self.skipped)
+            if n + skipped != attention_layers:
+                found = f"{n} attention layers" + (f" (+ {skipped} skipped by an option)" if skipped else "")
+                problems.append(f"spectral patched {found}, the model config expects {attention_layers}")
         if "embedded" in self.method and self.count("embedded") != 1:
             problems.append(f"embedded patched {self.count('embedded')} token inputs, expected exactly 1")
         if problems:
@@ -47,10 +50,13 @@ class PatchReport:
             "options": dict(self.options),
             "counts": self.counts,
             "modules": [f"{e.kind} {e.module} {e.detail}".strip() for e in self.entries],
+            **({"skipped": [f"{e.kind} {e.module} {e.detail}".strip() for e in self.skipped]} if self.skipped else {}),
         }
 
     def __str__(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
         lines = [f"PatchReport(method={self.method}{', ' + opts if opts else ''})"]
         lines += [f"  {k}: {v}" for k, v in sorted(self.counts.items())] or ["  (nothing patched)"]
+        if self.skipped:
+            lines.append(f"  skipped by an option: {len(self.skipped)}")
         return "\n".join(lines)

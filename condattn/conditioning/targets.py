@@ -43,6 +43,10 @@ class AttentionSite:
     # vision zoo additions (defaults = every earlier layout): what the site's attention matrix is
     attends_over: str = "tokens"  # "tokens" (N×N softmax) | "channels" (d_h×d_h per head: XCiT XCA, DaViT channel)
     queries: str = "all"  # "all" tokens query | "first": only token 0 (class attention)
+    # detection additions (defaults = every earlier layout)
+    group: str | None = None  # attention kind, for options selecting kinds (DETR: encoder|decoder_self|decoder_cross)
+    masked_queries: bool = True  # the model's padding mask (B, N) applies to this site's queries / outputs
+    masked_keys: bool = True  # ... and to its keys (DETR: decoder queries are never padded, cross-attention keys are)
 
     def weight(self, role: str, effective: bool = True) -> torch.Tensor:
         """torch-layout weight (heads*head_dim, D_in) of one role; `effective` includes an SCA shift (W + λI)."""
@@ -72,7 +76,8 @@ class TokenSite:
     layout: str
     first_block: nn.Module
     first_block_name: str
-    embed: nn.Module  # its output = token embeddings before positions are added
+    embed: nn.Module | None  # its output = token embeddings before positions are added; None: the model adds no
+    #                          positions to its tokens (DETR), so before_pos_embed hooks the first block's input too
     embed_name: str
     num_prefix_tokens: int  # CLS / register tokens at the front of the first block's input
     blocks: list[tuple[str, nn.Module]]  # all transformer blocks in order (diagnostics: κ of each input)
@@ -531,5 +536,69 @@ def _crammed_bert_tokens(name: str, m: nn.Module) -> TokenSite | None:
         num_prefix_tokens=0,
         blocks=[(_join(name, f"layers.{i}"), b) for i, b in enumerate(m.layers)],
         mask_owner=m,
+        mask_arg=("attention_mask", 1),
+    )
+
+
+# ---------------------------------------------------------------- DETR (transformers), table 7
+#
+# Expected PatchReport counts: a DETR with E encoder and D decoder layers has E + 2·D hf_detr attention sites (encoder
+# self-attention, decoder self-attention, decoder cross-attention: METHODS.md's default "all self- and cross-attention")
+# and one hf_detr token site (the encoder's input). `conditioning.detr_attention` selects the kinds SCA patches; the
+# others are listed as skipped in the PatchReport, and patched + skipped must equal the model config's attention_layers.
+
+DETR_ATTENTION = ("encoder", "decoder_self", "decoder_cross")
+
+
+@attention_layout("hf_detr")
+def _hf_detr(name: str, m: nn.Module) -> AttentionSite | None:
+    """transformers `DetrSelfAttention` / `DetrCrossAttention`: separate `q_proj`, `k_proj`, `v_proj` Linears (D × D,
+    heads head-major), token softmax with scaling head_dim^-0.5. DETR adds its position embeddings to the inputs of
+    q_proj and k_proj (not v_proj), so under SCA the λ·x that W + λI adds includes those positions, as W_Q acts on
+    them. Kind (`group`) by place: self-attention under `encoder` or `decoder`, cross-attention (queries from the
+    decoder, keys/values from the encoder memory) in the decoder. The encoder's padding mask applies to encoder
+    queries and keys and to cross-attention keys; decoder queries (object queries) are never padded."""
+    if not hasattr(m, "q_proj"):  # cheap test first: no transformers import for other models
+        return None
+    from transformers.models.detr.modeling_detr import DetrCrossAttention, DetrSelfAttention
+
+    if type(m) is DetrCrossAttention:
+        group, masked_q, masked_k = "decoder_cross", False, True
+    elif type(m) is DetrSelfAttention:
+        decoder = "decoder" in name.split(".")
+        group, masked_q, masked_k = ("decoder_self", False, False) if decoder else ("encoder", True, True)
+    else:
+        return None
+    heads = m.q_proj.out_features // m.head_dim
+    proj = {r: Projection(lin, slice(0, lin.out_features)) for r, lin in zip(ROLES, (m.q_proj, m.k_proj, m.v_proj))}
+    site = _site(name, m, "hf_detr", heads, m.head_dim, proj)
+    site.group, site.masked_queries, site.masked_keys = group, masked_q, masked_k
+    return site
+
+
+@token_layout("hf_detr")
+def _hf_detr_tokens(name: str, m: nn.Module) -> TokenSite | None:
+    """transformers `DetrModel` (inside DetrForObjectDetection as `model`): X is the input of `encoder.layers.0`, the
+    backbone's last feature map after the 1×1 `input_projection`, flattened to (H·W) × d_model (after the encoder's
+    input dropout). DETR adds its sine positions to q and k inside every attention layer, never to the tokens, so
+    before_pos_embed is the same X (`embed` None: both hook the first layer's input). No prefix tokens. The encoder's
+    forward receives the flattened pixel mask as `attention_mask` (B, H·W), so CET excludes padded positions; only the
+    encoder layers are listed as blocks (the decoder's inputs are object queries, not image tokens)."""
+    if not (hasattr(m, "encoder") and hasattr(m, "input_projection") and hasattr(m, "query_position_embeddings")):
+        return None
+    from transformers.models.detr.modeling_detr import DetrModel
+
+    if not isinstance(m, DetrModel) or len(m.encoder.layers) == 0:
+        return None
+    first = _join(name, "encoder.layers.0")
+    return TokenSite(
+        layout="hf_detr",
+        first_block=m.encoder.layers[0],
+        first_block_name=first,
+        embed=None,
+        embed_name=f"{first} input",
+        num_prefix_tokens=0,
+        blocks=[(_join(name, f"encoder.layers.{i}"), b) for i, b in enumerate(m.encoder.layers)],
+        mask_owner=m.encoder,
         mask_arg=("attention_mask", 1),
     )

@@ -23,6 +23,9 @@ class DataBundle:
     # (n, seed, rank, world, block=micro) -> training sampler, when the data's recipe needs a special order
     # (repeated augmentation for the ImageNet recipes); None = the trainer's EpochSampler
     sampler_factory: Callable[..., Any] | None = None
+    # list of samples -> batch, when the samples are not dicts of equal-shape tensors (detection: a list of images
+    # of different sizes and a list of target dicts); None = torch's default_collate
+    collate_fn: Callable[[list], Any] | None = None
 
 
 DATA_BUILDERS: dict[str, Callable[[Any], DataBundle]] = {}
@@ -132,3 +135,20 @@ def _mlm_text(cfg: Any) -> DataBundle:
     from . import mlm_text
 
     return mlm_text.build(cfg)
+
+
+@data_builder("glue")
+def _glue(cfg: Any) -> DataBundle:
+    """GLUE fine-tuning (table 3): a task of a local GLUE copy, or the offline Rotten Tomatoes stand-in (glue.py)."""
+    from . import glue
+
+    return glue.build(cfg)
+
+
+@data_builder("coco")
+def _coco(cfg: Any) -> DataBundle:
+    """COCO instance detection / segmentation (tables 2 and 7): COCO 2017 from disk, or the offline generated shapes
+    in COCO format (data/coco.py, data/shapes.py); batches are lists (collate_fn)."""
+    from . import coco
+
+    return coco.build(cfg)

@@ -121,8 +121,9 @@ class AttentionProbe:
         b, h = q.shape[:2]
         channels = site.attends_over == "channels"
         nq, nk = (q.shape[3], k.shape[3]) if channels else (q.shape[2], k.shape[2])
-        qkeep = None if channels else rows_kept(self.mask, b, nq, q.device)
-        kkeep = None if channels else rows_kept(self.mask, b, nk, q.device)
+        # the padding mask applies where the site says so (DETR: not to decoder queries, to cross-attention keys)
+        qkeep = None if channels or not site.masked_queries else rows_kept(self.mask, b, nq, q.device)
+        kkeep = None if channels or not site.masked_keys else rows_kept(self.mask, b, nk, q.device)
         qw = torch.ones(b, nq, device=q.device) if qkeep is None else qkeep.float()
         nkeys = torch.full((b,), float(nk), device=q.device) if kkeep is None else kkeep.sum(1).float()
         step = max(1, _CHUNK_ELEMENTS // (h * nq * nk))

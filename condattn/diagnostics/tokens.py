@@ -43,9 +43,10 @@ class TokenProbe:
         self.attn_kappa: list[list[float]] = [[] for _ in self.sites]
         self._handles: list = []
 
-    def _kappas(self, x: torch.Tensor, channels_first: bool = False) -> list[float]:
+    def _kappas(self, x: torch.Tensor, channels_first: bool = False, masked: bool = True) -> list[float]:
         x = as_tokens(x.detach(), channels_first)
-        return batch_condition_numbers(x, rows_kept(self.mask, x.shape[0], x.shape[1], x.device)).tolist()
+        keep = rows_kept(self.mask, x.shape[0], x.shape[1], x.device) if masked else None
+        return batch_condition_numbers(x, keep).tolist()
 
     def __enter__(self) -> TokenProbe:
         self._handles += track_model_mask(self.site, lambda m: setattr(self, "mask", m))
@@ -57,8 +58,8 @@ class TokenProbe:
             self._handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
         for i, site in enumerate(self.sites):
 
-            def post(module, args, output, i=i):
-                self.attn_kappa[i] += self._kappas(first_tensor(output))
+            def post(module, args, output, i=i, masked=site.masked_queries):  # (DETR decoder: queries unpadded)
+                self.attn_kappa[i] += self._kappas(first_tensor(output), masked=masked)
 
             self._handles.append(site.module.register_forward_hook(post))
         return self

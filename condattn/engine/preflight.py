@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from .checkpoint import architecture_mismatch, latest_checkpoint
 from .io import read_json
-from .optim import OPTIMIZERS, PROGRESS_SCHEDULES
+from .optim import OPTIMIZERS, PROGRESS_SCHEDULES, STEP_SCHEDULES, schedule_problems
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,24 @@ def _mlm_text_files(cfg: Any) -> None:
 
 
 DATA_CHECKS["mlm_text"] = _mlm_text_files  # MLM corpus (crammed BERT, the Pile): one of the layouts mlm_text.py lists
+
+
+def _coco_files(cfg: Any) -> None:
+    from ..data import coco
+
+    coco.check_paper_data(cfg)
+
+
+DATA_CHECKS["coco"] = _coco_files  # COCO 2017 (tables 2 and 7): the image folders and annotation files coco.py lists
+
+
+def _glue_files(cfg: Any) -> None:
+    from ..data import glue
+
+    glue.check_paper_data(cfg)
+
+
+DATA_CHECKS["glue"] = _glue_files  # GLUE: the task's folder under data.root (glue.py lists the layouts)
 
 
 def planned_world(cfg: Any) -> int:
@@ -141,11 +159,14 @@ def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
     try:
         from transformers import SchedulerType
 
-        if cfg.optim.schedule not in PROGRESS_SCHEDULES:
+        if cfg.optim.schedule not in (*PROGRESS_SCHEDULES, *STEP_SCHEDULES):
             SchedulerType(cfg.optim.schedule)
     except ValueError:
-        bad("config", f"unknown schedule optim.schedule={cfg.optim.schedule!r}; "
-                      f"known: {', '.join([*(s.value for s in SchedulerType), *PROGRESS_SCHEDULES])}")
+        bad("config", f"unknown schedule optim.schedule={cfg.optim.schedule!r}; known: "
+                      f"{', '.join([*(s.value for s in SchedulerType), *PROGRESS_SCHEDULES, *STEP_SCHEDULES])}")
+    if isinstance(cfg.task.get("steps"), int):
+        for msg in schedule_problems(cfg.optim, int(cfg.task.steps)):
+            bad("config", msg)
     try:
         from .budget import Budget
 

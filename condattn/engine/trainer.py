@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import send_to_device, set_seed
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -114,17 +114,19 @@ def _launch_info(cfg: Any) -> dict[str, Any]:
     return info
 
 
-def _loader(ds, batch_size: int, sampler=None, workers: int = 0, pin: bool = False) -> DataLoader:
+def _loader(ds, batch_size: int, sampler=None, workers: int = 0, pin: bool = False, collate=None) -> DataLoader:
     # a private generator: building an iterator must not draw from the global RNG (dropout masks would
     # then differ between a resumed and an uninterrupted run)
     return DataLoader(
         ds, batch_size=batch_size, sampler=sampler, shuffle=False, num_workers=workers, pin_memory=pin,
-        drop_last=sampler is not None, generator=torch.Generator().manual_seed(0),
+        drop_last=sampler is not None, generator=torch.Generator().manual_seed(0), collate_fn=collate,
     )
 
 
-def _first(ds, n: int) -> dict[str, torch.Tensor]:
+def _first(ds, n: int, collate=None) -> Any:
     items = [ds[i] for i in range(min(n, len(ds)))]
+    if collate is not None:
+        return collate(items)
     return {k: torch.stack([it[k] for it in items]) for k in items[0]}
 
 
@@ -185,12 +187,14 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
 
     make_sampler = data.sampler_factory or EpochSampler  # e.g. repeated augmentation for ImageNet recipes
     sampler = make_sampler(len(data.train), int(cfg.seed), rank, world, block=micro)
-    train_loader = _loader(data.train, micro, sampler, cfg.impl.num_workers, cfg.impl.pin_memory)
+    collate = data.collate_fn
+    train_loader = _loader(data.train, micro, sampler, cfg.impl.num_workers, cfg.impl.pin_memory, collate)
     if len(train_loader) < accum:
         raise ValueError(f"the training split has {len(data.train)} samples, fewer than one global batch ({glob})")
     eval_bs = max(micro, 1)
-    val_loader = _loader(data.val, eval_bs, workers=cfg.impl.num_workers)
-    test_loader = _loader(data.test, eval_bs, workers=cfg.impl.num_workers) if data.test is not None else None
+    val_loader = _loader(data.val, eval_bs, workers=cfg.impl.num_workers, collate=collate)
+    test_loader = (_loader(data.test, eval_bs, workers=cfg.impl.num_workers, collate=collate)
+                   if data.test is not None else None)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     val_loader = accelerator.prepare(val_loader)
     test_loader = accelerator.prepare(test_loader) if test_loader is not None else None
@@ -216,7 +220,7 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
 
     from ..diagnostics import cheap_diagnostics, grad_diagnostics
 
-    diag_batch = _first(data.val, int(cfg.diagnostics.batch_size))
+    diag_batch = _first(data.val, int(cfg.diagnostics.batch_size), collate)
     diag_every = int(cfg.diagnostics.every or 0)
     step0_diag: dict[str, Any] = {}
     diag_jacobian = bool(cfg.diagnostics.get("jacobian", False))
@@ -224,7 +228,7 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
     def run_diagnostics(step: int) -> dict:
         if not main:
             return {}
-        batch = {k: v.to(accelerator.device) for k, v in diag_batch.items()}
+        batch = send_to_device(diag_batch, accelerator.device)
         flat = cheap_diagnostics(raw, task.forward, batch, mask=batch.get("attention_mask"))["flat"]
         if diag_jacobian:  # κ(J) of layer 0; restores train/eval modes and the RNG state (training is unchanged)
             from ..diagnose import jacobian_diagnostics
@@ -301,14 +305,14 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
                     state.epoch, state.batch_in_epoch = state.epoch + 1, 0
                     sampler.set_epoch(state.epoch)
                     it = iter(train_loader)
-                batch = {k: v.to(accelerator.device) for k, v in next(it).items()}
+                batch = send_to_device(next(it), accelerator.device)  # nested dicts / lists of tensors too
                 state.batch_in_epoch += 1
                 sync = micro_i == accum_now - 1
                 with nullcontext() if sync else accelerator.no_sync(model):
                     loss, logs = task.loss(model, batch)
                     accelerator.backward(loss / accum_now)
                 losses.append(loss.detach())
-                accs.append(logs["acc"])
+                accs.append(logs.get("acc", torch.zeros((), device=loss.device)))  # (detection has none)
             loss, acc = torch.stack(losses).mean(), torch.stack(accs).mean()
             if world > 1:  # the loss of the whole global batch, identical on every rank
                 loss, acc = accelerator.reduce(torch.stack([loss, acc.to(loss.dtype)]), "mean").unbind()
@@ -351,7 +355,7 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
                           f"val_{sel_key}={val[sel_key]:.4f} ({state.train_time:.0f} s training)", flush=True)
                 if sel_sign * val[sel_key] > state.best_val:
                     state.best_val, state.best_step = sel_sign * val[sel_key], state.step
-                    if main:
+                    if main and cfg.task.get("save_best", True):  # best_model.pt: the test split's weights
                         tmp = run_dir / ".best_model.pt.tmp"
                         torch.save(raw.state_dict(), tmp)
                         os.replace(tmp, run_dir / "best_model.pt")
@@ -392,7 +396,9 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
             test = evaluate(test_loader)
         else:
             test = final_test
-        test = {"test_acc": test["acc"], "test_loss": test["loss"], "final_test_acc": final_test["acc"]}
+        # test_<k>: the best-validation weights (LRA's protocol); final_test_<k>: the last weights (e.g. MNLI-mm)
+        test = {**{f"test_{k}": v for k, v in test.items() if k != "n"},
+                **{f"final_test_{k}": v for k, v in final_test.items() if k != "n"}}
     final_diag = run_diagnostics(state.step) if main else {}
 
     hw = provenance.hardware(accelerator.device, world, _launch_info(cfg)["num_nodes"])
@@ -409,9 +415,8 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
         "metrics": {
             f"val_{sel_key}": sel_sign * state.best_val,  # the best validation value (val_acc, or val_loss for lm)
             "best_step": state.best_step,
-            "final_val_acc": final_val["acc"],
-            "final_val_loss": final_val["loss"],
-            **{f"final_val_{k}": v for k, v in final_val.items() if k not in ("acc", "loss", "n")},  # e.g. lm's ppl
+            # every metric of the last evaluation (acc, loss; lm's ppl; GLUE's mcc / f1; detection's AP)
+            **{f"final_val_{k}": v for k, v in final_val.items() if k != "n"},
             **test,
         },
         "steps": state.step,

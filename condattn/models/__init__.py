@@ -148,3 +148,37 @@ def _crammed_bert(**kw) -> nn.Module:
     from .crammed_bert import CrammedBertForMLM
 
     return CrammedBertForMLM(**kw)
+
+
+@model_builder("crammed_bert_classifier")
+def _crammed_bert_classifier(*, init_from: str | None = None, runs_root: str = "runs", **kw) -> nn.Module:
+    """Our crammed BERT with cramming's classification head (GLUE fine-tuning), its encoder loaded from a pretraining
+    run: `init_from` = the run dir, a run name under runs_root/*/, or a weights file (.safetensors / .pt). The
+    run's final weights are read (its latest checkpoint, as cramming's `checkpoint: latest`). None = random init
+    (a from-scratch control)."""
+    from .crammed_bert import CrammedBertForSequenceClassification
+
+    model = CrammedBertForSequenceClassification(**kw)
+    if init_from:
+        from .pretrained import load_state
+
+        state, source = load_state(str(init_from), runs_root)
+        model.load_encoder(state, source)
+    return model
+
+
+@model_builder("maskrcnn_xcit")
+def _maskrcnn_xcit(**kw) -> nn.Module:
+    """torchvision Mask R-CNN over a timm XCiT backbone with XCiT's detection adapter and an FPN (table 2;
+    condattn/models/detection.py)."""
+    from .detection import build_maskrcnn_xcit
+
+    return build_maskrcnn_xcit(**kw)
+
+
+@model_builder("detr")
+def _detr(**kw) -> nn.Module:
+    """transformers DetrForObjectDetection with a timm backbone (table 7; condattn/models/detection.py)."""
+    from .detection import build_detr
+
+    return build_detr(**kw)

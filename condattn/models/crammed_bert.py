@@ -237,3 +237,53 @@ class CrammedBertForMLM(nn.Module):
         if labels is not None and self.sparse_prediction:
             return self.decode(hidden[labels != IGNORE_INDEX])  # (M, D) -> (M, V): only the masked positions
         return self.decode(hidden)
+
+
+class CrammedBertForSequenceClassification(nn.Module):
+    """The crammed-BERT encoder with cramming's downstream head (`classification_head` of crammed-bert.yaml as
+    GLUE_sane sets it): the first token's final hidden state ([CLS]; `pooler: zero_index`) -> Linear(D, head_dim)
+    -> Tanh -> dropout -> Linear(head_dim, num_labels). num_labels 1 = regression (STS-B).
+
+    The head is new (normal(0, init_std), biases zero; cramming's head Linears keep torch's default bias); the encoder
+    comes from a pretraining checkpoint (`load_encoder`). forward(input_ids, attention_mask) -> logits (B, num_labels).
+    """
+
+    def __init__(self, *, vocab_size: int, num_labels: int, seq_len: int = 128, hidden_size: int = 768,
+                 num_layers: int = 16, num_heads: int = 12, intermediate_size: int = 3072, dropout: float = 0.1,
+                 attention_dropout: float | None = None, norm_eps: float = 1e-12, norm_bias: bool = False,
+                 pad_token_id: int | None = 0, init_std: float = 0.02, head_dim: int = 1024,
+                 classifier_dropout: float = 0.1):
+        super().__init__()
+        self.num_labels = int(num_labels)
+        self.encoder = CrammedBertEncoder(
+            int(vocab_size), int(hidden_size), int(num_layers), int(num_heads), int(intermediate_size), int(seq_len),
+            pad_token_id, float(dropout), float(dropout if attention_dropout is None else attention_dropout),
+            float(norm_eps), bool(norm_bias),
+        )
+        self.pooler = nn.Linear(int(hidden_size), int(head_dim))
+        self.head_dropout = nn.Dropout(float(classifier_dropout))
+        self.head = nn.Linear(int(head_dim), self.num_labels)
+        CrammedBertForMLM._init(self, float(init_std))
+        for lin in (self.pooler, self.head):
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.encoder(input_ids, attention_mask)
+        return self.head(self.head_dropout(torch.tanh(self.pooler(hidden[:, 0]))))
+
+    def load_encoder(self, state: dict[str, torch.Tensor], source: str) -> None:
+        """The `encoder.*` weights of a pretraining state_dict (a CrammedBertForMLM's); the MLM decoder is the tied
+        embedding, so nothing else is dropped. Raises naming the first mismatches."""
+        enc = {k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")}
+        if not enc:
+            raise ValueError(f"{source} holds no crammed-BERT encoder weights (no 'encoder.*' keys)")
+        own = self.encoder.state_dict()
+        bad = [f"{k}: {tuple(v.shape)} there, {tuple(own[k].shape)} here" for k, v in enc.items()
+               if k in own and v.shape != own[k].shape]
+        missing, extra = sorted(set(own) - set(enc)), sorted(set(enc) - set(own))
+        if bad or missing or extra:
+            why = bad[:2] + [f"{k} missing there" for k in missing[:2]] + [f"{k} not in this model" for k in extra[:2]]
+            raise ValueError(f"{source} is not this crammed-BERT architecture ({'; '.join(why)}): give the fine-tuning "
+                             "model the pretraining model's sizes (hidden_size, num_layers, num_heads, "
+                             "intermediate_size, vocab_size)")
+        self.encoder.load_state_dict(enc)

@@ -28,6 +28,19 @@ def load_experiment(path: str | Path) -> dict:
     return exp
 
 
+def rows_for(exp: dict, scale: str) -> list[str]:
+    """The rows a scale trains: `scales: {<scale>: {rows: [...]}}` when given (e.g. table 3's offline scales run only
+    the stand-in task), else every row of the experiment."""
+    rows = (exp["scales"].get(scale) or {}).get("rows")
+    if rows is None:
+        return list(exp["rows"])
+    unknown = [r for r in rows if r not in exp["rows"]]
+    if unknown:
+        raise ValueError(f"scales.{scale}.rows names {unknown}, which are not rows of the experiment "
+                         f"({', '.join(exp['rows'])})")
+    return list(rows)
+
+
 def multiplier(exp: dict) -> float:
     """What the table multiplies the metric by: 100 (accuracies shown in %) unless the experiment sets
     `metric_multiplier` (e.g. 1 for a validation loss)."""
@@ -60,7 +73,7 @@ class Cell:
 def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None) -> dict[tuple, Cell]:
     seeds = list(seeds if seeds is not None else exp["scales"][scale]["seeds"])
     cells = {}
-    for row in exp["rows"]:
+    for row in rows_for(exp, scale):
         for method in exp["methods"]:
             cell = Cell(row, method, seeds)
             for seed in seeds:
@@ -128,7 +141,7 @@ def render(exp: dict, scale: str, cells: dict[tuple, Cell]) -> tuple[str, list[d
     ]
     csv_rows = []
     base = methods[0]  # the baseline column: CIs of every other method's difference to it
-    for row in exp["rows"]:
+    for row in rows_for(exp, scale):
         ours = [cells[(row, m)] for m in methods]
         steps = sorted({s for c in ours for s in c.steps})
         walls = [w for c in ours for w in c.wall]
@@ -167,7 +180,7 @@ def plot_curves(exp: dict, scale: str, cells: dict[tuple, Cell], out: Path) -> P
     import matplotlib.pyplot as plt
 
     split, key = exp.get("curve", {}).get("split", "val"), exp.get("curve", {}).get("key", "acc")
-    rows = list(exp["rows"])
+    rows = rows_for(exp, scale)
     ncols = min(3, len(rows))
     nrows = -(-len(rows) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 3.6 * nrows), squeeze=False)

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from .classification import ClassificationTask
+from .detection import DetectionTask
+from .glue import GlueTask
 from .lm import LMTask
 from .mlm import MLMTask
 
-TASKS = {"classification": ClassificationTask, "lm": LMTask, "mlm": MLMTask}
+TASKS = {"classification": ClassificationTask, "glue": GlueTask, "lm": LMTask, "mlm": MLMTask,
+         "detection": DetectionTask}
 
 
 def build_task(cfg: Any):
@@ -18,4 +21,4 @@ def build_task(cfg: Any):
     return TASKS[kind](cfg.task)
 
 
-__all__ = ["TASKS", "ClassificationTask", "LMTask", "MLMTask", "build_task"]
+__all__ = ["TASKS", "ClassificationTask", "DetectionTask", "GlueTask", "LMTask", "MLMTask", "build_task"]

@@ -1,0 +1,97 @@
+"""Table 3 (GLUE after crammed-BERT pretraining): the papers' table, then ours, per task the MEDIAN over fine-tuning
+seeds (cramming's protocol), the average over the tasks, and what each method's pretraining run reached.
+
+Used as experiments/table3_glue.yaml's `renderer` (same signature as reporting.tables.write_table).
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+from ..engine.io import read_json
+from .tables import METHOD_LABELS, collect, plot_curves, provenance_line, rows_for, run_name
+
+SECOND = {"mnli": ("mnli_mm", "final_test_score", "MNLI-mm")}  # a row whose runs also report a second dev split
+
+
+def _columns(exp: dict, scale: str, cells: dict) -> list[tuple[str, str, dict[str, list[float]]]]:
+    """(column key, label, method -> values × 100 per finished seed)."""
+    cols = []
+    for row in rows_for(exp, scale):
+        label = exp["rows"][row].get("label", row)
+        cols.append((row, label, {m: cells[(row, m)].values for m in exp["methods"]}))
+        if row in SECOND:
+            key, metric, label2 = SECOND[row]
+            vals = {m: [100 * float(s["metrics"][metric]) for s in cells[(row, m)].summaries if metric in s["metrics"]]
+                    for m in exp["methods"]}
+            cols.append((key, label2, vals))
+    return cols
+
+
+def _pretrain_line(exp: dict, scale: str, runs_root: Path, method: str) -> str:
+    name = run_name(exp["table"], "pretrain", method, scale, int(exp["pretrain"].get("seed", 0)))
+    s = read_json(runs_root / scale / name / "summary.json")
+    if not (isinstance(s, dict) and s.get("status") == "finished"):
+        return f"| {METHOD_LABELS.get(method, method)} | {name} | missing | | | | |"
+    b = s.get("budget") or {}
+    budget = f"{b.get('hours')} h" if b.get("hours") else "none (task.steps)"
+    return (f"| {METHOD_LABELS.get(method, method)} | {name} | {s['steps']} | {s.get('train_tokens_per_s', '–')} | "
+            f"{budget} | {s['metrics'].get('final_val_loss', float('nan')):.4f} | {s['train_time_s']:.0f} s |")
+
+
+def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,
+                seeds: list[int] | None = None) -> tuple[Path, str]:
+    runs_root, out_dir = Path(runs_root), Path(results_root) / scale
+    cells = collect(exp, scale, runs_root, seeds)
+    cols = _columns(exp, scale, cells)
+    methods = exp["methods"]
+
+    pcols = exp.get("paper_columns", [])
+    lines = [f"# {exp['table']}: {exp.get('title', '')}", "",
+             f"## The papers' numbers ({exp.get('paper_provenance', 'see the experiment file')})", "",
+             "| | " + " | ".join(pcols) + " |", "|---|" + "---|" * len(pcols)]
+    for key, label in (("cet_baseline", "paper CET: baseline"), ("cet", "paper CET: CET"),
+                       ("sca_baseline", "paper SCA: baseline"), ("sca", "paper SCA: SCA")):
+        vals = (exp.get("paper") or {}).get(key)
+        if vals:
+            lines.append(f"| {label} | " + " | ".join("–" if v is None else f"{v:.1f}" for v in vals) + " |")
+
+    lines += ["", f"## Ours: median over fine-tuning seeds of the dev score × 100 ({exp['metric']}; MNLI-mm: "
+              "final_test_score), n = finished seeds", "",
+              "| method | " + " | ".join(label for _, label, _ in cols) + " | average |",
+              "|---|" + "---|" * (len(cols) + 1)]
+    csv_rows = []
+    for m in methods:
+        medians = [statistics.median(v[m]) if v[m] else None for _, _, v in cols]
+        avg = statistics.fmean(medians) if medians and all(x is not None for x in medians) else None
+        texts = [f"{x:.1f} (n={len(v[m])})" if x is not None else "missing" for x, (_, _, v) in zip(medians, cols)]
+        avg_text = "–" if avg is None else f"{avg:.1f}"
+        lines.append(f"| {METHOD_LABELS.get(m, m)} | " + " | ".join(texts) + f" | {avg_text} |")
+        for x, (key, label, v) in zip(medians, cols):
+            csv_rows.append({"table": exp["table"], "scale": scale, "column": key, "label": label, "method": m,
+                             "n": len(v[m]), "median": "" if x is None else f"{x:.4f}",
+                             "values": " ".join(f"{y:.4f}" for y in v[m])})
+        csv_rows.append({"table": exp["table"], "scale": scale, "column": "average", "label": "average", "method": m,
+                         "n": "", "median": "" if avg is None else f"{avg:.4f}", "values": ""})
+
+    if exp.get("pretrain"):
+        lines += ["", "Pretraining (one run per method; every fine-tuning run of that method starts from its final "
+                  "weights):", "",
+                  "| method | run | steps | tokens/s | budget | final MLM val loss | training time |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [_pretrain_line(exp, scale, runs_root, m) for m in methods]
+    lines += ["", provenance_line(exp, scale, cells)]
+    md = "\n".join(lines) + "\n"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = plot_curves(exp, scale, cells, out_dir / f"{exp['table']}.png")
+    if png is not None:
+        md += f"\n![validation curves]({png.name})\n"
+    md_path = out_dir / f"{exp['table']}.md"
+    md_path.write_text(md)
+    with open(out_dir / f"{exp['table']}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["table", "scale", "column", "label", "method", "n", "median", "values"])
+        w.writeheader()
+        w.writerows(csv_rows)
+    return md_path, md
