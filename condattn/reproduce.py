@@ -159,6 +159,7 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
 
     pending: list[Cell] = []
     by_name = {c.name: c for c in todo}
+    waiting: dict[str, list[str]] = {}  # pretraining run -> the fine-tuning cells waiting for it
     queued = 0
     n = len(todo)
     for i, c in enumerate(todo, 1):
@@ -182,12 +183,14 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
         if first_stage and c.cfg.launcher.name in SUBMITIT_LAUNCHERS and \
                 (args.force or summary_status(by_name[first_stage].run_dir) != "finished"):
             # a job array has no order: fine-tuning jobs are submitted by a later call, once their pretraining ended
-            print(f"[reproduce] {i}/{n} {c.name}: waits for its pretraining run {first_stage}; run the same command "
-                  "again (without --force) once that has finished")
+            waiting.setdefault(first_stage, []).append(c.name)
             queued += 1
             continue
         pending.append(c)
 
+    for first_stage, names in waiting.items():
+        print(f"[reproduce] {len(names)} cells ({names[0]} … {names[-1]}) wait for their pretraining run "
+              f"{first_stage}; run the same command again (without --force) once it has finished")
     if warnings:
         print("[reproduce] warnings (a real submission would refuse these):")
         print("\n".join(_problem_report(warnings, n)))

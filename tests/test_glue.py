@@ -222,3 +222,15 @@ def test_reproduce_table3_pretrain_then_finetune(tmp_path):
     md = (results / "smoke/table3_glue.md").read_text()
     assert "SST-2 stand-in (Rotten Tomatoes)" in md and "(n=2)" in md and "paper CET: CET" in md
     assert "table3_glue_pretrain_none_smoke_s0 | 4 |" in md
+
+
+def test_slurm_submits_pretraining_first(tmp_path, capsys):
+    """A job array has no order: the first call submits only the pretraining runs, the fine-tuning cells wait."""
+    from condattn import reproduce
+
+    code = reproduce.main(["experiments/table3_glue.yaml", "--scale", "smoke", "--launcher", "slurm", "--dry-run",
+                           f"paths.runs={tmp_path / 'runs'}"])
+    out = capsys.readouterr().out
+    assert code == 0 and "3 cells to submit" in out
+    assert "5 cells (table3_glue_rotten_tomatoes_embedded_smoke_s0 … table3_glue_rotten_tomatoes_embedded_smoke_s4) " \
+           "wait for their pretraining run table3_glue_pretrain_embedded_smoke_s0" in out
