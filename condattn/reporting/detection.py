@@ -1,0 +1,139 @@
+"""Detection tables (2: Mask R-CNN + XCiT, 7: DETR): several metrics per row, each beside the papers' number.
+
+The experiment file lists `metrics: [{key, label}]` (summary.json metrics keys, shown × 100) and the papers' numbers
+as `paper: {row: {source: {baseline: [...], conditioned: [...]}}}` in the same order (the layout of
+../shared/paper_numbers.yaml), with `paper_sources: {source: label}`. The source of a method's number is the paper
+that proposed it (`cet` for CET, `sca` for SCA); a baseline row shows every source's baseline (table 7: the DETR
+paper's reference). Written by `reproduce` through the experiment's `renderer: condattn.reporting.detection:write_table`
+(same signature as reporting.tables.write_table): results/<scale>/<table>.{md,csv,png}. An optional
+`notes: {<scale>: text}` is printed under the table at that scale.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from ..engine.io import read_json
+from .stats import mean_std
+from .tables import METHOD_LABELS, PAPER_KEYS, Cell, _direction, multiplier, plot_curves, provenance_line, run_name
+
+
+def _metrics(exp: dict) -> list[dict]:
+    ms = exp.get("metrics") or [{"key": exp["metric"], "label": exp["metric"]}]
+    return [m if isinstance(m, dict) else {"key": str(m), "label": str(m)} for m in ms]
+
+
+def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None):
+    """{(row, method): tables.Cell} (values = the primary metric, for provenance and curves) and
+    {(row, method, metric key): [value × multiplier per finished seed]}."""
+    seeds = list(seeds if seeds is not None else exp["scales"][scale]["seeds"])
+    keys = [m["key"] for m in _metrics(exp)]
+    cells, values = {}, {}
+    for row in exp["rows"]:
+        for method in exp["methods"]:
+            cell = Cell(row, method, seeds)
+            for k in keys:
+                values[(row, method, k)] = []
+            for seed in seeds:
+                name = run_name(exp["table"], row, method, scale, seed)
+                s = read_json(Path(runs_root) / scale / name / "summary.json")
+                ok = isinstance(s, dict) and s.get("status") == "finished" and exp["metric"] in s.get("metrics", {})
+                if not ok:
+                    cell.missing.append(seed)
+                    continue
+                cell.values.append(multiplier(exp) * float(s["metrics"][exp["metric"]]))
+                cell.steps.append(int(s["steps"]))
+                cell.wall.append(float(s["wall_time_s"]))
+                cell.summaries.append(s)
+                for k in keys:
+                    if s["metrics"].get(k) is not None:
+                        values[(row, method, k)].append(multiplier(exp) * float(s["metrics"][k]))
+            cells[(row, method)] = cell
+    return cells, values
+
+
+def paper_values(exp: dict, row: str, method: str, i: int) -> list[tuple[str, float]]:
+    """(source label, value) of metric i that the papers report for this row and method."""
+    out = []
+    sources = exp.get("paper_sources") or {}
+    for src, entry in ((exp.get("paper") or {}).get(row) or {}).items():
+        if method == "none":
+            vals = entry.get("baseline")
+        elif PAPER_KEYS.get(method) == src:
+            vals = entry.get("conditioned")
+        else:
+            continue
+        if vals is not None and i < len(vals) and vals[i] is not None:
+            out.append((sources.get(src, src), float(vals[i])))
+    return out
+
+
+def _ours(vals: list[float], missing: list[int]) -> str:
+    if not vals:
+        return "missing"
+    mean, std = mean_std(vals)
+    return f"{mean:.2f} ± {std:.2f} (n={len(vals)})" + (f", missing seeds {missing}" if missing else "")
+
+
+def render(exp: dict, scale: str, cells: dict, values: dict) -> tuple[str, list[dict]]:
+    metrics = _metrics(exp)
+    digits = int(exp.get("paper_digits", 1))
+    head = ["model", "method"]
+    for m in metrics:
+        head += [f"{m['label']}: ours", f"{m['label']}: papers"]
+    head += ["steps", "wall time / run"]
+    sources = ", ".join(f"{v}" for v in (exp.get("paper_sources") or {}).values())
+    lines = [
+        f"# {exp['table']}: {exp.get('title', '')}",
+        "",
+        f"Ours: mean ± std over seeds × {multiplier(exp):g} (n = finished seeds). Papers: the number reported for the "
+        f"same model and method, labelled by the paper it comes from ({sources}; {exp.get('paper_provenance', '')})."
+        f"{_direction(exp)}",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    csv_rows = []
+    for row in exp["rows"]:
+        for method in exp["methods"]:
+            c = cells[(row, method)]
+            cols = [row, METHOD_LABELS.get(method, method)]
+            for i, m in enumerate(metrics):
+                vals = values[(row, method, m["key"])]
+                paper = paper_values(exp, row, method, i)
+                cols += [_ours(vals, c.missing), " · ".join(f"{lab} {v:.{digits}f}" for lab, v in paper) or "–"]
+                ms = mean_std(vals) if vals else None
+                csv_rows.append({
+                    "table": exp["table"], "row": row, "method": method, "label": METHOD_LABELS.get(method, method),
+                    "scale": scale, "metric": m["key"], "metric_label": m["label"], "n": len(vals),
+                    "mean": f"{ms[0]:.4f}" if ms else "", "std": f"{ms[1]:.4f}" if len(vals) > 1 else "",
+                    "values": " ".join(f"{v:.4f}" for v in vals), "missing_seeds": " ".join(map(str, c.missing)),
+                    "steps": " ".join(map(str, c.steps)), "wall_time_s": " ".join(f"{w:.1f}" for w in c.wall),
+                    "papers": "; ".join(f"{lab}: {v}" for lab, v in paper),
+                    "commit": " ".join(sorted({s.get("commit", "") for s in c.summaries})),
+                })
+            cols += [",".join(map(str, sorted(set(c.steps)))) or "–",
+                     f"{mean_std(c.wall)[0]:.0f} s" if c.wall else "–"]
+            lines.append("| " + " | ".join(cols) + " |")
+    note = (exp.get("notes") or {}).get(scale)
+    lines += ["", *([f"Note ({scale}): {note.strip()}", ""] if note else []), provenance_line(exp, scale, cells)]
+    return "\n".join(lines) + "\n", csv_rows
+
+
+def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,
+                seeds: list[int] | None = None) -> tuple[Path, str]:
+    cells, values = collect(exp, scale, runs_root, seeds)
+    md, csv_rows = render(exp, scale, cells, values)
+    out_dir = Path(results_root) / scale
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md_path = out_dir / f"{exp['table']}.md"
+    png = plot_curves(exp, scale, cells, out_dir / f"{exp['table']}.png")
+    if png is not None:
+        md += f"\n![validation curves]({png.name})\n"
+    md_path.write_text(md)
+    with open(out_dir / f"{exp['table']}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
+        w.writeheader()
+        w.writerows(csv_rows)
+    return md_path, md
