@@ -9,14 +9,13 @@ and, for top-5, the last validation row of `metrics.jsonl`. Rows are the experim
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 import sys
 from pathlib import Path
 
 from ..engine.io import read_jsonl
-from .tables import collect, load_experiment, provenance_line
+from .tables import collect, load_experiment, provenance_line, save_outputs
 
 # (column header, step-0 diagnostics key) in table order
 DIAG_COLUMNS = [
@@ -161,18 +160,9 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
     """Same signature and outputs as condattn.reporting.write_table: results/<scale>/<table>.{md,csv,png}."""
     rows, cells = table_rows(exp, scale, runs_root, seeds)
     md, csv_rows = render(exp, scale, rows, cells)
-    out_dir = Path(results_root) / scale
-    out_dir.mkdir(parents=True, exist_ok=True)
-    png = plot(rows, out_dir / f"{exp['table']}.png", f"{exp['table']}, scale={scale}")
-    if png is not None:
-        md += f"\n![accuracy, entropy and gradient norm against λ]({png.name})\n"
-    md_path = out_dir / f"{exp['table']}.md"
-    md_path.write_text(md)
-    with open(out_dir / f"{exp['table']}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
-        w.writeheader()
-        w.writerows(csv_rows)
-    return md_path, md
+    return save_outputs(exp, scale, results_root, md, csv_rows,
+                        lambda png: plot(rows, png, f"{exp['table']}, scale={scale}"),
+                        "accuracy, entropy and gradient norm against λ")
 
 
 def main(argv: list[str] | None = None) -> int:

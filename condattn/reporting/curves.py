@@ -16,13 +16,12 @@ Same signature as condattn.reporting.write_table, so an experiment selects it wi
 
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 from pathlib import Path
 
 from ..engine.io import read_json, read_jsonl
-from .tables import METHOD_LABELS, Cell, collect, provenance_line, run_name
+from .tables import METHOD_LABELS, Cell, collect, provenance_line, run_name, save_outputs
 
 # (flat diagnostics key, label) in table order; the figure draws a subset (PANELS)
 QUANTITIES = [
@@ -304,15 +303,5 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
     """Same signature and outputs as condattn.reporting.write_table: results/<scale>/<table>.{md,csv,png}."""
     cells, data = table_data(exp, scale, runs_root, seeds)
     md, csv_rows = render(exp, scale, cells, data)
-    out_dir = Path(results_root) / scale
-    out_dir.mkdir(parents=True, exist_ok=True)
-    png = plot(exp, scale, data, out_dir / f"{exp['table']}.png")
-    if png is not None:
-        md += f"\n![condition numbers over training]({png.name})\n"
-    md_path = out_dir / f"{exp['table']}.md"
-    md_path.write_text(md)
-    with open(out_dir / f"{exp['table']}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        w.writeheader()
-        w.writerows(csv_rows)
-    return md_path, md
+    return save_outputs(exp, scale, results_root, md, csv_rows, lambda png: plot(exp, scale, data, png),
+                        "condition numbers over training", CSV_FIELDS)

@@ -11,12 +11,21 @@ paper's reference). Written by `reproduce` through the experiment's `renderer: c
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 from ..engine.io import read_json
 from .stats import mean_std
-from .tables import METHOD_LABELS, PAPER_KEYS, Cell, _direction, multiplier, plot_curves, provenance_line, run_name
+from .tables import (
+    METHOD_LABELS,
+    PAPER_KEYS,
+    Cell,
+    _direction,
+    multiplier,
+    plot_curves,
+    provenance_line,
+    run_name,
+    save_outputs,
+)
 
 
 def _metrics(exp: dict) -> list[dict]:
@@ -125,15 +134,5 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
                 seeds: list[int] | None = None) -> tuple[Path, str]:
     cells, values = collect(exp, scale, runs_root, seeds)
     md, csv_rows = render(exp, scale, cells, values)
-    out_dir = Path(results_root) / scale
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md_path = out_dir / f"{exp['table']}.md"
-    png = plot_curves(exp, scale, cells, out_dir / f"{exp['table']}.png")
-    if png is not None:
-        md += f"\n![validation curves]({png.name})\n"
-    md_path.write_text(md)
-    with open(out_dir / f"{exp['table']}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
-        w.writeheader()
-        w.writerows(csv_rows)
-    return md_path, md
+    return save_outputs(exp, scale, results_root, md, csv_rows, lambda png: plot_curves(exp, scale, cells, png),
+                        "validation curves")

@@ -6,12 +6,11 @@ Used as experiments/table3_glue.yaml's `renderer` (same signature as reporting.t
 
 from __future__ import annotations
 
-import csv
 import statistics
 from pathlib import Path
 
 from ..engine.io import read_json
-from .tables import METHOD_LABELS, collect, plot_curves, provenance_line, rows_for, run_name
+from .tables import METHOD_LABELS, collect, plot_curves, provenance_line, rows_for, run_name, save_outputs
 
 SECOND = {"mnli": ("mnli_mm", "final_test_score", "MNLI-mm")}  # a row whose runs also report a second dev split
 
@@ -43,7 +42,7 @@ def _pretrain_line(exp: dict, scale: str, runs_root: Path, method: str) -> str:
 
 def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,
                 seeds: list[int] | None = None) -> tuple[Path, str]:
-    runs_root, out_dir = Path(runs_root), Path(results_root) / scale
+    runs_root = Path(runs_root)
     cells = collect(exp, scale, runs_root, seeds)
     cols = _columns(exp, scale, cells)
     methods = exp["methods"]
@@ -83,15 +82,6 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
                   "|---|---|---|---|---|---|---|"]
         lines += [_pretrain_line(exp, scale, runs_root, m) for m in methods]
     lines += ["", provenance_line(exp, scale, cells)]
-    md = "\n".join(lines) + "\n"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    png = plot_curves(exp, scale, cells, out_dir / f"{exp['table']}.png")
-    if png is not None:
-        md += f"\n![validation curves]({png.name})\n"
-    md_path = out_dir / f"{exp['table']}.md"
-    md_path.write_text(md)
-    with open(out_dir / f"{exp['table']}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["table", "scale", "column", "label", "method", "n", "median", "values"])
-        w.writeheader()
-        w.writerows(csv_rows)
-    return md_path, md
+    return save_outputs(exp, scale, results_root, "\n".join(lines) + "\n", csv_rows,
+                        lambda png: plot_curves(exp, scale, cells, png), "validation curves",
+                        ["table", "scale", "column", "label", "method", "n", "median", "values"])

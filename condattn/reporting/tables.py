@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -212,19 +213,28 @@ def plot_curves(exp: dict, scale: str, cells: dict[tuple, Cell], out: Path) -> P
     return out
 
 
+def save_outputs(exp: dict, scale: str, results_root: str | Path, md: str, csv_rows: list[dict],
+                 plot: Callable[[Path], Path | None], caption: str,
+                 fieldnames: list[str] | None = None) -> tuple[Path, str]:
+    """Write results/<scale>/<table>.{md,csv,png}: `plot(png_path)` draws the figure (None: nothing to draw), which
+    the Markdown then embeds under `caption`. Returns (md path, md text). Every table renderer ends here."""
+    out_dir = Path(results_root) / scale
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = plot(out_dir / f"{exp['table']}.png")
+    if png is not None:
+        md += f"\n![{caption}]({png.name})\n"
+    md_path = out_dir / f"{exp['table']}.md"
+    md_path.write_text(md)
+    with open(out_dir / f"{exp['table']}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fieldnames or (list(csv_rows[0]) if csv_rows else ["table"]))
+        w.writeheader()
+        w.writerows(csv_rows)
+    return md_path, md
+
+
 def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,
                 seeds: list[int] | None = None) -> tuple[Path, str]:
     cells = collect(exp, scale, runs_root, seeds)
     md, csv_rows = render(exp, scale, cells)
-    out_dir = Path(results_root) / scale
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md_path = out_dir / f"{exp['table']}.md"
-    png = plot_curves(exp, scale, cells, out_dir / f"{exp['table']}.png")
-    if png is not None:
-        md += f"\n![validation curves]({png.name})\n"
-    md_path.write_text(md)
-    with open(out_dir / f"{exp['table']}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
-        w.writeheader()
-        w.writerows(csv_rows)
-    return md_path, md
+    return save_outputs(exp, scale, results_root, md, csv_rows, lambda png: plot_curves(exp, scale, cells, png),
+                        "validation curves")
