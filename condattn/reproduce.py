@@ -49,10 +49,14 @@ def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
         spec = exp["rows"][row]
         for method in exp["methods"]:
             init = [f"model.init_from={pre_names[method]}"] if pre else []
+            # a row's own overrides at this scale, `{method}` / `{scale}` filled in (table 2: each method's backbone
+            # starts from table 1's run of the same method)
+            row_scale = [o.replace("{method}", method).replace("{scale}", scale)
+                         for o in (spec.get("scales") or {}).get(scale) or []]
             for seed in seeds:
                 name = run_name(exp["table"], row, method, scale, seed)
-                overrides = [*spec.get("overrides", []), *at_scale, *init, f"conditioning={method}", f"scale={scale}",
-                             f"seed={seed}", f"run.row={row}", f"run.name={name}", *common, *extra]
+                overrides = [*spec.get("overrides", []), *at_scale, *row_scale, *init, f"conditioning={method}",
+                             f"scale={scale}", f"seed={seed}", f"run.row={row}", f"run.name={name}", *common, *extra]
                 out.append((name, overrides))
     return out
 

@@ -381,10 +381,15 @@ def test_backbone_checkpoint_and_offline_pretrained(cache, tmp_path):
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(RuntimeError, match="cannot read"):
         build_model({**mcfg, "backbone_checkpoint": str(tmp_path / "bad.pt")})
-    with pytest.raises(FileNotFoundError, match="no such file"):
+    with pytest.raises(FileNotFoundError, match="backbone_checkpoint: .*nope.pt.*no file or run dir"):
         build_model({**mcfg, "backbone_checkpoint": str(tmp_path / "nope.pt")})
-    with pytest.raises(FileNotFoundError, match="without best_model.pt"):
+    with pytest.raises(FileNotFoundError, match="has no weights yet"):
         build_model({**mcfg, "backbone_checkpoint": str(tmp_path / "run" / "..")})
+    named = tmp_path / "runs" / "paper" / "table1_run"  # a run name, looked up under runs_root/<scale>/
+    named.mkdir(parents=True)
+    (run / "best_model.pt").rename(named / "best_model.pt")
+    m = build_model({**mcfg, "backbone_checkpoint": "table1_run", "runs_root": str(tmp_path / "runs")})
+    assert all(torch.equal(v, clf.state_dict()[k]) for k, v in m.backbone.xcit.state_dict().items())
     wide = timm.create_model("xcit_nano_12_p16_224", num_classes=10, embed_dim=96, depth=4, num_heads=2)
     torch.save(wide.state_dict(), tmp_path / "wide.pt")
     with pytest.raises(ValueError, match="shape mismatches"):

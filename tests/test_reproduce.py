@@ -194,3 +194,20 @@ def test_make_target_dry_invocation():
                          capture_output=True, text=True)
     cmd = " ".join(out.stdout.replace("\\\n", " ").split())
     assert "condattn.reproduce experiments/table4_lra.yaml --scale paper --launcher slurm --dry-run" in cmd
+
+
+def test_row_overrides_per_scale_fill_in_the_method():
+    """Table 2 at paper scale: each method's XCiT-M backbone starts from table 1's run of the same method; the other
+    row and the offline scales get no such override."""
+    from condattn.reproduce import cells
+
+    exp = load_experiment("experiments/table2_coco.yaml")
+    paper = dict(cells(exp, "paper", [0], []))
+    assert "model.backbone_checkpoint=table1_imagenet_xcit_medium_spectral_paper_s0" in \
+        paper["table2_coco_xcit_medium_24_p16_spectral_paper_s0"]
+    assert "model.backbone_checkpoint=table1_imagenet_xcit_medium_none_paper_s0" in \
+        paper["table2_coco_xcit_medium_24_p16_none_paper_s0"]
+    small = paper["table2_coco_xcit_small_12_p16_none_paper_s0"]
+    assert not any(o.startswith("model.backbone_checkpoint") for o in small)
+    assert not any(o.startswith("model.backbone_checkpoint") for ov in dict(cells(exp, "smoke", [0], [])).values()
+                   for o in ov)

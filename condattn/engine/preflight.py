@@ -192,6 +192,14 @@ def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
                 raise FileNotFoundError(f"data root {cfg.data.root} does not exist (data={cfg.data.name})")
         except FileNotFoundError as e:
             bad("data", f"paper-scale data missing: {e}")
+    backbone = cfg.model.get("backbone_checkpoint")
+    if check_data and backbone:  # weights from an earlier run (table 2: table 1's XCiT) must exist before jobs start
+        from ..models.pretrained import resolve_run_dir
+
+        try:
+            resolve_run_dir(str(backbone), cfg.paths.runs)
+        except FileNotFoundError as e:
+            bad("data", f"model.backbone_checkpoint: {e}")
 
     if check_run_dir and cfg.resume == "auto":
         run_dir = Path(cfg.run.dir)

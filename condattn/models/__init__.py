@@ -162,7 +162,10 @@ def _crammed_bert_classifier(*, init_from: str | None = None, runs_root: str = "
     if init_from:
         from .pretrained import load_state
 
-        state, source = load_state(str(init_from), runs_root)
+        try:
+            state, source = load_state(str(init_from), runs_root)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"model.init_from={e}") from e
         model.load_encoder(state, source)
     return model
 

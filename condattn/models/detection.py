@@ -18,8 +18,9 @@ Mask R-CNN + XCiT (facebookresearch/xcit, detection/backbone/xcit.py and configs
 - `min_size` / `max_size` are the evaluation resize (800 / 1333); training images come already augmented from the
   data (condattn/data/coco.py), so the model's GeneralizedRCNNTransform only normalises and pads them to a multiple
   of 32 (`_skip_resize`).
-- weights: `backbone_checkpoint` = a table-1 run directory (its best_model.pt), a best_model.pt, or a timm / official
-  XCiT state dict; `pretrained: true` = timm's ImageNet weights from the local Hugging Face cache only.
+- weights: `backbone_checkpoint` = a table-1 run (its directory or run name: its final weights, as
+  condattn.models.pretrained reads them), a best_model.pt, or a timm / official XCiT state dict; `pretrained: true` =
+  timm's ImageNet weights from the local Hugging Face cache only.
 
 DETR (transformers `DetrForObjectDetection`, `use_timm_backbone=True`): the timm backbone's BatchNorms frozen
 (transformers) and its stem + layer1 not trained (here; DETR's `train_backbone` rule), sine positions, auxiliary
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -65,40 +65,25 @@ def cached_timm_weights(model_name: str) -> str:
 # ---------------------------------------------------------------- Mask R-CNN + XCiT
 
 
-def _read_state_dict(path: str | Path, what: str) -> dict[str, torch.Tensor]:
-    p = Path(path)
-    if p.is_dir():
-        if not (p / "best_model.pt").exists():
-            raise FileNotFoundError(f"{what}={path} is a directory without best_model.pt; give a finished table-1 run "
-                                    "directory, its best_model.pt, or a timm / XCiT state dict file")
-        p = p / "best_model.pt"
-    if not p.exists():
-        raise FileNotFoundError(f"{what}={path}: no such file; give a table-1 run directory (runs/<scale>/<run>), its "
-                                "best_model.pt, or a timm / XCiT state dict (.pt, .pth, .bin, .safetensors)")
+def _read_state_dict(path: str | Path, what: str, runs_root: str | Path = "runs") -> dict[str, torch.Tensor]:
+    """A state dict from a weights file, or a run's final weights (a run dir or a run name under runs_root/*/:
+    condattn.models.pretrained.load_state); errors name `what`."""
+    from .pretrained import load_state
+
     try:
-        if p.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            sd: Any = load_file(str(p))
-        else:
-            sd = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise RuntimeError(f"{what}={p}: cannot read it as a state dict ({type(e).__name__}: {e}); is the file "
-                           "complete (not truncated by an interrupted copy)?") from e
-    for key in ("model", "state_dict", "model_state"):  # the official XCiT / DeiT checkpoints wrap it
-        if isinstance(sd, dict) and isinstance(sd.get(key), dict):
-            sd = sd[key]
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise RuntimeError(f"{what}={p}: not a state dict (a mapping of parameter names to tensors)")
-    return sd
+        return load_state(str(path), runs_root)[0]
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{what}: {e}") from e
+    except ValueError as e:
+        raise RuntimeError(f"{what}: {e}") from e
 
 
-def load_xcit_backbone(xcit: nn.Module, path: str | Path, depth: int) -> None:
+def load_xcit_backbone(xcit: nn.Module, path: str | Path, depth: int, runs_root: str | Path = "runs") -> None:
     """Load a classification XCiT's weights into the pruned detection backbone `xcit` (built with `depth` blocks).
     Dropped: classifier head, class-attention blocks, class token, final norm, and blocks after the last feature index
     (unused here). Everything else must match name for name and shape for shape."""
     what = "model.backbone_checkpoint"
-    sd = _read_state_dict(path, what)
+    sd = _read_state_dict(path, what, runs_root)
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         for prefix in ("module.", "_orig_mod.", "backbone.xcit."):  # DDP / compile wrappers; our detection runs
@@ -186,6 +171,7 @@ def build_maskrcnn_xcit(
     fused_attn: int | None = 1,
     pretrained: bool = False,
     backbone_checkpoint: str | None = None,
+    runs_root: str = "runs",
     fpn_channels: int = 256,
     anchor_sizes: list[int] | tuple[int, ...] | None = None,
     box_head_dim: int = 1024,
@@ -222,7 +208,7 @@ def build_maskrcnn_xcit(
     xcit.prune_intermediate_layers([int(i) for i in out_indices], prune_norm=True, prune_head=True)
     on_meta = any(p.is_meta for p in xcit.parameters())  # preflight's shape probe: no weights to load
     if backbone_checkpoint and not on_meta:
-        load_xcit_backbone(xcit, backbone_checkpoint, depth)
+        load_xcit_backbone(xcit, backbone_checkpoint, depth, runs_root)
     body = XcitFPNBackbone(xcit, list(out_indices), fpn_channels)
     mask_dims = [int(c) for c in mask_head_dims]
     anchors = None

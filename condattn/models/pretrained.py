@@ -22,8 +22,8 @@ def resolve_run_dir(init_from: str, runs_root: str | os.PathLike[str]) -> Path:
         return found[0]
     why = f"several runs match: {', '.join(map(str, found))}" if found else \
         f"it is no file or run dir, and {runs_root}/*/{init_from} does not exist"
-    raise FileNotFoundError(f"init_from={init_from!r}: {why}. Give the earlier run's directory (e.g. "
-                            "runs/smoke/table3_glue_pretrain_none_smoke_s0), a unique run name, or a weights file.")
+    raise FileNotFoundError(f"{init_from!r}: {why}. Give the earlier run's directory (runs/<scale>/<run name>), a "
+                            "unique run name (finish that run first), or a weights file.")
 
 
 def _read(path: Path) -> dict[str, torch.Tensor]:
@@ -36,10 +36,11 @@ def _read(path: Path) -> dict[str, torch.Tensor]:
     except Exception as e:  # corrupt / truncated / not a weights file
         raise ValueError(f"cannot read weights from {path}: {type(e).__name__}: {e}. The file is corrupt or not a "
                          "state_dict; point init_from at another run or checkpoint.") from e
-    if isinstance(state, dict) and isinstance(state.get("model"), dict):  # {"model": state_dict, ...} files
-        state = state["model"]
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} holds a {type(state).__name__}, not a state_dict")
+    for key in ("model", "state_dict", "model_state"):  # official XCiT / DeiT files wrap the state_dict
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path} holds a {type(state).__name__}, not a state_dict (parameter names to tensors)")
     return state
 
 
@@ -49,7 +50,7 @@ def load_state(init_from: str, runs_root: str | os.PathLike[str] = "runs") -> tu
     from ..engine.checkpoint import latest_checkpoint
 
     p = Path(init_from)
-    if p.is_file() and p.suffix in (".safetensors", ".pt", ".pth", ".bin"):
+    if p.is_file():
         return _read(p), str(p)
     run = resolve_run_dir(init_from, runs_root)
     ckpt = latest_checkpoint(run)
