@@ -25,13 +25,7 @@ MASKRCNN = "coco_maskrcnn_xcit_small"
 DETR = "coco_detr_r50"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a loaded machine (OpenMP sync dominates)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.py)
 
 
 def cfg_for(task: str, cache, *extra: str):

@@ -15,13 +15,7 @@ from condattn.data.build import build_datasets
 from condattn.data.images import RepeatAugEpochSampler, _fix_posterize, _posterize_keep_bits, build_transforms
 from condattn.tasks.classification import ClassificationTask
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.py)
 
 
 def cfg_for(*overrides: str):

@@ -22,12 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXP = REPO / "experiments" / "table6_condition_numbers.yaml"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.py)
 
 
 # ---------------------------------------------------------------- the XCA head function

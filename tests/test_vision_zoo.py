@@ -16,13 +16,7 @@ from condattn.models import build_model
 FAMILIES = ["vit", "deit", "swin", "xcit", "davit"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a loaded machine (OpenMP sync dominates)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.py)
 BASE = {
     "vit": "vit_base_patch16_224",
     "deit": "deit_base_patch16_224",

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..engine.io import read_json
+from . import tables
 from .stats import mean_std
 from .tables import (
     METHOD_LABELS,
     PAPER_KEYS,
-    Cell,
     _direction,
     multiplier,
     plot_curves,
     provenance_line,
-    run_name,
     save_outputs,
 )
 
@@ -36,29 +34,10 @@ def _metrics(exp: dict) -> list[dict]:
 def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None):
     """{(row, method): tables.Cell} (values = the primary metric, for provenance and curves) and
     {(row, method, metric key): [value × multiplier per finished seed]}."""
-    seeds = list(seeds if seeds is not None else exp["scales"][scale]["seeds"])
-    keys = [m["key"] for m in _metrics(exp)]
-    cells, values = {}, {}
-    for row in exp["rows"]:
-        for method in exp["methods"]:
-            cell = Cell(row, method, seeds)
-            for k in keys:
-                values[(row, method, k)] = []
-            for seed in seeds:
-                name = run_name(exp["table"], row, method, scale, seed)
-                s = read_json(Path(runs_root) / scale / name / "summary.json")
-                ok = isinstance(s, dict) and s.get("status") == "finished" and exp["metric"] in s.get("metrics", {})
-                if not ok:
-                    cell.missing.append(seed)
-                    continue
-                cell.values.append(multiplier(exp) * float(s["metrics"][exp["metric"]]))
-                cell.steps.append(int(s["steps"]))
-                cell.wall.append(float(s["wall_time_s"]))
-                cell.summaries.append(s)
-                for k in keys:
-                    if s["metrics"].get(k) is not None:
-                        values[(row, method, k)].append(multiplier(exp) * float(s["metrics"][k]))
-            cells[(row, method)] = cell
+    cells = tables.collect(exp, scale, runs_root, seeds)
+    values = {(row, method, k): [multiplier(exp) * float(s["metrics"][k]) for s in cell.summaries
+                                 if s["metrics"].get(k) is not None]
+              for (row, method), cell in cells.items() for k in (m["key"] for m in _metrics(exp))}
     return cells, values
 
 
