@@ -166,8 +166,18 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
     waiting: dict[str, list[str]] = {}  # pretraining run -> the fine-tuning cells waiting for it
     queued = 0
     n = len(todo)
+    stale: list[Cell] = []  # --force on SLURM: waiting cells whose old results must go with their pretraining's
     for i, c in enumerate(todo, 1):
         status = summary_status(c.run_dir)
+        first_stage = needs(exp, c.name, args.scale)
+        if first_stage and c.cfg.launcher.name in SUBMITIT_LAUNCHERS and \
+                (args.force or summary_status(by_name[first_stage].run_dir) != "finished"):
+            # a job array has no order: fine-tuning jobs are submitted by a later call, once their pretraining ended
+            waiting.setdefault(first_stage, []).append(c.name)
+            if args.force:
+                stale.append(c)
+            queued += 1
+            continue
         if args.force:
             pending.append(c)
             continue
@@ -181,13 +191,6 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
             print(f"[reproduce] {i}/{n} {c.name}: failed earlier; running it again")
         if c.cfg.launcher.name == "slurm" and (job := active_job(c.run_dir)):
             print(f"[reproduce] {i}/{n} {c.name}: job {job} is still queued or running, skipped")
-            queued += 1
-            continue
-        first_stage = needs(exp, c.name, args.scale)
-        if first_stage and c.cfg.launcher.name in SUBMITIT_LAUNCHERS and \
-                (args.force or summary_status(by_name[first_stage].run_dir) != "finished"):
-            # a job array has no order: fine-tuning jobs are submitted by a later call, once their pretraining ended
-            waiting.setdefault(first_stage, []).append(c.name)
             queued += 1
             continue
         pending.append(c)
@@ -215,7 +218,7 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
                 return 0
         else:
             if args.force and not args.dry_run:
-                for c in pending:  # a requeued job must resume, never wipe: clear the run dirs now instead
+                for c in [*pending, *stale]:  # a requeued job must resume, never wipe: clear the run dirs now instead
                     shutil.rmtree(c.run_dir, ignore_errors=True)
             with StopFlag() as stop:
                 failed = submit(pending, launcher, exp["table"], args.scale, dry_run=args.dry_run, stop=stop)

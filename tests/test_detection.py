@@ -367,7 +367,8 @@ def test_backbone_checkpoint_and_offline_pretrained(cache, tmp_path):
     clf = timm.create_model("xcit_nano_12_p16_224", num_classes=10, **mcfg["backbone_kwargs"])
     run = tmp_path / "run"
     run.mkdir()
-    torch.save(clf.state_dict(), run / "best_model.pt")  # what a table-1 run leaves
+    torch.save(clf.state_dict(), run / "best_model.pt")  # what a finished table-1 run leaves
+    (run / "summary.json").write_text('{"status": "finished", "metrics": {}}')
     m = build_model({**mcfg, "backbone_checkpoint": str(run)})
     sd = m.backbone.xcit.state_dict()
     assert all(torch.equal(sd[k], clf.state_dict()[k]) for k in sd)
@@ -377,11 +378,12 @@ def test_backbone_checkpoint_and_offline_pretrained(cache, tmp_path):
         build_model({**mcfg, "backbone_checkpoint": str(tmp_path / "bad.pt")})
     with pytest.raises(FileNotFoundError, match="backbone_checkpoint: .*nope.pt.*no file or run dir"):
         build_model({**mcfg, "backbone_checkpoint": str(tmp_path / "nope.pt")})
-    with pytest.raises(FileNotFoundError, match="has no weights yet"):
+    with pytest.raises(FileNotFoundError, match="has not finished"):
         build_model({**mcfg, "backbone_checkpoint": str(tmp_path / "run" / "..")})
     named = tmp_path / "runs" / "paper" / "table1_run"  # a run name, looked up under runs_root/<scale>/
     named.mkdir(parents=True)
-    (run / "best_model.pt").rename(named / "best_model.pt")
+    for f in ("best_model.pt", "summary.json"):
+        (run / f).rename(named / f)
     m = build_model({**mcfg, "backbone_checkpoint": "table1_run", "runs_root": str(tmp_path / "runs")})
     assert all(torch.equal(v, clf.state_dict()[k]) for k, v in m.backbone.xcit.state_dict().items())
     wide = timm.create_model("xcit_nano_12_p16_224", num_classes=10, embed_dim=96, depth=4, num_heads=2)

@@ -138,6 +138,9 @@ def test_classifier_loads_the_pretrained_encoder(tmp_path):
     mlm = CrammedBertForMLM(vocab_size=97, seq_len=32, hidden_size=32, num_layers=2, num_heads=2,
                             intermediate_size=128)
     torch.save(mlm.state_dict(), tmp_path / "best_model.pt")
+    with pytest.raises(FileNotFoundError, match="has not finished"):  # an unfinished run's weights: only by file
+        classifier(init_from=str(tmp_path))
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "finished", "metrics": {}}))
     model = classifier(init_from=str(tmp_path))
     for k, v in mlm.encoder.state_dict().items():
         assert torch.equal(model.encoder.state_dict()[k], v), k

@@ -61,7 +61,9 @@ STAND_IN_TASK = "rotten_tomatoes"
 EXPECTED = ("a `save_to_disk` DatasetDict (dataset_dict.json) or the `nyu-mll/glue` repository's parquet files "
             "(<split>-*.parquet)")
 HOW = ("Get GLUE on a machine with access, e.g. `datasets.load_dataset('nyu-mll/glue', TASK).save_to_disk(ROOT/TASK)` "
-       "for each task, copy ROOT here and set data.root (or $CONDATTN_DATA).")
+       "for each task, copy ROOT here as <data root>/glue and set paths.data_root (or $CONDATTN_DATA) to the folder "
+       "holding it; data.root=ROOT sets it for a single run (in a reproduce command it would also move the "
+       "pretraining corpus).")
 
 
 def glue_task(name: str) -> GlueTask:
@@ -149,6 +151,11 @@ def load_wordpiece(path: Path, seq_len: int):
 
     tok = load_tokenizer(path)
     ids = special_ids(tok)
+    pair = tok.encode("a", "b").ids
+    if not pair or pair[0] != ids["cls"] or pair.count(ids["sep"]) != 2:
+        raise ValueError(f"the tokenizer {path} does not frame a sentence pair as [CLS] A [SEP] B [SEP] (it gives "
+                         f"{pair}); give it that post-processor (tokenizers' TemplateProcessing), as the WordPiece "
+                         "trained by the MLM data builder has")
     tok.enable_truncation(max_length=int(seq_len), strategy="longest_first")
     tok.enable_padding(length=int(seq_len), pad_id=ids["pad"], pad_token=tok.id_to_token(ids["pad"]))
     return tok, ids
@@ -194,7 +201,11 @@ def build(cfg: Any) -> DataBundle:
                              "data.tokenizer=PATH to a tokenizer.json)")
         from ..models.pretrained import resolve_run_dir
 
-        tok_path = pretrain_tokenizer_file(resolve_run_dir(str(init_from), cfg.paths.runs))
+        try:
+            run = resolve_run_dir(str(init_from), cfg.model.get("runs_root") or cfg.paths.runs)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"model.init_from={e}") from e
+        tok_path = pretrain_tokenizer_file(run)
     tok, ids = load_wordpiece(Path(tok_path), int(d.seq_len))
     if tok.get_vocab_size() > int(cfg.model.vocab_size):
         raise ValueError(f"the tokenizer {tok_path} has {tok.get_vocab_size()} tokens, more than the model's "

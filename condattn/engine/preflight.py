@@ -192,12 +192,20 @@ def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
                 raise FileNotFoundError(f"data root {cfg.data.root} does not exist (data={cfg.data.name})")
         except FileNotFoundError as e:
             bad("data", f"paper-scale data missing: {e}")
+    timm_weights = {"maskrcnn_xcit": "pretrained", "detr": "use_pretrained_backbone"}.get(cfg.model.get("builder"))
+    if check_data and timm_weights and cfg.model.get(timm_weights):
+        from ..models.detection import cached_timm_weights
+
+        try:  # timm's ImageNet weights of the detection backbone, from the local Hugging Face cache only
+            cached_timm_weights(str(cfg.model.backbone))
+        except RuntimeError as e:
+            bad("data", f"model.{timm_weights}=true: {e}")
     backbone = cfg.model.get("backbone_checkpoint")
     if check_data and backbone:  # weights from an earlier run (table 2: table 1's XCiT) must exist before jobs start
-        from ..models.pretrained import resolve_run_dir
+        from ..models.pretrained import weights_file
 
         try:
-            resolve_run_dir(str(backbone), cfg.paths.runs)
+            weights_file(str(backbone), cfg.model.get("runs_root") or cfg.paths.runs)
         except FileNotFoundError as e:
             bad("data", f"model.backbone_checkpoint: {e}")
 

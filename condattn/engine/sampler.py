@@ -8,8 +8,9 @@ from torch.utils.data import Sampler
 
 class EpochSampler(Sampler[int]):
     """Shuffled indices for one epoch of one rank. The order depends only on (seed, epoch), so a resumed run
-    replays exactly the order of an uninterrupted one; the trainer skips the batches the epoch had already
-    consumed.
+    replays exactly the order of an uninterrupted one; after a resume the trainer starts the epoch at the batch it
+    had reached (`set_epoch(epoch, skip=batches)`), without loading (or augmenting, which draws random numbers) the
+    samples it skips. `len` stays the whole epoch's.
 
     The epoch's permutation is cut into blocks of `block` (the per-process micro-batch) dealt round-robin to
     the ranks: micro-batch i of rank r is block i·world + r. So the samples of one optimizer step (world ×
@@ -24,13 +25,14 @@ class EpochSampler(Sampler[int]):
         self.n, self.seed, self.rank, self.world, self.shuffle = n, seed, rank, world, shuffle
         self.block, self.num_repeats = max(int(block), 1), int(num_repeats)
         self.epoch = 0
+        self.skip = 0  # micro-batches of this epoch already consumed (a resumed run starts after them)
         # repeated augmentation keeps n // selected_round * selected_round indices (DeiT's RASampler)
         total = n // selected_round * selected_round if selected_round and n >= selected_round else n
         self.blocks_per_rank = total // (self.block * world)  # every rank takes the same number of steps
         self.per_rank = self.blocks_per_rank * self.block
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.epoch, self.skip = epoch, int(skip)
 
     def __iter__(self):
         if self.shuffle:
@@ -41,7 +43,8 @@ class EpochSampler(Sampler[int]):
         if self.num_repeats > 1:
             order = order.repeat_interleave(self.num_repeats)
         used = order[: self.blocks_per_rank * self.block * self.world]
-        return iter(used.view(self.blocks_per_rank, self.world, self.block)[:, self.rank].reshape(-1).tolist())
+        mine = used.view(self.blocks_per_rank, self.world, self.block)[:, self.rank]
+        return iter(mine[self.skip:].reshape(-1).tolist())
 
     def __len__(self) -> int:
         return self.per_rank

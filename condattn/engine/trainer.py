@@ -291,10 +291,10 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
             logger.finish()
             raise TrainingInterrupted(f"signal {stop.name} before the first step; run the same command again",
                                       stop.signum, ckpt)
-        sampler.set_epoch(state.epoch)
+        # a resumed run continues the epoch at the micro-batch it had reached (nothing before it is loaded, so data
+        # augmentation draws no random numbers for skipped samples)
+        sampler.set_epoch(state.epoch, skip=state.batch_in_epoch)
         it = iter(train_loader)
-        for _ in range(state.batch_in_epoch):  # replay position inside the epoch after a resume
-            next(it)
         last_ckpt = ckpt
         while state.step < steps and not budget.exhausted():  # (a resumed run may have used its budget up)
             t0 = time.time()

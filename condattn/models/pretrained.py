@@ -41,21 +41,42 @@ def _read(path: Path) -> dict[str, torch.Tensor]:
             state = state[key]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path} holds a {type(state).__name__}, not a state_dict (parameter names to tensors)")
-    return state
+    return {_unwrapped(k): v for k, v in state.items()}
 
 
-def load_state(init_from: str, runs_root: str | os.PathLike[str] = "runs") -> tuple[dict[str, torch.Tensor], str]:
-    """(state_dict, where it came from). A weights file is read as is; a run gives its final weights: the model file
-    of its latest checkpoint (checkpoints/step_N/model.safetensors), else its best_model.pt."""
+def _unwrapped(key: str) -> str:
+    """A parameter name without the wrappers' prefixes (DDP's `module.`, torch.compile's `_orig_mod.`)."""
+    for prefix in ("module.", "_orig_mod."):
+        while key.startswith(prefix):
+            key = key[len(prefix):]
+    return key
+
+
+def weights_file(init_from: str, runs_root: str | os.PathLike[str] = "runs") -> Path:
+    """The file `init_from` names: a weights file as is; for a run (dir or name), the model file of its latest
+    checkpoint (checkpoints/step_N/model.safetensors: its final weights), else its best_model.pt. A run must have
+    finished: to start from an unfinished run's weights, name one of its checkpoint files."""
     from ..engine.checkpoint import latest_checkpoint
+    from ..engine.trainer import summary_status
 
     p = Path(init_from)
     if p.is_file():
-        return _read(p), str(p)
+        return p
     run = resolve_run_dir(init_from, runs_root)
+    status = summary_status(run)
+    if status != "finished":
+        raise FileNotFoundError(f"the run {run} has not finished (summary: {status}); finish it first (rerun its "
+                                "command: it resumes), or name one of its checkpoint files "
+                                "(checkpoints/step_N/model.safetensors) to start from intermediate weights")
     ckpt = latest_checkpoint(run)
     for f in ([ckpt / "model.safetensors"] if ckpt else []) + [run / "best_model.pt"]:
         if f.is_file():
-            return _read(f), str(f)
-    raise FileNotFoundError(f"the run {run} has no weights yet (no checkpoints/step_*/model.safetensors and no "
-                            "best_model.pt): did it start? Finish it first, or point init_from at another run.")
+            return f
+    raise FileNotFoundError(f"the run {run} has no weights (no checkpoints/step_*/model.safetensors and no "
+                            "best_model.pt); point init_from at another run or a weights file.")
+
+
+def load_state(init_from: str, runs_root: str | os.PathLike[str] = "runs") -> tuple[dict[str, torch.Tensor], str]:
+    """(state_dict, the file it came from) for `init_from` (see weights_file)."""
+    f = weights_file(init_from, runs_root)
+    return _read(f), str(f)

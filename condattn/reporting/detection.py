@@ -22,6 +22,7 @@ from .tables import (
     multiplier,
     plot_curves,
     provenance_line,
+    rows_for,
     save_outputs,
 )
 
@@ -83,7 +84,7 @@ def render(exp: dict, scale: str, cells: dict, values: dict) -> tuple[str, list[
         "|" + "---|" * len(head),
     ]
     csv_rows = []
-    for row in exp["rows"]:
+    for row in rows_for(exp, scale):
         for method in exp["methods"]:
             c = cells[(row, method)]
             cols = [row, METHOD_LABELS.get(method, method)]
