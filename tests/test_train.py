@@ -230,3 +230,17 @@ def test_train_cli_bad_value_is_one_line_and_only_rank0_writes_hydra_files(tmp_p
         assert "Traceback" not in out.stderr
         assert (run_dir / ".hydra").exists() == (rank == "0")
         assert (run_dir / "train.log").exists() == (rank == "0")
+
+
+def test_resumed_epoch_starts_at_its_batch_without_loading_the_skipped_samples():
+    """EpochSampler.set_epoch(e, skip=k): the epoch's order from micro-batch k on, for every rank; len stays the
+    epoch's (the trainer counts batches against it)."""
+    from condattn.engine.sampler import EpochSampler
+
+    for world in (1, 2):
+        for rank in range(world):
+            s = EpochSampler(103, seed=7, rank=rank, world=world, block=4)
+            s.set_epoch(3)
+            full = list(s)
+            s.set_epoch(3, skip=5)
+            assert list(s) == full[5 * 4:] and len(s) == len(full)
