@@ -20,12 +20,19 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
     groups of their own after the two plain ones (whose layout is unchanged, so earlier checkpoints still load)."""
     mults = {str(k): float(v) for k, v in (lr_multipliers or {}).items()}
     groups: dict[tuple[float, bool], list] = {(1.0, True): [], (1.0, False): []}
+    used: set[str] = set()
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        mult = next((f for key, f in mults.items() if key in name), 1.0)
+        key = next((k for k in mults if k in name), None)
+        used.update([key] if key is not None else [])
+        mult = mults[key] if key is not None else 1.0
         decay = not (p.ndim <= 1 or "pos_embed" in name or "position_embeddings" in name)
         groups.setdefault((mult, decay), []).append(p)
+    unused = [k for k in mults if k not in used]
+    if unused:  # a typo would silently train everything at the base lr
+        raise ValueError(f"optim.lr_multipliers key(s) {unused} match no trainable parameter name (e.g. "
+                         f"{next(iter(dict(model.named_parameters())), '?')!r})")
     out = []
     for (mult, decay), params in groups.items():
         if mult != 1.0 and not params:
