@@ -35,7 +35,6 @@ uint8 (when data.masks), image_id int, orig_size (2,) int64 (H, W) of the file})
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 from pathlib import Path
 from typing import Any
@@ -175,24 +174,16 @@ def check_paper_data(cfg: Any) -> dict[str, tuple[Path, Path]]:
     return paths
 
 
-def _checksum(files: list[Path]) -> str:
-    h = hashlib.sha256()
-    for f in files:
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
 def build(cfg: Any):
-    from .build import DataBundle, _params_dir
+    from . import lra_common as C
+    from .build import DataBundle
 
     d = cfg.data
     if d.get("generate"):
         from . import shapes
 
         gen = OmegaConf.to_container(d.generate, resolve=True)
-        out = shapes.ensure_generated(_params_dir(cfg.paths.cache, "coco_shapes", gen), gen)
+        out = shapes.ensure_generated(C.params_dir(cfg.paths.cache, "coco_shapes", gen), gen)
         paths = {s: shapes.split_files(out, s) for s in ("train", "val")}
         if len(gen["classes"]) != int(d.num_classes):
             raise ValueError(f"data.num_classes={d.num_classes} but data.generate.classes has {len(gen['classes'])} "
@@ -220,5 +211,5 @@ def build(cfg: Any):
         "categories": [c["name"] for c in splits["train"].coco.loadCats(splits["train"].cat_ids)],
         "checksum_of": "the annotation files (train, val)",
     }
-    checksum = _checksum([paths["train"][1], paths["val"][1]])
+    checksum = C.files_checksum([paths["train"][1], paths["val"][1]])
     return DataBundle(splits["train"], splits["val"], None, checksum, info, collate_fn=collate)

@@ -16,7 +16,6 @@ pycocotools), `iscrowd` 0. Deterministic: the same parameters (and seed) give by
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from typing import Any
 import numpy as np
 
 SHAPES = ("circle", "rectangle", "triangle", "ellipse", "diamond")
-DONE = "COMPLETE"
 
 
 def _shape_mask(kind: str, h: int, w: int, rng: np.random.Generator, min_frac: float, max_frac: float) -> np.ndarray:
@@ -111,20 +109,24 @@ def split_files(out: Path, split: str) -> tuple[Path, Path]:
 
 
 def ensure_generated(out: str | Path, params: dict[str, Any]) -> Path:
-    """Write the dataset to `out` unless a complete copy is there (marker file written last; a partial directory is
-    regenerated). The train and val splits use independent streams of the seed."""
-    out = Path(out)
-    if (out / DONE).exists():
-        return out
+    """The dataset in `out`, written unless a complete copy of exactly these `params` is there (lra_common's
+    generation record; an interrupted generation is redone). The train and val splits use independent streams of the
+    seed."""
+    from . import lra_common as C
+
     check_params(params)
+    expected = [str(p.relative_to(out)) for s in ("train", "val") for p in split_files(Path(out), s)]
+    return C.ensure_generated(Path(out), params, expected, lambda o: _write(o, params))
+
+
+def _write(out: Path, params: dict[str, Any]) -> None:
     from PIL import Image
 
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     categories = [{"id": i + 1, "name": c, "supercategory": "shape"} for i, c in enumerate(params["classes"])]
     for k, split in enumerate(("train", "val")):
         rng = np.random.default_rng([int(params["seed"]), k])
-        img_dir, ann_file = split_files(tmp, split)
+        img_dir, ann_file = split_files(out, split)
+        shutil.rmtree(img_dir, ignore_errors=True)  # a half-written earlier attempt
         img_dir.mkdir(parents=True)
         ann_file.parent.mkdir(parents=True, exist_ok=True)
         images, anns = [], []
@@ -137,8 +139,3 @@ def ensure_generated(out: str | Path, params: dict[str, Any]) -> Path:
         info = {"description": "condattn generated shapes (offline COCO stand-in)", "params": params, "split": split}
         ann_file.write_text(json.dumps({"info": info, "images": images, "annotations": anns,
                                         "categories": categories}))
-    (tmp / DONE).write_text("ok\n")
-    shutil.rmtree(out, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, out)
-    return out

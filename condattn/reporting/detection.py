@@ -24,6 +24,7 @@ from .tables import (
     provenance_line,
     rows_for,
     save_outputs,
+    table_start,
 )
 
 
@@ -73,16 +74,10 @@ def render(exp: dict, scale: str, cells: dict, values: dict) -> tuple[str, list[
         head += [f"{m['label']}: ours", f"{m['label']}: papers"]
     head += ["steps", "wall time / run"]
     sources = ", ".join(f"{v}" for v in (exp.get("paper_sources") or {}).values())
-    lines = [
-        f"# {exp['table']}: {exp.get('title', '')}",
-        "",
-        f"Ours: mean ± std over seeds × {multiplier(exp):g} (n = finished seeds). Papers: the number reported for the "
-        f"same model and method, labelled by the paper it comes from ({sources}; {exp.get('paper_provenance', '')})."
-        f"{_direction(exp)}",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
+    lines = table_start(
+        exp, f"Ours: mean ± std over seeds × {multiplier(exp):g} (n = finished seeds). Papers: the number reported for "
+        f"the same model and method, labelled by the paper it comes from ({sources}; "
+        f"{exp.get('paper_provenance', '')}).{_direction(exp)}", head)
     csv_rows = []
     for row in rows_for(exp, scale):
         for method in exp["methods"]:

@@ -126,20 +126,19 @@ def _direction(exp: dict) -> str:
     return "" if exp.get("higher_is_better", True) else " Lower is better."
 
 
+def table_start(exp: dict, intro: str, head: list[str]) -> list[str]:
+    """The Markdown lines every table renderer starts with: title, what the numbers are, the column header."""
+    return [f"# {exp['table']}: {exp.get('title', '')}", "", intro, "", "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head)]
+
+
 def render(exp: dict, scale: str, cells: dict[tuple, Cell]) -> tuple[str, list[dict]]:
     """Markdown text and CSV rows for one table at one scale."""
     methods = exp["methods"]
     head = ["row", "paper CET: baseline", "paper CET: CET", "paper SCA: baseline", "paper SCA: SCA"]
     head += [f"ours: {METHOD_LABELS.get(m, m)}" for m in methods] + ["steps", "wall time / run"]
-    lines = [
-        f"# {exp['table']}: {exp.get('title', '')}",
-        "",
-        f"Papers' numbers ({exp.get('paper_provenance', 'see experiments yaml')}) beside ours "
-        f"(mean ± std over seeds of {exp['metric']}{_times(exp)}).{_direction(exp)}",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
+    lines = table_start(exp, f"Papers' numbers ({exp.get('paper_provenance', 'see experiments yaml')}) beside ours "
+                             f"(mean ± std over seeds of {exp['metric']}{_times(exp)}).{_direction(exp)}", head)
     csv_rows = []
     base = methods[0]  # the baseline column: CIs of every other method's difference to it
     for row in rows_for(exp, scale):

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from accelerate.utils import extract_model_from_parallel
 from torch import nn
 
 STATS = ("ap", "ap50", "ap75", "aps", "apm", "apl")  # COCOeval.stats[0:6]
@@ -89,18 +90,10 @@ def detections_to_coco(image_id: int, det: dict[str, torch.Tensor], cat_ids: lis
     return res
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)  # DDP / torch.compile
-        if inner is None:
-            return model
-        model = inner
-
-
 def detector_kind(model: nn.Module) -> str:
     from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
 
-    m = _unwrap(model)
+    m = extract_model_from_parallel(model)  # DDP / torch.compile wrappers
     if isinstance(m, GeneralizedRCNN):
         return "rcnn"
     from transformers import DetrForObjectDetection
@@ -162,7 +155,7 @@ class DetectionTask:
         if detector_kind(model) == "rcnn":
             keys = ("boxes", "labels", "masks")
             targets = [{k: t[k] for k in keys if k in t} for t in batch["targets"]]
-            if _unwrap(model).roi_heads.has_mask() and any("masks" not in t for t in targets):
+            if extract_model_from_parallel(model).roi_heads.has_mask() and any("masks" not in t for t in targets):
                 raise ValueError("Mask R-CNN needs instance masks: set data.masks=true")
             losses = model(batch["images"], targets)
             loss = sum(losses.values())
@@ -194,7 +187,8 @@ class DetectionTask:
 
         ds = loader.dataset
         kind = detector_kind(model)
-        iou_types = ("bbox", "segm") if kind == "rcnn" and _unwrap(model).roi_heads.has_mask() else ("bbox",)
+        masks = kind == "rcnn" and extract_model_from_parallel(model).roi_heads.has_mask()
+        iou_types = ("bbox", "segm") if masks else ("bbox",)
         was_training = model.training
         model.eval()
         local: list[tuple[int, list[dict]]] = []
