@@ -81,7 +81,8 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
                   "| method | run | steps | tokens/s | budget | final MLM val loss | training time |",
                   "|---|---|---|---|---|---|---|"]
         lines += [_pretrain_line(exp, scale, runs_root, m) for m in methods]
-    lines += ["", provenance_line(exp, scale, cells)]
+    note = (exp.get("notes") or {}).get(scale)
+    lines += ["", *([f"Note ({scale}): {note.strip()}", ""] if note else []), provenance_line(exp, scale, cells)]
     return save_outputs(exp, scale, results_root, "\n".join(lines) + "\n", csv_rows,
                         lambda png: plot_curves(exp, scale, cells, png), "validation curves",
                         ["table", "scale", "column", "label", "method", "n", "median", "values"])
