@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .engine.io import read_json, read_jsonl
+from .utils.io import read_json, read_jsonl
 from .reporting.stats import diff_ci, mean_std
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import submitit
 from omegaconf import DictConfig, OmegaConf
 
-from .engine.io import read_json, write_json_atomic
+from .utils.io import read_json, write_json_atomic
 from .engine.preflight import Problem, batch_split, planned_world
 
 SUBMITIT_LAUNCHERS = ("slurm", "submitit_local")

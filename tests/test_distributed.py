@@ -9,7 +9,7 @@ import pytest
 from test_reproduce import listops_only
 
 from condattn.config import compose
-from condattn.engine.io import read_json, read_jsonl
+from condattn.utils.io import read_json, read_jsonl
 from condattn.engine.trainer import train
 from condattn.reproduce import main
 

@@ -212,7 +212,7 @@ def test_lra_path_unchanged_and_top5_only_when_asked():
 
 @pytest.mark.slow
 def test_train_imagenet_recipe_on_the_stand_in(tmp_path):
-    from condattn.engine.io import read_jsonl
+    from condattn.utils.io import read_jsonl
     from condattn.engine.trainer import train
 
     cfg = cfg_for(f"paths.runs={tmp_path}", "conditioning=spectral+embedded", "task.steps=4", "task.eval_every=2",

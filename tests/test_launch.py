@@ -10,7 +10,7 @@ from test_reproduce import listops_only, tiny
 
 from condattn import launch
 from condattn.config import compose
-from condattn.engine.io import read_json, write_json_atomic
+from condattn.utils.io import read_json, write_json_atomic
 from condattn.reproduce import main
 
 SLURM = ["--launcher", "slurm", "launcher.partition=gpu", "launcher.account=proj", "launcher.qos=high",

@@ -14,7 +14,7 @@ import yaml
 import condattn
 from condattn.conditioning.embedded import polar_correction
 from condattn.config import compose
-from condattn.engine.io import read_jsonl
+from condattn.utils.io import read_jsonl
 from condattn.engine.trainer import train
 from condattn.models import build_model
 

@@ -18,7 +18,7 @@ from condattn.conditioning.targets import find_attention, find_tokens
 from condattn.config import compose
 from condattn.data.build import build_datasets
 from condattn.engine.budget import Budget, budget_triangle
-from condattn.engine.io import read_jsonl
+from condattn.utils.io import read_jsonl
 from condattn.engine.trainer import TrainingInterrupted, train
 from condattn.models import build_model
 from condattn.models.crammed_bert import CrammedBertForMLM

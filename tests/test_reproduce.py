@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from condattn.engine.io import read_json, read_jsonl
+from condattn.utils.io import read_json, read_jsonl
 from condattn.reporting import load_experiment, render
 from condattn.reporting.tables import Cell
 from condattn.reproduce import main

@@ -118,7 +118,7 @@ def _tiny_vit_run(tmp: Path, *extra: str) -> dict:
 def test_trainer_logs_kappa_jacobian_and_training_is_unchanged(tmp_path):
     from safetensors.torch import load_file
 
-    from condattn.engine.io import read_jsonl
+    from condattn.utils.io import read_jsonl
 
     on = _tiny_vit_run(tmp_path / "on", "diagnostics.every=2", "diagnostics.jacobian=true",
                        "diagnostics.jacobian_tokens=8")

@@ -8,7 +8,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from .io import read_jsonl
+from ..utils.io import read_jsonl
 
 
 class RunLogger:

@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from .checkpoint import architecture_mismatch, latest_checkpoint
-from .io import read_json
+from ..utils.io import read_json
 from .optim import OPTIMIZERS, PROGRESS_SCHEDULES, STEP_SCHEDULES, schedule_problems
 
 

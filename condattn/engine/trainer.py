@@ -39,7 +39,7 @@ from ..tasks import build_task
 from . import provenance
 from .budget import Budget
 from .checkpoint import architecture_mismatch, latest_checkpoint, load_checkpoint, save_checkpoint
-from .io import read_json, write_json_atomic
+from ..utils.io import read_json, write_json_atomic
 from .logging import RunLogger
 from .optim import build_optimizer, scaled_lr
 from .preflight import PreflightError, batch_split, preflight

@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from ..engine.io import read_jsonl
+from ..utils.io import read_jsonl
 from .tables import collect, load_experiment, provenance_line, save_outputs
 
 # (column header, step-0 diagnostics key) in table order

@@ -20,7 +20,7 @@ import math
 import statistics
 from pathlib import Path
 
-from ..engine.io import read_json, read_jsonl
+from ..utils.io import read_json, read_jsonl
 from .tables import METHOD_LABELS, Cell, collect, provenance_line, run_name, save_outputs
 
 # (flat diagnostics key, label) in table order; the figure draws a subset (PANELS)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from ..engine.io import read_json
+from ..utils.io import read_json
 from .tables import METHOD_LABELS, collect, plot_curves, provenance_line, rows_for, run_name, save_outputs
 
 SECOND = {"mnli": ("mnli_mm", "final_test_score", "MNLI-mm")}  # a row whose runs also report a second dev split

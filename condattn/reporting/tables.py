@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from ..engine.io import read_json, read_jsonl
+from ..utils.io import read_json, read_jsonl
 from .stats import diff_ci, mean_std
 
 METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET"}

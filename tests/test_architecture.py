@@ -1,0 +1,155 @@
+"""The import contract: dependencies point down the layers, and no module sits in an import cycle.
+
+Layers, top to bottom (a module may import its own layer and the layers below it, never one above):
+
+1. entry points: train, reproduce, launch, compare, bench, diagnose, reporting
+2. the engine: engine (trainer and its parts, optimizer, preflight), config (Hydra composition)
+3. the zoo: models, data, tasks
+4. leaves of the harness: runs (the run record), utils
+5. the method library: conditioning, diagnostics. They import torch (and timm / transformers to match layouts),
+   nothing else of condattn; diagnostics may read conditioning's sites, never the reverse.
+
+Every import counts, also one inside a function: a lazy import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "condattn"
+
+LAYERS: list[list[str]] = [
+    ["condattn.train", "condattn.reproduce", "condattn.launch", "condattn.compare", "condattn.bench",
+     "condattn.diagnose", "condattn.reporting"],
+    ["condattn.engine", "condattn.config"],
+    ["condattn.models", "condattn.data", "condattn.tasks"],
+    ["condattn.runs", "condattn.utils"],
+    ["condattn.diagnostics"],
+    ["condattn.conditioning"],
+]
+LIBRARY = ("condattn.conditioning", "condattn.diagnostics")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the condattn modules it imports (a `from pkg import name` that names a submodule counts as it)."""
+    modules = {module_name(p, root): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in modules.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                deps.add(target)
+                deps.update(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in modules)
+        graph[mod] = {d for d in deps if d in modules and d != mod}
+    return graph
+
+
+def layer_of(mod: str) -> int | None:
+    for i, prefixes in enumerate(LAYERS):
+        if any(mod == p or mod.startswith(p + ".") for p in prefixes):
+            return i
+    return None
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for mod in sorted(graph):
+        if mod == "condattn":  # the package's front door: the library only
+            bad = [d for d in graph[mod] if not d.startswith(LIBRARY)]
+            out += [f"condattn/__init__ imports {d} (only the method library belongs there)" for d in sorted(bad)]
+            continue
+        src = layer_of(mod)
+        if src is None:
+            out.append(f"{mod} is in no layer: add it to LAYERS in tests/test_architecture.py")
+            continue
+        for dep in sorted(graph[mod]):
+            dst = layer_of(dep) if dep != "condattn" else len(LAYERS) - 1  # the front door: the library
+            if dst is None or dst < src:
+                out.append(f"{mod} (layer {src + 1}) imports {dep} (layer {'?' if dst is None else dst + 1}): upward")
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), i.e. the import cycles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_dependencies_point_down():
+    problems = violations(import_graph())
+    assert not problems, "upward imports:\n" + "\n".join(problems)
+
+
+def test_no_import_cycle():
+    found = cycles(import_graph())
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+@pytest.mark.parametrize("plant, expect", [
+    # the library reaching up into the harness
+    ("conditioning/api.py", "from ..engine import trainer  # planted\n"),
+    # a cycle inside one layer
+    ("models/lra.py", "from . import crammed_bert  # planted\n"),
+])
+def test_contract_catches_a_planted_violation(tmp_path, plant, expect):
+    """The checker is not vacuous: a copy of the package with one planted import fails it."""
+    root = tmp_path / "condattn"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    target = root / plant
+    target.write_text(target.read_text() + "\n" + expect)
+    if plant.startswith("models/"):  # make it a real cycle: crammed_bert imports lra back
+        back = root / "models/crammed_bert.py"
+        back.write_text(back.read_text() + "\nfrom . import lra  # planted\n")
+    graph = import_graph(root)
+    if plant.startswith("conditioning/"):
+        assert any(v.startswith("condattn.conditioning.api ") and "condattn.engine" in v for v in violations(graph))
+    else:
+        assert any({"condattn.models.lra", "condattn.models.crammed_bert"} <= set(c) for c in cycles(graph))
