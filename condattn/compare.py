@@ -24,8 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .utils.io import read_json, read_jsonl
 from .reporting.stats import diff_ci, mean_std
+from .utils.io import read_json, read_jsonl
 
 
 @dataclass

@@ -294,9 +294,9 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
     from .conditioning.api import resolve_options
     from .data.build import build_datasets
     from .engine import provenance
-    from .utils.io import write_json_atomic
     from .models import build_model
     from .tasks import build_task
+    from .utils.io import write_json_atomic
 
     cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
     method = cond.pop("method")

@@ -33,8 +33,8 @@ from typing import Any
 import submitit
 from omegaconf import DictConfig, OmegaConf
 
-from .utils.io import read_json, write_json_atomic
 from .engine.preflight import Problem, batch_split, planned_world
+from .utils.io import read_json, write_json_atomic
 
 SUBMITIT_LAUNCHERS = ("slurm", "submitit_local")
 LAUNCHERS = ("local", *SUBMITIT_LAUNCHERS)

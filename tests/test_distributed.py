@@ -9,9 +9,9 @@ import pytest
 from test_reproduce import listops_only
 
 from condattn.config import compose
-from condattn.utils.io import read_json, read_jsonl
 from condattn.engine.trainer import train
 from condattn.reproduce import main
+from condattn.utils.io import read_json, read_jsonl
 
 # dropout off: dropout masks are drawn per process, everything else must match one process exactly
 SMALL = ["logger=none", "data.generate.train=64", "data.generate.val=23", "data.generate.test=16",

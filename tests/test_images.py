@@ -212,8 +212,8 @@ def test_lra_path_unchanged_and_top5_only_when_asked():
 
 @pytest.mark.slow
 def test_train_imagenet_recipe_on_the_stand_in(tmp_path):
-    from condattn.utils.io import read_jsonl
     from condattn.engine.trainer import train
+    from condattn.utils.io import read_jsonl
 
     cfg = cfg_for(f"paths.runs={tmp_path}", "conditioning=spectral+embedded", "task.steps=4", "task.eval_every=2",
                   "task.log_every=1", "impl.checkpoint_every=4", "diagnostics.batch_size=2", "data.holdout_per_class=4")

@@ -10,8 +10,8 @@ from test_reproduce import listops_only, tiny
 
 from condattn import launch
 from condattn.config import compose
-from condattn.utils.io import read_json, write_json_atomic
 from condattn.reproduce import main
+from condattn.utils.io import read_json, write_json_atomic
 
 SLURM = ["--launcher", "slurm", "launcher.partition=gpu", "launcher.account=proj", "launcher.qos=high",
          "launcher.nodes=2", "launcher.gpus_per_node=4", "launcher.timeout_min=600", "launcher.array_parallelism=2",

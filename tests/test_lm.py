@@ -16,10 +16,10 @@ import condattn
 from condattn.conditioning.targets import find_attention, find_tokens
 from condattn.config import compose
 from condattn.data.build import build_datasets
-from condattn.utils.io import read_jsonl
 from condattn.engine.trainer import train
 from condattn.models import build_model
 from condattn.tasks.lm import LMTask
+from condattn.utils.io import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 EXP = REPO / "experiments" / "table5_tinystories.yaml"

@@ -14,9 +14,9 @@ import yaml
 import condattn
 from condattn.conditioning.embedded import polar_correction
 from condattn.config import compose
-from condattn.utils.io import read_jsonl
 from condattn.engine.trainer import train
 from condattn.models import build_model
+from condattn.utils.io import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 EXP = REPO / "experiments" / "table4_lra.yaml"

@@ -18,11 +18,11 @@ from condattn.conditioning.targets import find_attention, find_tokens
 from condattn.config import compose
 from condattn.data.build import build_datasets
 from condattn.engine.budget import Budget, budget_triangle
-from condattn.utils.io import read_jsonl
 from condattn.engine.trainer import TrainingInterrupted, train
 from condattn.models import build_model
 from condattn.models.crammed_bert import CrammedBertForMLM
 from condattn.tasks.mlm import IGNORE_INDEX, MLMTask, mask_tokens
+from condattn.utils.io import read_jsonl
 
 D, HEADS, VOCAB, N = 32, 2, 97, 24
 SPECIAL = (0, 1, 2, 3, 4)  # [PAD] [UNK] [CLS] [SEP] [MASK], as the mlm_text WordPiece lays them out

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from condattn.utils.io import read_json, read_jsonl
 from condattn.reporting import load_experiment, render
 from condattn.reporting.tables import Cell
 from condattn.reproduce import main
+from condattn.utils.io import read_json, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 EXP = REPO / "experiments" / "table4_lra.yaml"

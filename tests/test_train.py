@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from condattn.config import compose
-from condattn.utils.io import read_json, read_jsonl
 from condattn.engine.preflight import PreflightError, preflight
 from condattn.engine.trainer import TrainingDiverged, TrainingInterrupted, train
 from condattn.launch import ConfigError, compose_cell
+from condattn.utils.io import read_json, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 

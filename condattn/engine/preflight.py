@@ -13,8 +13,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from .checkpoint import architecture_mismatch, latest_checkpoint
 from ..utils.io import read_json
+from .checkpoint import architecture_mismatch, latest_checkpoint
 from .optim import OPTIMIZERS, PROGRESS_SCHEDULES, STEP_SCHEDULES, schedule_problems
 
 

@@ -36,10 +36,10 @@ from ..conditioning import apply_conditioning
 from ..data.build import build_datasets
 from ..models import build_model
 from ..tasks import build_task
+from ..utils.io import read_json, write_json_atomic
 from . import provenance
 from .budget import Budget
 from .checkpoint import architecture_mismatch, latest_checkpoint, load_checkpoint, save_checkpoint
-from ..utils.io import read_json, write_json_atomic
 from .logging import RunLogger
 from .optim import build_optimizer, scaled_lr
 from .preflight import PreflightError, batch_split, preflight
