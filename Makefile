@@ -59,22 +59,9 @@ reproduce-table-%:
 		--scale $(SCALE) --launcher $(LAUNCHER) $(if $(SEEDS),--seeds "$(SEEDS)") $(if $(FORCE),--force) \
 		$(if $(DRY_RUN),--dry-run) $(ARGS)
 
-# Table 8 (SCA λ ablation) needs its own table: λ beside step-0 attention entropy and W_Q/W_K gradient norms
-# (condattn.reporting.ablation). The cells run through the generic driver, then the ablation table replaces the
-# generic one in results/<scale>/. (Remove these two targets once reproduce honours the experiment's `renderer`.)
-reproduce-table-8:
-	$(BIN)/python -m condattn.reproduce experiments/table8_sca_lambda.yaml --scale $(SCALE) --launcher $(LAUNCHER) \
-		$(if $(SEEDS),--seeds "$(SEEDS)") $(if $(FORCE),--force) $(if $(DRY_RUN),--dry-run) $(ARGS); rc=$$?; \
-	$(if $(DRY_RUN),exit $$rc;) $(BIN)/python -m condattn.reporting.ablation experiments/table8_sca_lambda.yaml --scale $(SCALE) \
-		$(if $(SEEDS),--seeds "$(SEEDS)") $(ARGS) && exit $$rc
-
-report-table-8:
-	$(BIN)/python -m condattn.reporting.ablation experiments/table8_sca_lambda.yaml --scale $(SCALE) \
-		$(if $(SEEDS),--seeds "$(SEEDS)") $(ARGS)
-
 report-table-%:
 	$(BIN)/python -m condattn.reproduce $(firstword $(wildcard experiments/table$*_*.yaml) experiments/table$*.yaml) \
-		--scale $(SCALE) --report-only $(if $(SEEDS),--seeds "$(SEEDS)")
+		--scale $(SCALE) --report-only $(if $(SEEDS),--seeds "$(SEEDS)") $(ARGS)
 
 # runs or groups of seeds side by side: mean ± std, 95% CI of the difference to the first group, curves
 compare:
