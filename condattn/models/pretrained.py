@@ -10,8 +10,6 @@ import torch
 
 from ..runs import RunRecord, resolve_run_dir
 
-__all__ = ["load_state", "resolve_run_dir", "weights_file"]
-
 
 def _read(path: Path) -> dict[str, torch.Tensor]:
     try:
