@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .reporting.stats import diff_ci, mean_std
-from .utils.io import read_json, read_jsonl
+from .runs import RunRecord
 
 
 @dataclass
@@ -38,8 +38,7 @@ class Group:
 
 
 def _is_run(p: Path) -> bool:
-    return p.is_dir() and ((p / "summary.json").exists() or (p / "metrics.jsonl").exists()
-                           or (p / "checkpoints").is_dir())
+    return RunRecord(p).looks_like_run()
 
 
 def resolve(arg: str, runs_root: Path) -> list[Path]:
@@ -69,11 +68,12 @@ def load_group(arg: str, runs_root: Path) -> Group:
     label = Path(arg.rstrip("/")).name or arg
     g = Group(label)
     for d in resolve(arg, runs_root):
-        s = read_json(d / "summary.json")
-        if isinstance(s, dict) and s.get("status") == "finished" and isinstance(s.get("metrics"), dict):
+        record = RunRecord(d)
+        s = record.summary
+        if s is not None and isinstance(s["metrics"], dict):
             g.runs.append(d)
             g.summaries.append(s)
-            g.histories.append(read_jsonl(d / "metrics.jsonl"))
+            g.histories.append(record.metrics_rows())
         else:
             g.unfinished.append(d)
     return g

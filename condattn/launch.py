@@ -34,7 +34,7 @@ import submitit
 from omegaconf import DictConfig, OmegaConf
 
 from .engine.preflight import Problem, batch_split, planned_world
-from .utils.io import read_json, write_json_atomic
+from .runs import RunRecord
 
 SUBMITIT_LAUNCHERS = ("slurm", "submitit_local")
 LAUNCHERS = ("local", *SUBMITIT_LAUNCHERS)
@@ -47,7 +47,9 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class Cell:
+class RunSpec:
+    """One cell of a table as a run to launch: its run name, its overrides, and (once composed) its config."""
+
     name: str
     overrides: list[str]
     cfg: DictConfig | None = None
@@ -272,13 +274,10 @@ class TrainJob(submitit.helpers.Checkpointable):
 # --------------------------------------------------------------------------------------------- submission
 
 
-SUBMISSION_FILE = "submission.json"
-
-
 def active_job(run_dir: Path) -> str | None:
     """'<job id> (<state>)' when this cell's recorded SLURM job is still queued or running, else None."""
-    rec = read_json(Path(run_dir) / SUBMISSION_FILE)
-    if not isinstance(rec, dict) or rec.get("launcher") != "slurm" or not rec.get("job_id"):
+    rec = RunRecord(run_dir).submission()
+    if rec is None or rec.get("launcher") != "slurm" or not rec.get("job_id"):
         return None
     states = squeue_states(str(rec["job_id"])) & ACTIVE_SLURM_STATES
     return f"{rec['job_id']} ({', '.join(sorted(states))})" if states else None
@@ -297,7 +296,7 @@ def train_command(overrides: list[str]) -> str:
     return "python -m condattn.train " + " ".join(shlex.quote(o) for o in overrides)
 
 
-def describe_plan(cells: list[Cell], lc: Any, executor: Any, say: Callable[[str], None]) -> None:
+def describe_plan(cells: list[RunSpec], lc: Any, executor: Any, say: Callable[[str], None]) -> None:
     world = planned_world(cells[0].cfg)
     splits = {c.name: batch_split(c.cfg, world) for c in cells}
     nodes, tpn = int(lc.get("nodes", 1)), tasks_per_node(lc)
@@ -320,7 +319,7 @@ def describe_plan(cells: list[Cell], lc: Any, executor: Any, say: Callable[[str]
         say(f"        {train_command(c.overrides)}")
 
 
-def submit(cells: list[Cell], lc: Any, table: str, scale: str, *, dry_run: bool, stop: Any,
+def submit(cells: list[RunSpec], lc: Any, table: str, scale: str, *, dry_run: bool, stop: Any,
            say: Callable[[str], None] = print) -> list[str]:
     """Submit the cells (all validated, none finished) with a submitit launcher. Returns the names of cells
     whose job failed (when waiting)."""
@@ -343,7 +342,7 @@ def submit(cells: list[Cell], lc: Any, table: str, scale: str, *, dry_run: bool,
     if lc.name == "slurm":
         jobs = executor.map_array(job, [c.overrides for c in cells])
         for c, j in zip(cells, jobs):
-            write_json_atomic(c.run_dir / SUBMISSION_FILE, {
+            RunRecord(c.run_dir).write_submission({
                 "launcher": "slurm", "job_id": j.job_id, "folder": str(executor.folder), "overrides": c.overrides,
                 "submitted_at": time.strftime("%Y-%m-%d %H:%M:%S"),
             })
@@ -364,7 +363,7 @@ def submit(cells: list[Cell], lc: Any, table: str, scale: str, *, dry_run: bool,
     return failed
 
 
-def _wait(pairs: list[tuple[Cell, Any]], stop: Any, say: Callable[[str], None]) -> list[str]:
+def _wait(pairs: list[tuple[RunSpec, Any]], stop: Any, say: Callable[[str], None]) -> list[str]:
     forwarded = False
     while not all(j.done() for _, j in pairs):
         if stop.requested and not forwarded:  # pass the stop on: each job checkpoints and ends

@@ -23,9 +23,10 @@ from pathlib import Path
 
 from .engine.preflight import preflight
 from .engine.signals import StopFlag
-from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, Cell, ConfigError, active_job, compose_cell, launcher_problems
+from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, ConfigError, RunSpec, active_job, compose_cell, launcher_problems
 from .reporting import load_experiment, write_table
-from .reporting.tables import rows_for, run_name
+from .reporting.tables import rows_for
+from .runs import RunId, RunRecord
 
 
 def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
@@ -41,7 +42,7 @@ def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
     if pre:
         pseed = int(pre.get("seed", 0))
         for method in exp["methods"]:
-            name = pre_names[method] = run_name(exp["table"], "pretrain", method, scale, pseed)
+            name = pre_names[method] = RunId(exp["table"], "pretrain", method, scale, pseed).name
             out.append((name, [*pre.get("overrides", []), *(pre.get("scales", {}).get(scale) or []),
                                f"conditioning={method}", f"scale={scale}", f"seed={pseed}", "run.row=pretrain",
                                f"run.name={name}", *common, *extra]))
@@ -54,7 +55,7 @@ def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
             row_scale = [o.replace("{method}", method).replace("{scale}", scale)
                          for o in (spec.get("scales") or {}).get(scale) or []]
             for seed in seeds:
-                name = run_name(exp["table"], row, method, scale, seed)
+                name = RunId(exp["table"], row, method, scale, seed).name
                 overrides = [*spec.get("overrides", []), *at_scale, *row_scale, *init, f"conditioning={method}",
                              f"scale={scale}", f"seed={seed}", f"run.row={row}", f"run.name={name}", *common, *extra]
                 out.append((name, overrides))
@@ -65,11 +66,10 @@ def needs(exp: dict, name: str, scale: str) -> str | None:
     """The pretraining cell a fine-tuning cell starts from (None without a pretrain stage)."""
     if not exp.get("pretrain") or "_pretrain_" in name:
         return None
-    for method in sorted(exp["methods"], key=len, reverse=True):  # "spectral+embedded" before "embedded"
-        for row in exp["rows"]:
-            if name.startswith(f"{exp['table']}_{row}_{method}_{scale}_s"):
-                return run_name(exp["table"], "pretrain", method, scale, int(exp["pretrain"].get("seed", 0)))
-    return None
+    run = RunId.parse(name, exp["table"], exp["rows"], exp["methods"], scale)
+    if run is None:
+        return None
+    return RunId(exp["table"], "pretrain", run.method, scale, int(exp["pretrain"].get("seed", 0))).name
 
 
 def _problem_report(problems: dict[str, list[str]], n_cells: int) -> list[str]:
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
-    todo = [Cell(name, ov) for name, ov in cells(exp, args.scale, seeds, list(args.overrides), args.launcher)]
+    todo = [RunSpec(name, ov) for name, ov in cells(exp, args.scale, seeds, list(args.overrides), args.launcher)]
     # 1. every override of every cell composes (one message per distinct bad override)
     errors: dict[str, list[str]] = {}
     for c in todo:
@@ -159,19 +159,17 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
             target.setdefault(prob.message, []).append(c.name)
 
     # 3. what each cell needs: skip finished ones and cells whose SLURM job is still queued or running
-    from .engine.trainer import summary_status
-
-    pending: list[Cell] = []
+    pending: list[RunSpec] = []
     by_name = {c.name: c for c in todo}
     waiting: dict[str, list[str]] = {}  # pretraining run -> the fine-tuning cells waiting for it
     queued = 0
     n = len(todo)
-    stale: list[Cell] = []  # --force on SLURM: waiting cells whose old results must go with their pretraining's
+    stale: list[RunSpec] = []  # --force on SLURM: waiting cells whose old results must go with their pretraining's
     for i, c in enumerate(todo, 1):
-        status = summary_status(c.run_dir)
+        status = RunRecord(c.run_dir).status
         first_stage = needs(exp, c.name, args.scale)
         if first_stage and c.cfg.launcher.name in SUBMITIT_LAUNCHERS and \
-                (args.force or summary_status(by_name[first_stage].run_dir) != "finished"):
+                (args.force or not RunRecord(by_name[first_stage].run_dir).finished):
             # a job array has no order: fine-tuning jobs are submitted by a later call, once their pretraining ended
             waiting.setdefault(first_stage, []).append(c.name)
             if args.force:

@@ -366,10 +366,10 @@ def test_table5_has_the_papers_numbers():
 
 def test_table5_renders_losses_lower_is_better():
     from condattn.reporting import load_experiment, render
-    from condattn.reporting.tables import Cell
+    from condattn.reporting.tables import TableCell
 
     exp = load_experiment(EXP)
-    cells = {("gpt2", m): Cell("gpt2", m, [0, 1], values=v, steps=[40] * len(v), wall=[5.0] * len(v))
+    cells = {("gpt2", m): TableCell("gpt2", m, [0, 1], values=v, steps=[40] * len(v), wall=[5.0] * len(v))
              for m, v in {"none": [6.0, 6.2], "spectral": [6.3, 6.3], "embedded": [5.9, 6.1]}.items()}
     md, rows = render(exp, "smoke", cells)
     line = [ln for ln in md.splitlines() if ln.startswith("| gpt2")][0]

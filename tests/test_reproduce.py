@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from condattn.reporting import load_experiment, render
-from condattn.reporting.tables import Cell
+from condattn.reporting.tables import TableCell
 from condattn.reproduce import main
 from condattn.utils.io import read_json, read_jsonl
 
@@ -171,7 +171,7 @@ def test_render_golden():
     exp["rows"] = {"listops": exp["rows"]["listops"]}
     cells = {}
     for m, vals in {"none": [30.0, 32.0], "spectral": [19.0], "embedded": []}.items():
-        c = Cell("listops", m, [0, 1], values=vals, steps=[120] * len(vals), wall=[10.0] * len(vals))
+        c = TableCell("listops", m, [0, 1], values=vals, steps=[120] * len(vals), wall=[10.0] * len(vals))
         c.missing = [1] if len(vals) == 1 else ([0, 1] if not vals else [])
         cells[("listops", m)] = c
     md, rows = render(exp, "smoke", cells)

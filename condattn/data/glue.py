@@ -22,7 +22,6 @@ Stand-in (smoke/small scales, `data.generate` set): the 12,808 Rotten Tomatoes s
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..runs import RunRecord, resolve_run_dir
 from . import lra_common as C
 from .build import DataBundle
 
@@ -127,22 +127,12 @@ def stand_in_splits(seed: int, val_fraction: float) -> tuple[dict[str, tuple[lis
 
 def pretrain_tokenizer_file(run_dir: Path) -> Path:
     """The tokenizer.json the pretraining data builder used (mlm_text caches it; the run's summary names the cache)."""
-    for meta in (run_dir / "summary.json", run_dir / "config.yaml"):
-        if not meta.is_file():
-            continue
-        if meta.suffix == ".json":
-            cache = (json.loads(meta.read_text()).get("data") or {}).get("cache")
-            if cache and (Path(cache) / "tokenizer.json").is_file():
-                return Path(cache) / "tokenizer.json"
-        else:
-            import yaml
-
-            tok = ((yaml.safe_load(meta.read_text()) or {}).get("data") or {}).get("tokenizer")
-            if tok:
-                return Path(tok)
-    raise FileNotFoundError(f"cannot find the tokenizer of the pretraining run {run_dir} (its summary.json names no "
-                            "data cache holding tokenizer.json; was the run finished?). Set data.tokenizer=PATH to the "
-                            "tokenizer.json it was trained with.")
+    tok = RunRecord(run_dir).tokenizer_file()
+    if tok is None:
+        raise FileNotFoundError(f"cannot find the tokenizer of the pretraining run {run_dir} (its summary.json names "
+                                "no data cache holding tokenizer.json; was the run finished?). Set data.tokenizer=PATH "
+                                "to the tokenizer.json it was trained with.")
+    return tok
 
 
 def load_wordpiece(path: Path, seq_len: int):
@@ -199,8 +189,6 @@ def build(cfg: Any) -> DataBundle:
         if not init_from:
             raise ValueError("GLUE needs the pretraining tokenizer: set model.init_from=<pretraining run> (or "
                              "data.tokenizer=PATH to a tokenizer.json)")
-        from ..models.pretrained import resolve_run_dir
-
         try:
             run = resolve_run_dir(str(init_from), cfg.model.get("runs_root") or cfg.paths.runs)
         except FileNotFoundError as e:

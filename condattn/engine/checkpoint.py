@@ -8,20 +8,8 @@ from pathlib import Path
 
 from accelerate import Accelerator
 
-PREFIX = "step_"
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / "COMPLETE").exists()]
-    return sorted(done, key=lambda p: int(p.name[len(PREFIX) :]))
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    ckpts = list_checkpoints(run_dir)
-    return ckpts[-1] if ckpts else None
+from ..runs import CHECKPOINT_PREFIX as PREFIX
+from ..runs import latest_checkpoint, list_checkpoints  # noqa: F401  (latest_checkpoint: the engine's import)
 
 
 def save_checkpoint(accelerator: Accelerator, run_dir: str | Path, step: int, keep: int) -> Path:

@@ -13,8 +13,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..utils.io import read_json
-from .checkpoint import architecture_mismatch, latest_checkpoint
+from ..runs import RunRecord
+from .checkpoint import architecture_mismatch
 from .optim import OPTIMIZERS, PROGRESS_SCHEDULES, STEP_SCHEDULES, schedule_problems
 
 
@@ -211,9 +211,8 @@ def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
 
     if check_run_dir and cfg.resume == "auto":
         run_dir = Path(cfg.run.dir)
-        s = read_json(run_dir / "summary.json")
-        finished = isinstance(s, dict) and s.get("status") == "finished"
-        ckpt = None if finished else latest_checkpoint(run_dir)
+        record = RunRecord(run_dir)
+        ckpt = None if record.finished else record.latest_checkpoint()
         if ckpt is not None and cfg.model.get("builder") in MODEL_BUILDERS:
             try:
                 why = architecture_mismatch(ckpt, _model_shapes(cfg))

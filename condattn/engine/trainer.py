@@ -35,8 +35,9 @@ from tqdm.auto import tqdm
 from ..conditioning import apply_conditioning
 from ..data.build import build_datasets
 from ..models import build_model
+from ..runs import summary_is_finished
 from ..tasks import build_task
-from ..utils.io import read_json, write_json_atomic
+from ..utils.io import write_json_atomic
 from . import provenance
 from .budget import Budget
 from .checkpoint import architecture_mismatch, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -81,24 +82,6 @@ class TrainState:
 
     def load_state_dict(self, d: dict) -> None:
         vars(self).update(d)
-
-
-def summary_is_finished(run_dir: str | Path) -> dict | None:
-    s = read_json(Path(run_dir) / "summary.json")
-    return s if isinstance(s, dict) and s.get("status") == "finished" and "metrics" in s else None
-
-
-def summary_status(run_dir: str | Path) -> str:
-    """finished | failed | corrupt (unreadable: treated as unfinished) | absent | <other status>."""
-    path = Path(run_dir) / "summary.json"
-    if not path.exists():
-        return "absent"
-    s = read_json(path)
-    if not isinstance(s, dict):
-        return "corrupt"
-    if s.get("status") == "finished" and "metrics" not in s:
-        return "corrupt"
-    return str(s.get("status", "corrupt"))
 
 
 def _launch_info(cfg: Any) -> dict[str, Any]:

@@ -8,22 +8,7 @@ from pathlib import Path
 
 import torch
 
-
-def resolve_run_dir(init_from: str, runs_root: str | os.PathLike[str]) -> Path:
-    """The run dir of `init_from`: a run dir, a file inside one (or inside its checkpoints/step_N/), or a run name
-    found exactly once under runs_root/*/."""
-    p = Path(init_from)
-    if p.is_file():
-        return p.parent.parent.parent if p.parent.name.startswith("step_") else p.parent
-    if p.is_dir():
-        return p
-    found = sorted(Path(runs_root).glob(f"*/{init_from}"))
-    if len(found) == 1:
-        return found[0]
-    why = f"several runs match: {', '.join(map(str, found))}" if found else \
-        f"it is no file or run dir, and {runs_root}/*/{init_from} does not exist"
-    raise FileNotFoundError(f"{init_from!r}: {why}. Give the earlier run's directory (runs/<scale>/<run name>), a "
-                            "unique run name (finish that run first), or a weights file.")
+from ..runs import RunRecord, resolve_run_dir
 
 
 def _read(path: Path) -> dict[str, torch.Tensor]:
@@ -56,22 +41,18 @@ def weights_file(init_from: str, runs_root: str | os.PathLike[str] = "runs") -> 
     """The file `init_from` names: a weights file as is; for a run (dir or name), the model file of its latest
     checkpoint (checkpoints/step_N/model.safetensors: its final weights), else its best_model.pt. A run must have
     finished: to start from an unfinished run's weights, name one of its checkpoint files."""
-    from ..engine.checkpoint import latest_checkpoint
-    from ..engine.trainer import summary_status
-
     p = Path(init_from)
     if p.is_file():
         return p
     run = resolve_run_dir(init_from, runs_root)
-    status = summary_status(run)
+    record = RunRecord(run)
+    status = record.status
     if status != "finished":
         raise FileNotFoundError(f"the run {run} has not finished (summary: {status}); finish it first (rerun its "
                                 "command: it resumes), or name one of its checkpoint files "
                                 "(checkpoints/step_N/model.safetensors) to start from intermediate weights")
-    ckpt = latest_checkpoint(run)
-    for f in ([ckpt / "model.safetensors"] if ckpt else []) + [run / "best_model.pt"]:
-        if f.is_file():
-            return f
+    if (f := record.final_weights()) is not None:
+        return f
     raise FileNotFoundError(f"the run {run} has no weights (no checkpoints/step_*/model.safetensors and no "
                             "best_model.pt); point init_from at another run or a weights file.")
 

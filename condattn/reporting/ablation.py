@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from ..utils.io import read_jsonl
+from ..runs import RunRecord
 from .tables import collect, load_experiment, provenance_line, save_outputs
 
 # (column header, step-0 diagnostics key) in table order
@@ -45,7 +45,7 @@ def _fmt(st: tuple[float, float] | None, n: int, digits: int = 3, sci: bool = Fa
 
 
 def _last_val(summary: dict) -> dict:
-    rows = [r for r in read_jsonl(Path(summary["run_dir"]) / "metrics.jsonl") if r.get("split") == "val"]
+    rows = RunRecord(summary["run_dir"]).metrics_rows("val")
     return rows[-1] if rows else {}
 
 

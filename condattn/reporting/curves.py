@@ -20,8 +20,8 @@ import math
 import statistics
 from pathlib import Path
 
-from ..utils.io import read_json, read_jsonl
-from .tables import METHOD_LABELS, Cell, collect, provenance_line, run_name, save_outputs
+from ..runs import RunId, RunRecord
+from .tables import METHOD_LABELS, TableCell, collect, provenance_line, save_outputs
 
 # (flat diagnostics key, label) in table order; the figure draws a subset (PANELS)
 QUANTITIES = [
@@ -63,7 +63,7 @@ def _finite(v) -> bool:
 def diag_series(run_dir: str | Path) -> dict[int, dict]:
     """{step: diag row} of one run; a later row of the same step wins (the end-of-training row repeats the last
     in-loop one when diagnostics.every divides the step count)."""
-    return {int(r["step"]): r for r in read_jsonl(Path(run_dir) / "metrics.jsonl") if r.get("split") == "diag"}
+    return {int(r["step"]): r for r in RunRecord(run_dir).metrics_rows("diag")}
 
 
 def curve(series: dict[int, dict], key: str) -> list[tuple[int, float]]:
@@ -87,20 +87,20 @@ def _fmt(values: list[float], key: str) -> str:
     return f"{_num(st[0], key)} ± {_num(st[1], key)}" if len(values) > 1 else _num(st[0], key)
 
 
-def _run_state(runs_root: str | Path, scale: str, name: str) -> str:
+def _run_state(runs_root: str | Path, run: RunId) -> str:
     """Why a seed has no finished run: failed (with the error's first line), unfinished, or not run."""
-    run_dir = Path(runs_root) / scale / name
-    s = read_json(run_dir / "summary.json")
-    if isinstance(s, dict) and s.get("status") == "failed":
-        return "failed: " + str(s.get("error", "")).splitlines()[0][:160] if s.get("error") else "failed"
-    if isinstance(s, dict) and s.get("status") == "finished":
+    record = RunRecord.of(runs_root, run)
+    error = record.failure()
+    if error is not None:
+        return "failed: " + error.splitlines()[0][:160] if error else "failed"
+    if record.finished:
         return "finished, but its summary lacks the experiment's metric"
-    if run_dir.exists():
+    if record.dir.exists():
         return "unfinished (interrupted, running, or its summary is unreadable)"
     return "not run"
 
 
-def cell_series(cell: Cell) -> list[dict[int, dict]]:
+def cell_series(cell: TableCell) -> list[dict[int, dict]]:
     return [diag_series(s["run_dir"]) for s in cell.summaries]
 
 
@@ -116,7 +116,7 @@ def endpoints(series: list[dict[int, dict]], key: str) -> dict[str, list[float]]
     return out
 
 
-def _model_name(cell: Cell) -> str:
+def _model_name(cell: TableCell) -> str:
     names = sorted({str(s.get("config", {}).get("model", {}).get("name", "?")) for s in cell.summaries})
     return ", ".join(names)
 
@@ -146,7 +146,7 @@ def table_data(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | 
     for (row, method), cell in cells.items():
         data[(row, method)] = {
             "series": cell_series(cell),
-            "missing": [(seed, _run_state(runs_root, scale, run_name(exp["table"], row, method, scale, seed)))
+            "missing": [(seed, _run_state(runs_root, RunId(exp["table"], row, method, scale, seed)))
                         for seed in cell.missing],
             "model": _model_name(cell),
         }

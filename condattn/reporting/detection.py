@@ -34,7 +34,7 @@ def _metrics(exp: dict) -> list[dict]:
 
 
 def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None):
-    """{(row, method): tables.Cell} (values = the primary metric, for provenance and curves) and
+    """{(row, method): tables.TableCell} (values = the primary metric, for provenance and curves) and
     {(row, method, metric key): [value × multiplier per finished seed]}."""
     cells = tables.collect(exp, scale, runs_root, seeds)
     values = {(row, method, k): [multiplier(exp) * float(s["metrics"][k]) for s in cell.summaries

@@ -9,8 +9,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from ..utils.io import read_json
-from .tables import METHOD_LABELS, collect, plot_curves, provenance_line, rows_for, run_name, save_outputs
+from ..runs import RunId, RunRecord
+from .tables import METHOD_LABELS, collect, plot_curves, provenance_line, rows_for, save_outputs
 
 SECOND = {"mnli": ("mnli_mm", "final_test_score", "MNLI-mm")}  # a row whose runs also report a second dev split
 
@@ -30,9 +30,9 @@ def _columns(exp: dict, scale: str, cells: dict) -> list[tuple[str, str, dict[st
 
 
 def _pretrain_line(exp: dict, scale: str, runs_root: Path, method: str) -> str:
-    name = run_name(exp["table"], "pretrain", method, scale, int(exp["pretrain"].get("seed", 0)))
-    s = read_json(runs_root / scale / name / "summary.json")
-    if not (isinstance(s, dict) and s.get("status") == "finished"):
+    run = RunId(exp["table"], "pretrain", method, scale, int(exp["pretrain"].get("seed", 0)))
+    name, s = run.name, RunRecord.of(runs_root, run).summary
+    if s is None:
         return f"| {METHOD_LABELS.get(method, method)} | {name} | missing | | | | |"
     b = s.get("budget") or {}
     budget = f"{b.get('hours')} h" if b.get("hours") else "none (task.steps)"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from ..utils.io import read_json, read_jsonl
+from ..runs import RunId, RunRecord
 from .stats import diff_ci, mean_std
 
 METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET"}
@@ -48,12 +48,10 @@ def multiplier(exp: dict) -> float:
     return float(exp.get("metric_multiplier", 100))
 
 
-def run_name(table: str, row: str, method: str, scale: str, seed: int) -> str:
-    return f"{table}_{row}_{method}_{scale}_s{seed}"
-
-
 @dataclass
-class Cell:
+class TableCell:
+    """One cell of a rendered table: a row × method, with the metric of each finished seed's run."""
+
     row: str
     method: str
     seeds: list[int]
@@ -71,17 +69,15 @@ class Cell:
         return s + (f", missing seeds {self.missing}" if self.missing else "")
 
 
-def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None) -> dict[tuple, Cell]:
+def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None) -> dict[tuple, TableCell]:
     seeds = list(seeds if seeds is not None else exp["scales"][scale]["seeds"])
     cells = {}
     for row in rows_for(exp, scale):
         for method in exp["methods"]:
-            cell = Cell(row, method, seeds)
+            cell = TableCell(row, method, seeds)
             for seed in seeds:
-                name = run_name(exp["table"], row, method, scale, seed)
-                s = read_json(Path(runs_root) / scale / name / "summary.json")
-                ok = isinstance(s, dict) and s.get("status") == "finished" and exp["metric"] in s.get("metrics", {})
-                if not ok:
+                s = RunRecord.of(runs_root, RunId(exp["table"], row, method, scale, seed)).summary
+                if s is None or exp["metric"] not in s["metrics"]:
                     cell.missing.append(seed)
                     continue
                 cell.values.append(multiplier(exp) * float(s["metrics"][exp["metric"]]))
@@ -97,7 +93,7 @@ def _paper(exp: dict, row: str, key: str) -> str:
     return "–" if v is None else f"{v:.{int(exp.get('paper_digits', 1))}f}"
 
 
-def provenance_line(exp: dict, scale: str, cells: dict[tuple, Cell]) -> str:
+def provenance_line(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> str:
     sums = [s for c in cells.values() for s in c.summaries]
     commits = sorted({s.get("commit", "unknown") for s in sums}) or ["none"]
     hardware = sorted({s.get("hardware_line", "unknown") for s in sums}) or ["none"]
@@ -132,7 +128,7 @@ def table_start(exp: dict, intro: str, head: list[str]) -> list[str]:
             "|" + "---|" * len(head)]
 
 
-def render(exp: dict, scale: str, cells: dict[tuple, Cell]) -> tuple[str, list[dict]]:
+def render(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> tuple[str, list[dict]]:
     """Markdown text and CSV rows for one table at one scale."""
     methods = exp["methods"]
     head = ["row", "paper CET: baseline", "paper CET: CET", "paper SCA: baseline", "paper SCA: SCA"]
@@ -173,7 +169,7 @@ def render(exp: dict, scale: str, cells: dict[tuple, Cell]) -> tuple[str, list[d
     return "\n".join(lines) + "\n", csv_rows
 
 
-def plot_curves(exp: dict, scale: str, cells: dict[tuple, Cell], out: Path) -> Path | None:
+def plot_curves(exp: dict, scale: str, cells: dict[tuple, TableCell], out: Path) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -190,8 +186,8 @@ def plot_curves(exp: dict, scale: str, cells: dict[tuple, Cell], out: Path) -> P
     for ax, row in zip(axes.flat, rows):
         for m in exp["methods"]:
             for i, s in enumerate(cells[(row, m)].summaries):
-                pts = [(r["step"], multiplier(exp) * r[key]) for r in read_jsonl(Path(s["run_dir"]) / "metrics.jsonl")
-                       if r.get("split") == split and key in r]
+                pts = [(r["step"], multiplier(exp) * r[key]) for r in RunRecord(s["run_dir"]).metrics_rows(split)
+                       if key in r]
                 if pts:
                     x, y = zip(*pts)
                     ax.plot(x, y, color=f"C{exp['methods'].index(m)}", alpha=0.8,

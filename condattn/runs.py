@@ -1,0 +1,294 @@
+"""The run directory, read and written in one place.
+
+A run is named by its identity (`RunId`: table, row, method, scale, seed -> `<table>_<row>_<method>_<scale>_s<seed>`,
+under `<runs root>/<scale>/`) and recorded in its directory (`RunRecord`):
+
+    config.yaml         the resolved config (written at start)
+    metrics.jsonl       one row per log / eval / diagnostics step ({"step", "split", ...})
+    checkpoints/        step_NNNNNNN/ (accelerate's state, model.safetensors; COMPLETE once whole)
+    best_model.pt       the best-validation weights (tasks with a test split)
+    patch_report.json   what the conditioning patch touched
+    submission.json     the SLURM job of the cell (launch)
+    summary.json        written last: status finished (with "metrics") or failed (with "error")
+
+Whether a run finished is decided here only (`RunRecord.status`, `RunRecord.summary`). The run record is a leaf of
+the harness: it imports the standard library and condattn.utils, nothing above.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .utils.io import read_json, read_jsonl, write_json_atomic
+
+SUMMARY = "summary.json"
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_PREFIX = "step_"
+BEST_MODEL = "best_model.pt"
+PATCH_REPORT = "patch_report.json"
+SUBMISSION = "submission.json"
+TOKENIZER = "tokenizer.json"
+
+
+@dataclass(frozen=True)
+class RunId:
+    """Who a run is: one cell (row × method × seed) of a table at a scale."""
+
+    table: str
+    row: str
+    method: str
+    scale: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.table}_{self.row}_{self.method}_{self.scale}_s{self.seed}"
+
+    def dir(self, runs_root: str | Path) -> Path:
+        return Path(runs_root) / self.scale / self.name
+
+    @classmethod
+    def parse(cls, name: str, table: str, rows, methods, scale: str) -> RunId | None:
+        """The RunId whose name is `name`, given the table's rows and methods (names alone are ambiguous: rows and
+        methods may hold underscores), or None. Longer methods are tried first ("spectral+embedded" before
+        "embedded")."""
+        for method in sorted(methods, key=len, reverse=True):
+            for row in rows:
+                prefix = f"{table}_{row}_{method}_{scale}_s"
+                if name.startswith(prefix) and re.fullmatch(r"-?[0-9]+", seed := name[len(prefix):]):
+                    return cls(table, row, method, scale, int(seed))
+        return None
+
+
+@dataclass
+class RunSummary:
+    """A typed view of summary.json: the keys its readers use. Missing keys (older summaries, failed runs) are None;
+    `raw` keeps the whole dict."""
+
+    status: str | None = None
+    run_name: str | None = None
+    run_dir: str | None = None
+    table: str | None = None
+    row: str | None = None
+    method: str | None = None
+    scale: str | None = None
+    seed: int | None = None
+    metrics: dict[str, Any] | None = None
+    steps: int | None = None
+    wall_time_s: float | None = None
+    train_time_s: float | None = None
+    hardware_line: str | None = None
+    commit: str | None = None
+    data: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
+    diagnostics: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    finished_at: str | None = None
+    error: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSummary:
+        return cls(**{f.name: d.get(f.name) for f in fields(cls) if f.name != "raw"}, raw=d)
+
+    @property
+    def run_id(self) -> RunId | None:
+        """The identity recorded in the summary (None when a key is missing, e.g. a failed run's summary)."""
+        parts = (self.table, self.row, self.method, self.scale, self.seed)
+        return None if any(p is None for p in parts) else RunId(*parts[:4], int(parts[4]))  # type: ignore[arg-type]
+
+
+class RunRecord:
+    """One run directory: its status, summary, files, and the writers of its summary."""
+
+    def __init__(self, run_dir: str | Path):
+        self.dir = Path(run_dir)
+
+    @classmethod
+    def of(cls, runs_root: str | Path, run_id: RunId) -> RunRecord:
+        return cls(run_id.dir(runs_root))
+
+    def __repr__(self) -> str:
+        return f"RunRecord({str(self.dir)!r})"
+
+    # ----------------------------------------------------------------------------------------- paths
+    @property
+    def summary_path(self) -> Path:
+        return self.dir / SUMMARY
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / CONFIG
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.dir / METRICS
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.dir / CHECKPOINTS
+
+    @property
+    def best_model_path(self) -> Path:
+        return self.dir / BEST_MODEL
+
+    @property
+    def patch_report_path(self) -> Path:
+        return self.dir / PATCH_REPORT
+
+    @property
+    def submission_path(self) -> Path:
+        return self.dir / SUBMISSION
+
+    def looks_like_run(self) -> bool:
+        """A directory a run has written to (a summary, metrics rows or checkpoints)."""
+        return self.dir.is_dir() and (self.summary_path.exists() or self.metrics_path.exists()
+                                      or self.checkpoints_dir.is_dir())
+
+    # ----------------------------------------------------------------------------------------- status
+    def read_summary(self) -> dict | None:
+        """summary.json as written, whatever its status (None: missing or unreadable)."""
+        s = read_json(self.summary_path)
+        return s if isinstance(s, dict) else None
+
+    @property
+    def status(self) -> str:
+        """finished | failed | corrupt (unreadable, or finished without metrics: treated as unfinished) | absent |
+        <other status>."""
+        if not self.summary_path.exists():
+            return "absent"
+        s = self.read_summary()
+        if s is None or (s.get("status") == "finished" and "metrics" not in s):
+            return "corrupt"
+        return str(s.get("status", "corrupt"))
+
+    @property
+    def summary(self) -> dict | None:
+        """The summary of a finished run (status finished, with metrics), else None."""
+        s = self.read_summary()
+        return s if s is not None and s.get("status") == "finished" and "metrics" in s else None
+
+    @property
+    def finished(self) -> bool:
+        return self.summary is not None
+
+    def summary_view(self) -> RunSummary | None:
+        """The typed view of summary.json, whatever its status (None: missing or unreadable)."""
+        s = self.read_summary()
+        return None if s is None else RunSummary.from_dict(s)
+
+    def failure(self) -> str | None:
+        """A failed run's error message ("" when it recorded none); None unless the run failed."""
+        s = self.read_summary()
+        return str(s.get("error") or "") if s is not None and s.get("status") == "failed" else None
+
+    # ----------------------------------------------------------------------------------------- files
+    def metrics_rows(self, split: str | None = None) -> list[dict]:
+        """metrics.jsonl rows in order (a torn last line is dropped), optionally only one split's."""
+        rows = read_jsonl(self.metrics_path)
+        return rows if split is None else [r for r in rows if r.get("split") == split]
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints (their COMPLETE marker written), oldest first."""
+        return list_checkpoints(self.dir)
+
+    def latest_checkpoint(self) -> Path | None:
+        return latest_checkpoint(self.dir)
+
+    def final_weights(self) -> Path | None:
+        """The run's last weights: its latest checkpoint's model.safetensors, else best_model.pt, else None."""
+        ckpt = self.latest_checkpoint()
+        for f in ([ckpt / "model.safetensors"] if ckpt else []) + [self.best_model_path]:
+            if f.is_file():
+                return f
+        return None
+
+    def tokenizer_file(self) -> Path | None:
+        """The tokenizer.json of the run's data: the data cache its summary names (text builders cache it there),
+        else the `data.tokenizer` of its config.yaml; None when neither names one."""
+        cache = ((self.read_summary() or {}).get("data") or {}).get("cache")
+        if cache and (Path(cache) / TOKENIZER).is_file():
+            return Path(cache) / TOKENIZER
+        if self.config_path.is_file():
+            import yaml
+
+            tok = ((yaml.safe_load(self.config_path.read_text()) or {}).get("data") or {}).get("tokenizer")
+            if tok:
+                return Path(tok)
+        return None
+
+    def submission(self) -> dict | None:
+        rec = read_json(self.submission_path)
+        return rec if isinstance(rec, dict) else None
+
+    def patch_report(self) -> dict | None:
+        rec = read_json(self.patch_report_path)
+        return rec if isinstance(rec, dict) else None
+
+    # ----------------------------------------------------------------------------------------- writers
+    def write_summary(self, summary: dict) -> None:
+        """Atomically: a crash never leaves a half-written summary behind."""
+        write_json_atomic(self.summary_path, summary)
+
+    def write_failure(self, error: str, step: int, last_good_checkpoint: str | Path | None, run_name: str,
+                      config: Any) -> dict:
+        """The summary of a run that failed (diverged): what happened, where, and the last checkpoint to resume
+        from; a rerun treats the run as unfinished."""
+        summary = {"status": "failed", "error": error, "step": step, "last_good_checkpoint": str(last_good_checkpoint
+                                                                                                 or ""),
+                   "run_name": run_name, "run_dir": str(self.dir), "config": config}
+        self.write_summary(summary)
+        return summary
+
+    def write_submission(self, record: dict) -> None:
+        write_json_atomic(self.submission_path, record)
+
+    def write_patch_report(self, report: dict) -> None:
+        write_json_atomic(self.patch_report_path, report)
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoints of a run directory, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    done = [p for p in root.iterdir()
+            if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and (p / "COMPLETE").exists()]
+    return sorted(done, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]))
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    ckpts = list_checkpoints(run_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def resolve_run_dir(init_from: str, runs_root: str | Path) -> Path:
+    """The run dir of `init_from`: a run dir, a file inside one (or inside its checkpoints/step_N/), or a run name
+    found exactly once under runs_root/*/."""
+    p = Path(init_from)
+    if p.is_file():
+        return p.parent.parent.parent if p.parent.name.startswith(CHECKPOINT_PREFIX) else p.parent
+    if p.is_dir():
+        return p
+    found = sorted(Path(runs_root).glob(f"*/{init_from}"))
+    if len(found) == 1:
+        return found[0]
+    why = f"several runs match: {', '.join(map(str, found))}" if found else \
+        f"it is no file or run dir, and {runs_root}/*/{init_from} does not exist"
+    raise FileNotFoundError(f"{init_from!r}: {why}. Give the earlier run's directory (runs/<scale>/<run name>), a "
+                            "unique run name (finish that run first), or a weights file.")
+
+
+def summary_is_finished(run_dir: str | Path) -> dict | None:
+    """The summary of a finished run, else None (RunRecord(run_dir).summary)."""
+    return RunRecord(run_dir).summary
+
+
+def summary_status(run_dir: str | Path) -> str:
+    """finished | failed | corrupt | absent | <other status> (RunRecord(run_dir).status)."""
+    return RunRecord(run_dir).status
