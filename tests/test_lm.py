@@ -13,7 +13,7 @@ import torch
 import yaml
 
 import condattn
-from condattn.conditioning.targets import find_attention, find_tokens
+from condattn.conditioning import find_attention, find_tokens
 from condattn.config import compose
 from condattn.data.build import build_datasets
 from condattn.engine.trainer import train

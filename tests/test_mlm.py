@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import condattn
-from condattn.conditioning.targets import find_attention, find_tokens
+from condattn.conditioning import find_attention, find_tokens
 from condattn.config import compose
 from condattn.data.build import build_datasets
 from condattn.engine.budget import Budget, budget_triangle
