@@ -317,3 +317,33 @@ def test_cet_bounds_kappa_and_leaves_padding_untouched(name, solver, bound):
     for b in range(x1.shape[0]):
         assert _kappa(x0[b][keep[b]]) > case.raw_kappa_min
         assert _kappa(x1[b][keep[b]]) <= bound, (b, _kappa(x1[b][keep[b]]))
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def test_priority_not_registration_order_decides(monkeypatch):
+    """Two finders that both match a module: the higher priority wins whichever registered first; equal
+    priorities fall back to the layout names, never to the registration order."""
+    from condattn.conditioning import sites
+
+    lin = torch.nn.Linear(4, 12)
+
+    def finder(layout):
+        return lambda name, m: sites.AttentionSite(name, m, layout, 1, 4, sites.stacked(m, 1)[1]) \
+            if isinstance(m, torch.nn.Linear) else None
+
+    for order in (("low", "high"), ("high", "low")):
+        monkeypatch.setattr(sites, "ATTENTION_LAYOUTS", {})
+        monkeypatch.setattr(sites, "PRIORITY", {})
+        for layout in order:
+            sites.attention_layout(layout, priority=1 if layout == "high" else 0)(finder(layout))
+        assert [s.layout for s in sites.find_attention(lin)] == ["high"]
+    for order in (("b", "a"), ("a", "b")):
+        monkeypatch.setattr(sites, "ATTENTION_LAYOUTS", {})
+        monkeypatch.setattr(sites, "PRIORITY", {})
+        for layout in order:
+            sites.attention_layout(layout)(finder(layout))
+        assert [s.layout for s in sites.find_attention(lin)] == ["a"]
+    with pytest.raises(ValueError, match="registered twice"):
+        sites.attention_layout("a")(finder("a"))
