@@ -1,6 +1,9 @@
-"""condattn: reproduce conditioned embedded tokens (CET) and spectral conditioning of attention (SCA)."""
+"""condattn: reproduce conditioned embedded tokens (CET) and spectral conditioning of attention (SCA).
 
-from . import config as _config  # noqa: F401  (registers the config resolvers, e.g. epoch_steps)
+`import condattn` loads only the method library (condattn.conditioning, condattn.diagnostics): no Hydra, no
+harness. The harness's entry points import condattn.config themselves (which registers its config resolvers).
+"""
+
 from .conditioning import PatchReport, apply_conditioning, conditioning_report, remove_conditioning
 
 __version__ = "0.1.0"

@@ -6,8 +6,8 @@ deep-copied, and `none` / the method applied to the two copies, so both arms hav
 On the first `--batch` validation samples it measures per layer κ(W_Q/W_K/W_V) and σ_min(W_Q) (effective
 weights, W + λI under SCA), κ(X) of each block's input, attention entropy and max probability (one forward),
 and ‖∇W_Q‖, ‖∇W_K‖ after one backward of the task loss (eval mode: no dropout, so both arms compute the
-same function of the same batch). `--jacobian` adds κ(J) of the first attention layer's head 0 (token softmax, or
-XCiT's cross-covariance formula for an XCA layer; see `head_function`).
+same function of the same batch). `--jacobian` adds κ(J) of the first attention layer's head 0, with that layer's own
+attention formula (condattn.diagnostics.jacobian_kappa: token softmax, XCiT's cross-covariance attention, ...).
 
 Prints a table ("baseline → conditioned" per cell) under a provenance header, and writes
 `<out>/<model>_<method>_<scale>.{png,json}` (default out: `<paths.results>/diagnose`).
@@ -20,8 +20,6 @@ import argparse
 import copy
 import sys
 import textwrap
-import time
-import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -29,12 +27,10 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from .conditioning.forms import FORMS
 from .config import CONFIG_DIR, compose
-
-# κ(J) of one head: J is (N·d) × (3·D·d). Exact (jacrev + float64 SVD) while J has at most this many entries
-# (~32 MB; a few seconds on 2 CPU cores), on the first tokens of the sample when all of them would exceed it.
-EXACT_MAX_ENTRIES = 4_000_000
-MIN_EXACT_TOKENS = 8  # when fewer tokens fit the exact budget, use the matrix-free (Lanczos) κ(J) instead
+from .diagnostics import layer_jacobian
+from .diagnostics.layer_jacobian import EXACT_MAX_ENTRIES
 
 ARROW = " → "
 COLUMNS = (  # (header, flat diagnostics key; i = layer / block index)
@@ -96,15 +92,6 @@ def _first(ds, n: int) -> dict[str, torch.Tensor]:
     return {k: torch.stack([it[k] for it in items]) for k in items[0]}
 
 
-def _layer_input(args: tuple, kwargs: dict) -> torch.Tensor:
-    if args and torch.is_tensor(args[0]):
-        return args[0]
-    for key in ("hidden_states", "x"):
-        if key in kwargs:
-            return kwargs[key]
-    raise RuntimeError("cannot find the token tensor among the attention module's inputs")
-
-
 def measure(model: torch.nn.Module, task, batch: dict[str, torch.Tensor]) -> dict:
     """cheap_diagnostics (one forward) + W_Q/W_K/W_V gradient norms after one backward of the task loss."""
     from .diagnostics import cheap_diagnostics, grad_diagnostics, qkv_grad_norms
@@ -121,113 +108,22 @@ def measure(model: torch.nn.Module, task, batch: dict[str, torch.Tensor]) -> dic
 
 
 def head_inputs(model: torch.nn.Module, task, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list, Any]:
-    """(X, [W_Q, W_K, W_V] of head 0 in the paper's (D, d) layout, attention site) for the first attention
-    layer: X = its input tokens of sample 0 (padded rows dropped), captured by a forward pre-hook."""
-    from .conditioning.targets import ROLES, find_attention
-    from .diagnostics._util import as_tokens, rows_kept
-
-    sites = find_attention(model)
-    if not sites:
-        raise DiagnoseError(f"--jacobian: no attention layer of {type(model).__name__} matches a registered layout")
-    site, seen = sites[0], []
-    handle = site.module.register_forward_pre_hook(
-        lambda m, a, kw: seen.append(_layer_input(a, kw).detach()), with_kwargs=True
-    )
-    one = {k: v[:1] for k, v in batch.items()}
+    """condattn.diagnostics.head_inputs for a task's forward and its batch's padding mask."""
     try:
-        with torch.no_grad():
-            task.forward(model, one)
-    finally:
-        handle.remove()
-    x = as_tokens(seen[0])
-    keep = rows_kept(one.get("attention_mask"), 1, x.shape[1], x.device)
-    X = x[0] if keep is None else x[0][keep[0]]
-    return X, [site.head_weight(r, 0, effective=True).T for r in ROLES], site
-
-
-def head_function(site) -> tuple[Any, str, dict]:
-    """The head function κ(J) is taken of for this attention site, by its layout: (head, formula, params).
-    head None = jacobian.attention_head (token softmax, its `scale`); XCiT's XCA (layout timm_xca, attention over
-    channels) gets jacobian.xca_head with the learned temperature τ of head 0."""
-    if site.layout == "timm_xca":
-        from functools import partial
-
-        from .diagnostics import xca_head
-
-        tau = float(site.module.temperature.detach().reshape(-1)[0])
-        return partial(xca_head, temperature=tau), "xca", {"temperature": tau}
-    return None, "token_softmax", {}
+        return layer_jacobian.head_inputs(model, task.forward, batch, batch.get("attention_mask"))
+    except ValueError as e:
+        raise DiagnoseError(f"--jacobian: {e}") from e
 
 
 def jacobian_kappa(model: torch.nn.Module, task, batch: dict[str, torch.Tensor], max_tokens: int | None,
                    iters: int = 300, exact_max_entries: int = EXACT_MAX_ENTRIES) -> dict:
-    """κ(J) of head 0 of the first attention layer with respect to (W_Q, W_K, W_V), with the layer's own attention
-    formula (`head_function`: token softmax, or XCiT's cross-covariance attention; recorded as "formula").
-    iters: Lanczos steps when J is too large for the exact SVD; exact_max_entries: the exact solver's budget
-    (entries of J; see EXACT_MAX_ENTRIES)."""
-    from .diagnostics import jacobian_condition_number, jacobian_condition_number_matfree
-
-    X, W, site = head_inputs(model, task, batch)
-    head, formula, head_params = head_function(site)
-    n_all, D, d = X.shape[0], X.shape[1], W[0].shape[1]
-    per_token = d * 3 * D * d  # entries of J per token
-    n = min(n_all, max_tokens or n_all)
-    why = "--jacobian-tokens" if n < n_all else None
-    budget = int(exact_max_entries)
-    exact = n * per_token <= budget or budget // per_token >= MIN_EXACT_TOKENS
-    if exact and n * per_token > budget:
-        n, why = budget // per_token, f"to keep J ≤ {budget:.0e} entries for the exact SVD"
-    elif not exact and n > D:  # J Jᵀ (N·d square) is generically nonsingular only while N ≤ D
-        n, why = D, f"N ≤ D = {D} keeps J Jᵀ nonsingular for the matrix-free solver"
-    if head is None:
-        s = getattr(site.module, "scale", None)
-        scale = float(s) if isinstance(s, (int, float)) else None  # None: 1/sqrt(d)
-    else:
-        scale = None  # the head function carries its own parameters (head_params)
-    t0 = time.perf_counter()
-    res: dict[str, Any] = {"layer": site.name, "head": 0, "tokens": n, "tokens_total": n_all, "subsampled": why,
-                           "J_shape": [n * d, 3 * D * d], "formula": formula, "layout": site.layout,
-                           "scale": None if head is not None else (scale if scale is not None else d**-0.5),
-                           **head_params}
-    if exact:
-        res.update(solver="exact", kappa=jacobian_condition_number(X[:n], *W, scale=scale, head=head))
-    else:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # reported through `info` below
-            kappa, info = jacobian_condition_number_matfree(X[:n], *W, scale=scale, iters=iters, return_info=True,
-                                                            head=head)
-        res.update(solver="matrix-free", kappa=kappa, info=info)
-    res["seconds"] = round(time.perf_counter() - t0, 2)
-    return res
-
-
-def jacobian_diagnostics(model: torch.nn.Module, task, batch: dict[str, torch.Tensor], max_tokens: int | None = None,
-                         iters: int = 300, exact_max_entries: int = EXACT_MAX_ENTRIES) -> dict[str, float]:
-    """`jacobian_kappa` as flat scalars for a training loop's diagnostics rows, without side effects on training:
-    it runs in eval mode and restores every module's train/eval mode afterwards (as cheap_diagnostics), and under
-    torch.random.fork_rng, so the global CPU/CUDA RNG streams are untouched (Lanczos uses its own generator).
-    Keys: kappa_jacobian/l0 (κ(J) of layer 0, head 0), kappa_jacobian_tokens/l0 (tokens of sample 0 used, of
-    kappa_jacobian_tokens_total/l0), kappa_jacobian_exact/l0 (1: jacrev + SVD, 0: Lanczos),
-    kappa_jacobian_converged/l0 (0: Lanczos hit its step limit, κ is a lower estimate), kappa_jacobian_xca/l0
-    (1: XCiT's channel-attention formula, 0: token softmax)."""
-    modes = [(m, m.training) for m in model.modules()]
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    model.eval()
+    """condattn.diagnostics.jacobian_kappa (κ(J) of head 0 of the first attention layer, with its own formula) for a
+    task's forward and its batch's padding mask."""
     try:
-        with torch.random.fork_rng(devices=devices):
-            j = jacobian_kappa(model, task, batch, max_tokens, iters=iters, exact_max_entries=exact_max_entries)
-    finally:
-        for m, training in modes:
-            m.training = training
-    info = j.get("info") or {}
-    return {
-        "kappa_jacobian/l0": float(j["kappa"]),
-        "kappa_jacobian_tokens/l0": float(j["tokens"]),
-        "kappa_jacobian_tokens_total/l0": float(j["tokens_total"]),
-        "kappa_jacobian_exact/l0": float(j["solver"] == "exact"),
-        "kappa_jacobian_converged/l0": float(bool(info.get("converged", True))),
-        "kappa_jacobian_xca/l0": float(j["formula"] == "xca"),
-    }
+        return layer_jacobian.jacobian_kappa(model, task.forward, batch, batch.get("attention_mask"), max_tokens,
+                                             iters=iters, exact_max_entries=exact_max_entries)
+    except ValueError as e:  # e.g. no attention layer matches a registered layout: a user error, exit code 2
+        raise DiagnoseError(f"--jacobian: {e}") from e
 
 
 def _fmt(v: Any) -> str:
@@ -358,8 +254,7 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
         how = "jacrev + float64 SVD" if jb["solver"] == "exact" else "Lanczos on J Jᵀ"
         sub = (f"SUBSAMPLED: the first {jb['tokens']} of its {jb['tokens_total']} tokens ({jb['subsampled']})"
                if jb["subsampled"] else f"all {jb['tokens']} tokens")
-        form = (f"XCiT cross-covariance head softmax(τ q̂ᵀk̂) over channels, τ {jb['temperature']:.4g} (baseline)"
-                if jb["formula"] == "xca" else f"exact softmax head, scale {jb['scale']:.4g}")
+        form = FORMS[jb["formula"]].describe(jb)
         lines += ["", f"κ(J) of layer 0 ({jb['layer']}) head 0 w.r.t. (W_Q, W_K, W_V): {form}, no bias, "
                   f"on sample 0, {sub}; {jb['solver']} ({how}), J {jb['J_shape'][0]}×{jb['J_shape'][1]}"]
         for arm, j in (("baseline", jb), ("conditioned", jc)):

@@ -178,14 +178,7 @@ def test_detr_patch_kinds_identity_keys_and_padding(cache):
     base = build(cfg)
     keys = list(base.state_dict())
     inputs = task.detr_inputs(images(((96, 128), (64, 80))))  # the second image is padded
-    assert inputs["pixel_mask"][1].sum() == 64 * 80
-    with torch.no_grad():
-        ref = base(**inputs)
-    same = build(cfg)
-    condattn.apply_conditioning(same, "none")
-    with torch.no_grad():
-        out = same(**inputs)
-    assert torch.equal(ref.logits, out.logits) and torch.equal(ref.pred_boxes, out.pred_boxes)
+    assert inputs["pixel_mask"][1].sum() == 64 * 80  # (none bit-identical on DETR: tests/test_layouts.py)
 
     groups = [s.group for s in find_attention(base)]
     assert groups == ["encoder", "decoder_self", "decoder_cross", "decoder_self", "decoder_cross"]

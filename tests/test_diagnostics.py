@@ -379,3 +379,28 @@ def test_cheap_diagnostics_nystromformer(text):
     for key in ("kappa_wq/l1", "kappa_x/b1", "kappa_attn/l0", "entropy/l1", "maxprob/mean"):
         assert math.isfinite(flat[key]), key
     assert 0 < flat["entropy/l0"] <= r["attention"][0]["entropy_uniform"] + 1e-6
+
+
+@pytest.mark.parametrize("method", ["none", "spectral"])
+def test_channel_head_matches_timm_davit_channel_attention(method):
+    """The DaViT channel-attention form's head function (κ(J)) and scores (entropy probe) are timm's
+    `ChannelAttention` in the layout's roles: the module's output per head, from the site's effective weights."""
+    from timm.models.davit import ChannelAttention
+
+    from condattn.conditioning import ROLES
+
+    torch.manual_seed(0)
+    m = ChannelAttention(16, num_heads=2, qkv_bias=False).eval()
+    condattn.apply_conditioning(m, method, **({"lam": 2.0} if method == "spectral" else {}))
+    m.proj = torch.nn.Identity()
+    x = torch.randn(2, 7, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = m(x)
+    (site,) = find_attention(m)
+    assert site.form.name == "channel_softmax" and site.attends_over == "channels"
+    for h in range(2):
+        fn, params = site.form.head(site, h)
+        assert params["scale"] == pytest.approx(8**-0.5)
+        W = [site.head_weight(r, h, effective=True).T for r in ROLES]
+        for b in range(2):
+            torch.testing.assert_close(fn(x[b], *W), out[b, :, h * 8:(h + 1) * 8], rtol=1e-5, atol=1e-6)

@@ -35,7 +35,7 @@ def test_xca_head_matches_timm_xca_module(fused, method):
     from timm.models.xcit import XCA
 
     import condattn
-    from condattn.conditioning.targets import ROLES, find_attention
+    from condattn.conditioning import ROLES, find_attention
 
     torch.manual_seed(0)
     m = XCA(16, num_heads=2, qkv_bias=False).eval()

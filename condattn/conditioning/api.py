@@ -9,9 +9,10 @@ from typing import Any
 from torch import nn
 
 from .embedded import GRADIENTS, POSITIONS, SOLVERS, TOKENS, EmbeddedTokens
+from .layouts.detr import DETR_ATTENTION  # (importing a layout module registers every family's layouts)
 from .report import PatchEntry, PatchReport
+from .sites import ATTENTION_LAYOUTS, ROLES, TOKEN_LAYOUTS, find_attention, find_tokens
 from .spectral import IDENTITY_PLACEMENTS, patch_spectral, unpatch_spectral
-from .targets import ATTENTION_LAYOUTS, DETR_ATTENTION, ROLES, TOKEN_LAYOUTS, find_attention, find_tokens
 
 METHODS = ("none", "spectral", "embedded", "spectral+embedded")
 
@@ -115,7 +116,7 @@ def apply_conditioning(model: nn.Module, method: str = "none", **options: Any) -
         if not sites:
             raise ValueError(
                 f"spectral: no attention module of {type(model).__name__} matches a known layout "
-                f"({', '.join(ATTENTION_LAYOUTS)}); register one in condattn/conditioning/targets.py"
+                f"({', '.join(ATTENTION_LAYOUTS)}); add one in condattn/conditioning/layouts/"
             )
         kinds = opts["detr_attention"]
         skipped = [s for s in sites if s.group is not None and s.group not in kinds]
@@ -134,7 +135,7 @@ def apply_conditioning(model: nn.Module, method: str = "none", **options: Any) -
         if site is None:
             raise ValueError(
                 f"embedded: cannot locate the first transformer block of {type(model).__name__} "
-                f"(known layouts: {', '.join(TOKEN_LAYOUTS)}); register one in condattn/conditioning/targets.py"
+                f"(known layouts: {', '.join(TOKEN_LAYOUTS)}); add one in condattn/conditioning/layouts/"
             )
         solver_opts = {k: opts[k] for k in ("solver", "gradient", "lift_iters", "ns_iters", "power_iters")}
         hook = EmbeddedTokens(site, opts["position"], opts["tokens"], **solver_opts)

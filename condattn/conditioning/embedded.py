@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .targets import TokenSite
+from .sites import TokenSite
+from .tokens import as_tokens, call_mask, from_tokens
 
 POSITIONS = ("after_pos_embed", "before_pos_embed")
 TOKENS = ("all", "patches_only")
@@ -146,19 +147,6 @@ def polar_correction(
     return x + corr.to(x.dtype)
 
 
-def key_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, N) bool, True for real tokens, from a 2-D padding mask (1 = token) or a 4-D attention mask
-    (B, 1, Q, N) that is boolean (True = attend) or additive (0 = attend, large negative = masked)."""
-    if mask is None:
-        return None
-    if mask.dim() == 4:
-        mask = mask[:, 0].any(dim=1) if mask.dtype == torch.bool else (mask[:, 0] == 0).any(dim=1)
-        return mask
-    if mask.dim() != 2:
-        raise ValueError(f"CET: cannot read a padding mask of shape {tuple(mask.shape)}")
-    return mask.bool()
-
-
 class EmbeddedTokens:
     """Hooks that apply `polar_correction` at one TokenSite and track the padding mask."""
 
@@ -177,8 +165,7 @@ class EmbeddedTokens:
         return handles
 
     def _capture_mask(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        name, idx = self.site.mask_arg
-        self.padding_mask = key_mask(kwargs.get(name, args[idx] if len(args) > idx else None))
+        self.padding_mask = call_mask(self.site, args, kwargs)
 
     def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict):
         if args:
@@ -207,12 +194,8 @@ class EmbeddedTokens:
         return mask
 
     def correct(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        if x.dim() == 4 and self.site.channels_first:  # (B, C, H, W) (DaViT): X is the (H·W) × C matrix
-            t = x.flatten(2).transpose(1, 2)
-            out = polar_correction(t, self.row_mask(t.shape[0], t.shape[1], t.device), **self.solver_opts)
-            return out.transpose(1, 2).reshape(shape)
-        if x.dim() == 4:  # (B, H, W, C) layouts (Swin): X is the (H·W) × C matrix
-            x = x.reshape(shape[0], -1, shape[-1])
-        out = polar_correction(x, self.row_mask(x.shape[0], x.shape[1], x.device), **self.solver_opts)
-        return out.reshape(shape)
+        """X + C for a block input x: (B, N, D), or a 4-D map read as its (H·W) × C token matrix (Swin's (B, H, W, C),
+        DaViT's channels-first (B, C, H, W): TokenSite.channels_first)."""
+        t = as_tokens(x, self.site.channels_first) if x.dim() == 4 else x
+        out = polar_correction(t, self.row_mask(t.shape[0], t.shape[1], t.device), **self.solver_opts)
+        return from_tokens(out, x.shape, self.site.channels_first)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .targets import AttentionSite
+from .sites import AttentionSite
 
 IDENTITY_PLACEMENTS = ("full", "per_head")
 

@@ -1,5 +1,7 @@
 """Measurements of the papers' figures (../../shared/METHODS.md §4): κ of W_Q/W_K/W_V, κ(X) per block,
-κ of attention outputs, attention entropy, W_Q/W_K/W_V gradient norms, and κ(J) of one attention head."""
+κ of attention outputs, attention entropy, W_Q/W_K/W_V gradient norms, and κ(J) of one attention head.
+
+The method library's upper half: it imports torch and condattn.conditioning (the sites it measures), nothing else."""
 
 from .attention import AttentionProbe, attention_entropy, softmax_entropy
 from .collect import cheap_diagnostics, flat_metrics, grad_diagnostics
@@ -13,11 +15,13 @@ from .jacobian import (
     lanczos_extremes,
     xca_head,
 )
+from .layer_jacobian import EXACT_MAX_ENTRIES, head_inputs, jacobian_diagnostics, jacobian_kappa
 from .linalg import batch_condition_numbers, condition_number, sigma_max, sigma_min, singular_values
 from .tokens import TokenProbe, token_conditioning
 from .weights import weight_conditioning
 
 __all__ = [
+    "EXACT_MAX_ENTRIES",
     "AttentionProbe",
     "TokenProbe",
     "attention_entropy",
@@ -28,7 +32,10 @@ __all__ = [
     "condition_number",
     "flat_metrics",
     "grad_diagnostics",
+    "head_inputs",
     "jacobian_condition_number",
+    "jacobian_diagnostics",
+    "jacobian_kappa",
     "jacobian_condition_number_matfree",
     "jacobian_singular_values",
     "lanczos_extremes",

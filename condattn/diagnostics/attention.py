@@ -7,10 +7,10 @@ the exact softmax(q k^T · scale) over the keys is recomputed (scale = the modul
 excluded. For Nyströmformer this is the exact softmax attention that its q and k define, i.e. the matrix
 its landmark (Nyström) attention approximates, not the approximation itself.
 
-Sites that attend over channels (AttentionSite.attends_over == "channels") get their own softmax: XCiT's
-XCA softmax(q̂ᵀk̂ · τ) over the d_h channels of a head (q, k L2-normalised over tokens, τ the learned
-per-head temperature), DaViT's channel attention softmax((q·scale)ᵀ k) in its roles (timm's k and v).
-Their "queries" are the d_h channels. Class attention (queries == "first") has one query, the class token.
+The scores are the site's own formula (`AttentionSite.form.scores`, conditioning/forms.py): token softmax as
+above, or, for sites that attend over channels (AttentionSite.attends_over == "channels"), e.g. XCiT's XCA
+softmax(q̂ᵀk̂ · τ) or DaViT's channel attention, a d_h × d_h softmax whose "queries" are the d_h channels.
+Class attention (queries == "first") has one query, the class token.
 """
 
 from __future__ import annotations
@@ -21,15 +21,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..conditioning.targets import AttentionSite, find_attention, find_tokens
-from ._util import rows_kept, track_model_mask
+from ..conditioning.sites import AttentionSite, find_attention, find_tokens
+from ..conditioning.tokens import track_model_mask
+from ._util import rows_kept
 
 _CHUNK_ELEMENTS = 1 << 25  # logits per chunk of samples, to bound memory on long sequences
-
-
-def _scale(site: AttentionSite) -> float:
-    s = getattr(site.module, "scale", None)
-    return float(s) if isinstance(s, (int, float)) else site.head_dim**-0.5
 
 
 def _heads(t: torch.Tensor, site: AttentionSite) -> torch.Tensor:
@@ -43,17 +39,6 @@ def _roles(site: AttentionSite) -> tuple[str, str]:
     """The two projections whose product is softmaxed. Layouts name roles by what they do in the formula
     (DaViT's ChannelAttention: its `k` chunk is the "q" role), so this is always (q, k)."""
     return ("q", "k")
-
-
-def _logits(site: AttentionSite, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Pre-softmax scores (B, H, queries, keys) from the heads (B, H, N, d) of the two roles."""
-    if site.attends_over != "channels":
-        return a @ b.transpose(-1, -2) * _scale(site)
-    if site.layout == "timm_xca":
-        a = torch.nn.functional.normalize(a, dim=-2)
-        b = torch.nn.functional.normalize(b, dim=-2)
-        return a.transpose(-1, -2) @ b * site.module.temperature.detach().float()
-    return (a * _scale(site)).transpose(-1, -2) @ b  # DaViT channel attention (roles: timm's k, v)
 
 
 def softmax_entropy(logits: torch.Tensor, key_keep: torch.Tensor | None = None):
@@ -129,7 +114,7 @@ class AttentionProbe:
         step = max(1, _CHUNK_ELEMENTS // (h * nq * nk))
         for s in range(0, b, step):
             sl = slice(s, s + step)
-            ent, maxp = softmax_entropy(_logits(site, q[sl], k[sl]), None if kkeep is None else kkeep[sl])
+            ent, maxp = softmax_entropy(site.form.scores(site, q[sl], k[sl]), None if kkeep is None else kkeep[sl])
             w = qw[sl][:, None, :]
             self.ent[i] += (ent * w).sum((0, 2)).double().cpu()
             self.maxp[i] += (maxp * w).sum((0, 2)).double().cpu()

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..conditioning.targets import ROLES
+from ..conditioning.sites import ROLES
 from .attention import AttentionProbe
 from .grads import qkv_grad_norms
 from .tokens import TokenProbe

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..conditioning.targets import ROLES, find_attention
+from ..conditioning.sites import ROLES, find_attention
 
 
 def qkv_grad_norms(model: nn.Module) -> list[dict]:

@@ -8,8 +8,9 @@ singular values. Exact: torch.func.jacrev + an SVD, in float64 (small sizes). Ma
 J J^T with products through torch.func.vjp / jvp (full-size layers).
 
 Every function takes an optional `head`: any function (X, W_q, W_k, W_v) -> (N, d) of the same shapes, e.g.
-`functools.partial(xca_head, temperature=τ)` for XCiT's cross-covariance attention. The default (None) is
-`attention_head` with `scale`, i.e. the token softmax head above.
+`functools.partial(xca_head, temperature=τ)` for XCiT's cross-covariance attention (an attention site's own head
+function: `site.form.head(site, h)`, conditioning/forms.py). The default (None) is `attention_head` with `scale`,
+i.e. the token softmax head above. For the κ(J) of a model's layer see layer_jacobian.py.
 """
 
 from __future__ import annotations
@@ -20,28 +21,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..conditioning.forms import HeadFn, attention_head, xca_head  # noqa: F401  (xca_head: re-exported)
 from .linalg import singular_values
-
-
-def attention_head(X, W_q, W_k, W_v, scale: float | None = None) -> torch.Tensor:
-    """softmax(X W_q W_k^T X^T · scale) X W_v, shape (N, d); scale None means 1/sqrt(d); scale=1 is the
-    papers' unscaled notation."""
-    s = W_q.shape[1] ** -0.5 if scale is None else float(scale)
-    return torch.softmax((X @ W_q) @ (X @ W_k).T * s, dim=-1) @ (X @ W_v)
-
-
-def xca_head(X, W_q, W_k, W_v, temperature: float = 1.0) -> torch.Tensor:
-    """One head of XCiT's cross-covariance attention (timm `XCA.forward`, head h with τ = temperature[h]),
-    shape (N, d): Q = X W_q, K = X W_k, V = X W_v (N, d); each of Q's and K's d columns is L2-normalised over
-    the N tokens (q̂, k̂, as torch.nn.functional.normalize: ‖·‖ clamped at 1e-12); the d × d channel attention
-    A = softmax(τ · q̂ᵀ k̂) (rows sum to 1) mixes V's channels: output V Aᵀ (tokens kept, channels mixed).
-    No bias (as `attention_head`): timm's qkv bias would shift Q, K, V by constant rows."""
-    norm = torch.nn.functional.normalize
-    q, k = norm(X @ W_q, dim=0), norm(X @ W_k, dim=0)
-    return (X @ W_v) @ torch.softmax(float(temperature) * (q.T @ k), dim=-1).T
-
-
-HeadFn = Callable[..., torch.Tensor]
 
 
 def _head_fn(head: HeadFn | None, scale: float | None) -> HeadFn:

@@ -12,18 +12,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..conditioning.targets import find_attention, find_tokens
-from ._util import as_tokens, first_tensor, rows_kept, summarise, track_model_mask
+from ..conditioning.sites import find_attention, find_tokens
+from ..conditioning.tokens import as_tokens, block_input, first_tensor, track_model_mask
+from ._util import rows_kept, summarise
 from .linalg import batch_condition_numbers
-
-
-def _block_input(args: tuple, kwargs: dict) -> torch.Tensor:
-    if args:
-        return args[0]
-    for key in ("hidden_states", "x"):
-        if key in kwargs:
-            return kwargs[key]
-    raise RuntimeError("cannot find the token tensor among a block's inputs")
 
 
 class TokenProbe:
@@ -53,7 +45,7 @@ class TokenProbe:
         for j, (_, block) in enumerate(self.blocks):
 
             def pre(module, args, kwargs, j=j):
-                self.block_kappa[j] += self._kappas(_block_input(args, kwargs), self.channels_first)
+                self.block_kappa[j] += self._kappas(block_input(args, kwargs), self.channels_first)
 
             self._handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
         for i, site in enumerate(self.sites):

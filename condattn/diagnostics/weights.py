@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..conditioning.targets import ROLES, find_attention
+from ..conditioning.sites import ROLES, find_attention
 from .linalg import batch_condition_numbers, singular_values
 
 

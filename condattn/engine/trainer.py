@@ -214,10 +214,11 @@ def _train(cfg: Any, run_dir: Path, deterministic: bool) -> dict:
         batch = send_to_device(diag_batch, accelerator.device)
         flat = cheap_diagnostics(raw, task.forward, batch, mask=batch.get("attention_mask"))["flat"]
         if diag_jacobian:  # κ(J) of layer 0; restores train/eval modes and the RNG state (training is unchanged)
-            from ..diagnose import jacobian_diagnostics
+            from ..diagnostics import jacobian_diagnostics
 
             d, tokens = cfg.diagnostics, cfg.diagnostics.get("jacobian_tokens")
-            flat.update(jacobian_diagnostics(raw, task, batch, int(tokens) if tokens else None,
+            flat.update(jacobian_diagnostics(raw, task.forward, batch, batch.get("attention_mask"),
+                                             int(tokens) if tokens else None,
                                              iters=int(d.get("jacobian_iters") or 300),
                                              exact_max_entries=int(d.get("jacobian_exact_entries") or 4_000_000)))
         logger.log(step, "diag", flat)

@@ -1,0 +1,349 @@
+"""The conditioning contract, once for every architecture family in the layout registry (conditioning/layouts/).
+
+One small model per family, built offline (timm with pretrained=False, transformers from small configs, the
+project's crammed BERT / Nyströmformer / GPT-2 / DETR builders). For each: the layouts find exactly the attention
+layers its architecture defines, `none` is bit-identical, SCA's effective weight and the patched model equal the
+explicit W + λI, CET bounds κ(X + C) at the first block's input and leaves padded rows untouched, and
+remove_conditioning restores the model's outputs. A registered layout without a case here fails
+`test_every_registered_layout_has_a_case`: a new family is one layout module plus one case.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import condattn
+from condattn.conditioning import ATTENTION_LAYOUTS, ROLES, TOKEN_LAYOUTS, find_attention, find_tokens
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.py)
+
+
+@dataclass
+class Case:
+    build: Callable[[], torch.nn.Module]
+    inputs: Callable[[], dict]
+    run: Callable[[torch.nn.Module, dict], torch.Tensor]  # one output tensor of the model
+    attention: dict[str, int]  # attention sites per layout, from the architecture's definition
+    token: str  # the token layout
+    keep: Callable[[dict], torch.Tensor | None] = lambda inputs: None  # (B, N) real tokens at the first block
+    raw_kappa_min: float = 2.5  # the first block's raw tokens are worse conditioned than this (CET has work to do)
+
+    @property
+    def attention_layers(self) -> int:
+        return sum(self.attention.values())
+
+
+def _seeded(fn):
+    def build():
+        torch.manual_seed(0)
+        return fn().eval()
+
+    return build
+
+
+def _timm(name: str, **kw):
+    import timm
+
+    return _seeded(lambda: timm.create_model(name, pretrained=False, num_classes=10, **kw))
+
+
+def _project(**cfg):
+    from condattn.models import build_model
+
+    return _seeded(lambda: build_model(cfg))
+
+
+def _images(b: int = 3) -> dict:
+    return {"x": torch.randn(b, 3, 32, 32, generator=torch.Generator().manual_seed(3))}
+
+
+def _tokens(vocab: int, n: int = 24, b: int = 3, low: int = 1) -> dict:
+    """Right-padded token batches (sample 0 unpadded, then 5 and 10 padded positions; pad id 0)."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(low, vocab, (b, n), generator=g)
+    mask = torch.ones(b, n, dtype=torch.long)
+    for i in range(1, b):
+        mask[i, n - 5 * i:] = 0
+        ids[i, n - 5 * i:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _bert():
+    from transformers import BertConfig, BertModel
+
+    return BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                intermediate_size=64, max_position_embeddings=64))
+
+
+def _detr_inputs() -> dict:
+    """Two images zero-padded to 96 × 128 (the second is 64 × 80): DETR's pixel_mask marks the padding."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.zeros(2, 3, 96, 128)
+    mask = torch.zeros(2, 96, 128, dtype=torch.long)
+    for i, (h, w) in enumerate(((96, 128), (64, 80))):
+        x[i, :, :h, :w] = torch.randn(3, h, w, generator=g)
+        mask[i, :h, :w] = 1
+    return {"pixel_values": x, "pixel_mask": mask}
+
+
+def _detr_keep(inputs: dict) -> torch.Tensor:
+    """The encoder's tokens are the stride-32 feature map (3 × 4 here), masked as DETR downsamples the pixel mask."""
+    m = torch.nn.functional.interpolate(inputs["pixel_mask"][None].float(), size=(3, 4))[0]
+    return m.bool().flatten(1)
+
+
+def _detr_out(model, inputs) -> torch.Tensor:
+    out = model(**inputs)
+    return torch.cat([out.logits.flatten(), out.pred_boxes.flatten()])
+
+
+def _kw(model, inputs):
+    return model(**inputs)
+
+
+def _positional(model, inputs):
+    return model(inputs["input_ids"], inputs["attention_mask"])
+
+
+def _hidden(model, inputs):
+    return model(**inputs).last_hidden_state
+
+
+def _lm_logits(model, inputs):
+    return model(**inputs).logits
+
+
+def _mask(inputs):
+    return inputs["attention_mask"].bool()
+
+
+CASES = {
+    "vit": Case(_timm("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=64, num_heads=2, depth=2),
+                _images, _kw, {"timm_fused_qkv": 2}, "timm_vit"),
+    "swin": Case(_timm("swin_tiny_patch4_window7_224", img_size=32, patch_size=4, window_size=4, embed_dim=32,
+                       depths=(2, 2), num_heads=(2, 4)),
+                 _images, _kw, {"timm_swin_window": 2 + 2}, "timm_swin"),
+    "xcit": Case(_timm("xcit_nano_12_p16_224", img_size=32, patch_size=8, depth=2, embed_dim=64, num_heads=2),
+                 _images, _kw, {"timm_xca": 2, "timm_class_attn": 2}, "timm_xcit"),
+    "davit": Case(_timm("davit_tiny", depths=(1, 1), embed_dims=(32, 64), num_heads=(2, 4), window_size=4),
+                  _images, _kw, {"timm_davit_window": 1 + 1, "timm_davit_channel": 1 + 1}, "timm_davit"),
+    "bert": Case(_seeded(_bert), lambda: _tokens(100, n=40), _hidden, {"hf_separate_qkv": 2}, "hf_encoder",
+                 keep=_mask),
+    "nystromformer": Case(_project(builder="nystromformer_classifier", vocab_size=19, num_classes=10, seq_len=128,
+                                   num_landmarks=64),
+                          lambda: _tokens(19, n=128, low=2), _kw, {"hf_separate_qkv": 2}, "hf_encoder", keep=_mask),
+    "gpt2": Case(_project(builder="gpt2", vocab_size=61, n_positions=32, n_embd=32, n_layer=2, n_head=2),
+                 lambda: _tokens(61), _lm_logits, {"hf_gpt2": 2}, "hf_gpt2", keep=_mask, raw_kappa_min=3.0),
+    "crammed_bert": Case(_project(builder="crammed_bert", vocab_size=97, seq_len=32, hidden_size=32, num_layers=2,
+                                  num_heads=2, intermediate_size=128),
+                         lambda: _tokens(97, low=5), _positional, {"crammed_bert": 2}, "crammed_bert", keep=_mask),
+    "detr": Case(_project(builder="detr", backbone="resnet18", use_pretrained_backbone=False, d_model=64,
+                          encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                          encoder_ffn_dim=128, decoder_ffn_dim=128, num_queries=20, num_classes=3),
+                 _detr_inputs, _detr_out, {"hf_detr": 1 + 2 * 2}, "hf_detr", keep=_detr_keep, raw_kappa_min=0.0),
+}
+NAMES = list(CASES)
+
+
+def output(case: Case, model, inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return case.run(model, inputs)
+
+
+def test_every_registered_layout_has_a_case():
+    assert {n for c in CASES.values() for n in c.attention} == set(ATTENTION_LAYOUTS)
+    assert {c.token for c in CASES.values()} == set(TOKEN_LAYOUTS)
+
+
+# ---------------------------------------------------------------- sites and patch counts
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sites_and_patch_counts_match_the_architecture(name):
+    case = CASES[name]
+    model = case.build()
+    sites = find_attention(model)
+    assert Counter(s.layout for s in sites) == case.attention
+    for s in sites:  # each role's columns hold all heads
+        assert all(p.cols.stop - p.cols.start == s.num_heads * s.head_dim for p in s.proj.values()), s.name
+    assert find_tokens(model).layout == case.token
+    rep = condattn.apply_conditioning(model, "spectral+embedded")
+    assert rep.counts == {**{f"spectral:{k}": v for k, v in case.attention.items()}, f"embedded:{case.token}": 1}
+    rep.check(attention_layers=case.attention_layers)
+    with pytest.raises(RuntimeError, match=f"expects {case.attention_layers + 1}"):
+        rep.check(attention_layers=case.attention_layers + 1)
+
+
+# ---------------------------------------------------------------- none, parameters, state_dict, removal
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_none_is_bit_identical_and_remove_restores(name):
+    case = CASES[name]
+    base, inputs = case.build(), case.inputs()
+    ref = output(case, base, inputs)
+    plain = case.build()
+    assert condattn.apply_conditioning(plain, "none").counts == {}
+    assert torch.equal(output(case, plain, inputs), ref)
+    params = {n: p.shape for n, p in base.named_parameters()}
+    for method in ("spectral", "embedded", "spectral+embedded"):
+        model = case.build()
+        condattn.apply_conditioning(model, method, lam=2.0)
+        assert {n: p.shape for n, p in model.named_parameters()} == params  # no new parameters
+        assert list(model.state_dict()) == list(base.state_dict())  # unchanged keys
+        model.load_state_dict(base.state_dict(), strict=True)  # checkpoints load either way
+        base.load_state_dict(model.state_dict(), strict=True)
+        out = output(case, model, inputs)
+        assert torch.isfinite(out).all() and not torch.equal(out, ref), method  # the patch is live
+        condattn.remove_conditioning(model)
+        assert torch.equal(output(case, model, inputs), ref), method
+
+
+# ---------------------------------------------------------------- SCA: W + λI, from the definition
+
+
+def _torch_weight(p) -> torch.Tensor:
+    w = p.linear.weight.detach().clone()
+    return w.T.contiguous() if p.transposed else w
+
+
+def _explicit(site, targets, lam: float, identity: str) -> dict[int, torch.Tensor]:
+    """Per projection module: its torch-layout (out, in) weight with λI added by hand on each target role's output
+    columns (all of the block for `full`, the same λI_{d×D} in every head for `per_head`)."""
+    out: dict[int, torch.Tensor] = {}
+    for role in targets:
+        p = site.proj[role]
+        w = out.setdefault(id(p.linear), _torch_weight(p))
+        start, d_in = p.cols.start, w.shape[1]
+        if identity == "full":
+            w[p.cols] += lam * torch.eye(p.cols.stop - start, d_in)
+        else:
+            for h in range(site.num_heads):
+                rows = slice(start + h * site.head_dim, start + (h + 1) * site.head_dim)
+                w[rows] += lam * torch.eye(site.head_dim, d_in)
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("identity", "targets"), [("full", ("q", "k", "v")), ("per_head", ("q", "k", "v")),
+                                                   ("full", ("v",)), ("per_head", ("q", "k"))])
+def test_sca_is_the_explicit_formula(name, identity, targets):
+    """site.weight (what diagnostics read), every projection's output and the whole model's output equal those of
+    W + λI built by hand; the stored parameters never hold λI."""
+    lam, case = 3.0, CASES[name]
+    model, inputs = case.build(), case.inputs()
+    explicit = copy.deepcopy(model)
+    stored = {k: v.clone() for k, v in model.state_dict().items()}
+    condattn.apply_conditioning(model, "spectral", lam=lam, identity=identity, targets=list(targets))
+    sites = find_attention(model)
+    seen: dict[int, tuple] = {}
+    handles = []
+    for site in sites:
+        want = _explicit(site, targets, lam, identity)
+        for role in ROLES:
+            p = site.proj[role]
+            w = want.get(id(p.linear), _torch_weight(p))
+            torch.testing.assert_close(site.weight(role, effective=True), w[p.cols])
+            torch.testing.assert_close(site.weight(role, effective=False), _torch_weight(p)[p.cols])
+            lin = p.linear
+            if id(lin) not in seen:
+                calls: list = []
+                seen[id(lin)] = (lin, w, p.transposed, calls)
+                handles.append(lin.register_forward_hook(lambda m, a, o, calls=calls: calls.append((a[0], o))))
+    out = output(case, model, inputs)
+    for h in handles:
+        h.remove()
+    for lin, w, _, captured in seen.values():
+        bias = lin.bias.detach() if lin.bias is not None else 0.0
+        for x, y in captured:
+            torch.testing.assert_close(y, x @ w.T + bias, rtol=1e-5, atol=1e-5)
+    # the whole model with W + λI written into its weights computes the same function
+    by_name = {id(m): n for n, m in model.named_modules()}
+    explicit_modules = dict(explicit.named_modules())
+    with torch.no_grad():
+        for lin, w, transposed, _ in seen.values():  # (Conv1D stores the paper's W: the transpose)
+            explicit_modules[by_name[id(lin)]].weight.copy_(w.T if transposed else w)
+    torch.testing.assert_close(out, output(case, explicit, inputs), rtol=1e-4, atol=1e-4)
+    assert all(torch.equal(v, stored[k]) for k, v in model.state_dict().items())  # parameters never hold λI
+
+
+# ---------------------------------------------------------------- CET at the first block
+
+
+def _first_block_input(model, inputs, case: Case) -> torch.Tensor:
+    """The first block's input as (B, N, D) tokens, read by a pre-hook registered after any CET hook."""
+    site, seen = find_tokens(model), []
+
+    def hook(module, args, kwargs):
+        seen.append((args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))).detach())
+
+    h = site.first_block.register_forward_pre_hook(hook, with_kwargs=True)
+    output(case, model, inputs)
+    h.remove()
+    x = seen[0]
+    if x.dim() == 4:  # (B, H, W, C) maps, or channels first (B, C, H, W): X is the (H·W) × C matrix
+        x = x.flatten(2).transpose(1, 2) if site.channels_first else x.reshape(x.shape[0], -1, x.shape[-1])
+    return x
+
+
+def _kappa(x: torch.Tensor) -> float:
+    s = torch.linalg.svdvals(x.double())
+    return float(s[0] / s[-1])
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("solver", "bound"), [("svd", 2.0 + 1e-4), ("newton_schulz", 2.05)])
+def test_cet_bounds_kappa_and_leaves_padding_untouched(name, solver, bound):
+    """κ(X + C) ≤ 2 (exact SVD) or the fast solver's documented 2.05 (conditioning/embedded.py) for every sample's
+    real tokens at the first block's input; padded rows leave CET exactly as they came."""
+    case = CASES[name]
+    base, cond, inputs = case.build(), case.build(), case.inputs()
+    condattn.apply_conditioning(cond, "embedded", solver=solver)
+    x0, x1 = _first_block_input(base, inputs, case), _first_block_input(cond, inputs, case)
+    keep = case.keep(inputs)
+    if keep is None:
+        keep = torch.ones(x0.shape[:2], dtype=torch.bool)
+    else:
+        assert not keep.all()  # the case has padding to leave alone
+    assert keep.shape == x0.shape[:2]
+    assert torch.equal(x1[~keep], x0[~keep])
+    assert not torch.equal(x1[keep], x0[keep])
+    for b in range(x1.shape[0]):
+        assert _kappa(x0[b][keep[b]]) > case.raw_kappa_min
+        assert _kappa(x1[b][keep[b]]) <= bound, (b, _kappa(x1[b][keep[b]]))
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def test_priority_not_registration_order_decides(monkeypatch):
+    """Two finders that both match a module: the higher priority wins whichever registered first; equal
+    priorities fall back to the layout names, never to the registration order."""
+    from condattn.conditioning import sites
+
+    lin = torch.nn.Linear(4, 12)
+
+    def finder(layout):
+        return lambda name, m: sites.AttentionSite(name, m, layout, 1, 4, sites.stacked(m, 1)[1]) \
+            if isinstance(m, torch.nn.Linear) else None
+
+    for order in (("low", "high"), ("high", "low")):
+        monkeypatch.setattr(sites, "ATTENTION_LAYOUTS", {})
+        monkeypatch.setattr(sites, "PRIORITY", {})
+        for layout in order:
+            sites.attention_layout(layout, priority=1 if layout == "high" else 0)(finder(layout))
+        assert [s.layout for s in sites.find_attention(lin)] == ["high"]
+    for order in (("b", "a"), ("a", "b")):
+        monkeypatch.setattr(sites, "ATTENTION_LAYOUTS", {})
+        monkeypatch.setattr(sites, "PRIORITY", {})
+        for layout in order:
+            sites.attention_layout(layout)(finder(layout))
+        assert [s.layout for s in sites.find_attention(lin)] == ["a"]
+    with pytest.raises(ValueError, match="registered twice"):
+        sites.attention_layout("a")(finder("a"))
