@@ -83,6 +83,17 @@ def test_data_modules_import_no_builder_back():
         assert not names & {"build", "catalog"}, path
 
 
+def test_standins_sit_below_the_dataset_modules():
+    """The generators import the release layouts and shared helpers only; the dataset modules choose between them."""
+    allowed = {"condattn.utils.files", "condattn.data.lra_layouts", "condattn.data.lra_common", "condattn.data.common"}
+    for path in (CONDATTN / "data" / "standins").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = ["condattn", "data", "standins"][: 3 - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+                assert target in allowed or target.startswith("condattn.data.standins."), (path.name, target)
+
+
 def test_glue_task_table_is_a_leaf():
     """`${glue_num_labels:TASK}` reads the task table without loading the GLUE data code."""
     tree = ast.parse((CONDATTN / "data" / "glue_tasks.py").read_text())

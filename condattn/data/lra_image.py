@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..utils.files import ensure_generated, files_checksum, params_dir
+from ..utils.files import files_checksum
 from . import common
 from . import lra_common as C
 from .lra_layouts import CIFAR_CLASSES as NUM_CLASSES
@@ -113,17 +113,12 @@ def load(root: str | os.PathLike[str], seq_len: int, image_size: int = SIZE, zer
 
 @register_dataset("lra_image")
 def build(cfg: Any) -> DataBundle:
-    from omegaconf import OmegaConf
-
     d = cfg.data
     if d.generate:
-        gen = OmegaConf.to_container(d.generate, resolve=True)
-        params = {"generator_version": generator.GENERATOR_VERSION, **gen}
-        out = params_dir(cfg.paths.cache, "lra_image", params)
         expected = [f"cifar-10-batches-py/{f}" for f in (*TRAIN_FILES, TEST_FILE)]
-        ensure_generated(out, params, expected,
-                           lambda o: generator.generate(o, gen["source"], seed=gen["seed"], n=gen.get("n")))
-        root = out
+        root, gen = common.generated_stand_in(
+            cfg, "lra_image", generator.GENERATOR_VERSION, expected,
+            lambda o, g: generator.generate(o, g["source"], seed=g["seed"], n=g.get("n")))
         source = f"stand-in: {gen['source']} digits resized to 32x32, written as CIFAR-10 python batches: {gen}"
     else:
         root = Path(d.root)

