@@ -20,7 +20,7 @@ def _epoch_steps(samples: int, batch: int, epochs: int = 1) -> int:
 
 
 def _glue_num_labels(task: str) -> int:
-    from .data.glue import glue_task
+    from .data.glue_tasks import glue_task
 
     return glue_task(str(task)).num_labels
 

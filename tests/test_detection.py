@@ -61,7 +61,7 @@ def test_generated_shapes_are_deterministic_coco(tmp_path):
     from pycocotools import mask as mask_util
     from pycocotools.coco import COCO
 
-    from condattn.data import shapes
+    from condattn.data.standins import shapes
 
     params = {"train": 3, "val": 2, "seed": 7, "min_size": 64, "max_size": 96, "classes": ["circle", "rectangle",
               "triangle"], "min_objects": 2, "max_objects": 4, "min_object_frac": 0.25, "max_object_frac": 0.5,

@@ -15,7 +15,7 @@ import yaml
 import condattn
 from condattn.config import compose
 from condattn.data.build import build_datasets
-from condattn.data.glue import GLUE_TASKS
+from condattn.data.glue_tasks import GLUE_TASKS
 from condattn.models import build_model
 from condattn.models.crammed_bert import CrammedBertForMLM
 from condattn.tasks.glue import GlueTask, glue_metrics
@@ -73,7 +73,7 @@ def glue_cfg(tmp: Path, tokenizer: Path, *extra: str):
 
 
 def test_stand_in_items_and_split_by_movie(tmp_path, tokenizer):
-    from condattn.data import lra_common as C
+    from condattn.data.standins.rotten_tomatoes import rotten_tomatoes
 
     b = build_datasets(glue_cfg(tmp_path, tokenizer, "data.max_val_samples=null", "data.max_train_samples=null"))
     assert b.info["stand_in"] and b.info["glue_task"] == "rotten_tomatoes" and b.test is None
@@ -81,7 +81,7 @@ def test_stand_in_items_and_split_by_movie(tmp_path, tokenizer):
     assert item["input_ids"].shape == (64,) and item["input_ids"][0] == 2  # [CLS]
     n = int(item["attention_mask"].sum())
     assert item["input_ids"][n - 1] == 3 and (item["input_ids"][n:] == 0).all()  # [SEP], then [PAD]
-    texts, labels, movies, _ = C.rotten_tomatoes()
+    texts, labels, movies, _ = rotten_tomatoes()
     assert len(b.train) + len(b.val) == len(texts) and 0.05 < len(b.val) / len(texts) < 0.2
     assert set(torch.stack([b.train[i]["labels"] for i in range(200)]).tolist()) == {0, 1}
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from condattn.data import listops as L
+from condattn.data.standins import listops as G
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(seed=0, min_length=20, max_length=250, max_depth=10, max_args=10)
@@ -73,7 +74,7 @@ def length(source: str) -> int:
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return L.generate(tmp_path_factory.mktemp("small"), 300, 60, 60, **SMALL)
+    return G.generate(tmp_path_factory.mktemp("small"), 300, 60, 60, **SMALL)
 
 
 def test_generate_returns_split_paths(small: dict[str, Path]) -> None:
@@ -85,9 +86,9 @@ def test_generate_returns_split_paths(small: dict[str, Path]) -> None:
 
 def test_determinism_by_seed(tmp_path: Path) -> None:
     kw = dict(SMALL, n_train=40, n_val=10, n_test=10)
-    a = L.generate(tmp_path / "a", **kw)
-    b = L.generate(tmp_path / "b", **kw)
-    c = L.generate(tmp_path / "c", **{**kw, "seed": 1})
+    a = G.generate(tmp_path / "a", **kw)
+    b = G.generate(tmp_path / "b", **kw)
+    c = G.generate(tmp_path / "c", **{**kw, "seed": 1})
     for s in SPLITS:
         assert a[s].read_bytes() == b[s].read_bytes()
     assert a["train"].read_bytes() != c["train"].read_bytes()
@@ -105,7 +106,7 @@ def test_format_labels_and_lengths(small: dict[str, Path]) -> None:
 
 
 def test_official_lengths_deep_trees(tmp_path: Path) -> None:
-    paths = L.generate(tmp_path, 12, 2, 2, seed=3)  # min 500, max 2000, depth 10, args 10
+    paths = G.generate(tmp_path, 12, 2, 2, seed=3)  # min 500, max 2000, depth 10, args 10
     examples = [ex for p in paths.values() for ex in rows(p)]
     assert len(examples) == 16
     for source, target in examples:
@@ -122,15 +123,15 @@ def test_apply_op_median_matches_numpy() -> None:
     rng = np.random.default_rng(0)
     for n in range(2, 11):
         values = rng.integers(0, 10, n).tolist()
-        assert L.apply_op(L.MED, values) == int(np.median(values))
+        assert G.apply_op(L.MED, values) == int(np.median(values))
 
 
 def test_infeasible_request_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(L, "_MAX_STALE_ATTEMPTS", 2000)
+    monkeypatch.setattr(G, "_MAX_STALE_ATTEMPTS", 2000)
     with pytest.raises(RuntimeError, match="too few distinct trees"):
-        L.sample_examples(11, min_length=0, max_length=2, max_depth=1)  # only 10 single values exist
+        G.sample_examples(11, min_length=0, max_length=2, max_depth=1)  # only 10 single values exist
     with pytest.raises(ValueError):
-        L.generate("unused", 1, 1, 1, min_length=10, max_length=11)
+        G.generate("unused", 1, 1, 1, min_length=10, max_length=11)
 
 
 def test_vocab_and_encode() -> None:
@@ -235,24 +236,24 @@ def test_cli(tmp_path: Path) -> None:
         assert len(rows(path)) == n and str(path) in proc.stdout
     assert "labels" in proc.stdout and "sha256" in proc.stdout
     kw = dict(seed=2, min_length=5, max_length=60, max_depth=6, max_args=4)
-    direct = L.generate(tmp_path / "direct", 20, 5, 5, **kw)
+    direct = G.generate(tmp_path / "direct", 20, 5, 5, **kw)
     assert direct["train"].read_bytes() == (tmp_path / "basic_train.tsv").read_bytes()
 
 
 def test_ensure_generated_reuses_and_regenerates(tmp_path: Path) -> None:
     kw = dict(n_train=30, n_val=5, n_test=5, **SMALL)
-    paths = L.ensure_generated(tmp_path, **kw)
+    paths = G.ensure_generated(tmp_path, **kw)
     meta = json.loads((tmp_path / "generation.json").read_text())
     assert meta["seed"] == 0 and meta["n_train"] == 30 and meta["max_length"] == 250
     stamps = {s: p.stat().st_mtime_ns for s, p in paths.items()}
     first = L.file_checksum(paths)
-    assert L.ensure_generated(tmp_path, **kw) == paths
+    assert G.ensure_generated(tmp_path, **kw) == paths
     assert {s: p.stat().st_mtime_ns for s, p in paths.items()} == stamps
-    L.ensure_generated(tmp_path, **{**kw, "seed": 1})
+    G.ensure_generated(tmp_path, **{**kw, "seed": 1})
     assert json.loads((tmp_path / "generation.json").read_text())["seed"] == 1
     assert L.file_checksum(paths) != first
-    L.ensure_generated(tmp_path, **{**kw, "n_val": 7})
+    G.ensure_generated(tmp_path, **{**kw, "n_val": 7})
     assert len(rows(paths["val"])) == 7
     paths["test"].unlink()  # a missing file also forces regeneration
-    L.ensure_generated(tmp_path, **{**kw, "n_val": 7})
+    G.ensure_generated(tmp_path, **{**kw, "n_val": 7})
     assert len(rows(paths["test"])) == 5

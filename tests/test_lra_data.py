@@ -14,6 +14,11 @@ from PIL import Image
 from condattn.data import lra_common as C
 from condattn.data import lra_image, lra_retrieval, lra_text
 from condattn.data import pathfinder as P
+from condattn.data.standins import lra_image as image_gen
+from condattn.data.standins import lra_retrieval as retrieval_gen
+from condattn.data.standins import lra_text as text_gen
+from condattn.data.standins import pathfinder as PG
+from condattn.data.standins import rotten_tomatoes as RT
 
 # ---------------------------------------------------------------------------------------------------- common
 
@@ -38,10 +43,10 @@ def test_pack_and_sequence_items():
 
 def test_split_groups_is_a_seeded_partition():
     names = [f"m{i}" for i in range(50)] * 3
-    a = C.split_groups(names, {"train": 0.8, "test": 0.2}, seed=3)
+    a = RT.split_groups(names, {"train": 0.8, "test": 0.2}, seed=3)
     assert sorted(a["train"] + a["test"]) == sorted(set(names)) and len(a["test"]) == 10
-    assert a == C.split_groups(names, {"train": 0.8, "test": 0.2}, seed=3)
-    assert a != C.split_groups(names, {"train": 0.8, "test": 0.2}, seed=4)
+    assert a == RT.split_groups(names, {"train": 0.8, "test": 0.2}, seed=3)
+    assert a != RT.split_groups(names, {"train": 0.8, "test": 0.2}, seed=4)
 
 
 # ---------------------------------------------------------------------------------------------------- text
@@ -88,15 +93,15 @@ def test_imdb_missing_names_path_and_files(tmp_path):
 
 def test_text_standin_is_deterministic_and_balanced(tmp_path):
     kw = dict(n_train=40, n_test=10, snippets_per_doc=3)
-    a = lra_text.generate(tmp_path / "a", seed=1, **kw)
-    b = lra_text.generate(tmp_path / "b", seed=1, **kw)
-    c = lra_text.generate(tmp_path / "c", seed=2, **kw)
+    a = text_gen.generate(tmp_path / "a", seed=1, **kw)
+    b = text_gen.generate(tmp_path / "b", seed=1, **kw)
+    c = text_gen.generate(tmp_path / "c", seed=2, **kw)
     files = sorted(p.relative_to(a) for p in a.rglob("*.txt"))
     assert len(files) == 50
     assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
     assert any((a / f).read_bytes() != (c / f).read_bytes() for f in files if (c / f).exists())
     assert len(list((a / "train" / "pos").glob("*.txt"))) == 20  # balanced labels
-    texts, labels, _, _ = C.rotten_tomatoes()
+    texts, labels, _, _ = RT.rotten_tomatoes()
     fresh = {t for t, y in zip(texts, labels) if y}
     doc = (a / "train" / "pos" / "0.txt").read_text()
     assert sum(t in doc for t in fresh) >= 3  # made of snippets of its label
@@ -155,9 +160,9 @@ def test_aan_missing_names_path_and_files(tmp_path):
 
 
 def test_retrieval_standin_pairs(tmp_path):
-    a = lra_retrieval.generate(tmp_path / "a", 30, 8, 8, seed=5, snippets_per_doc=2)
-    b = lra_retrieval.generate(tmp_path / "b", 30, 8, 8, seed=5, snippets_per_doc=2)
-    c = lra_retrieval.generate(tmp_path / "c", 30, 8, 8, seed=6, snippets_per_doc=2)
+    a = retrieval_gen.generate(tmp_path / "a", 30, 8, 8, seed=5, snippets_per_doc=2)
+    b = retrieval_gen.generate(tmp_path / "b", 30, 8, 8, seed=5, snippets_per_doc=2)
+    c = retrieval_gen.generate(tmp_path / "c", 30, 8, 8, seed=6, snippets_per_doc=2)
     assert all(a[s].read_bytes() == b[s].read_bytes() for s in a) and a["train"].read_bytes() != c["train"].read_bytes()
     movies = {}
     for split, path in a.items():
@@ -231,12 +236,12 @@ def test_cifar_bad_and_missing_files(tmp_path):
 
 
 def test_image_standin_round_trips_through_the_loader(tmp_path):
-    a = lra_image.generate(tmp_path / "a", "digits", seed=3, n=60)
-    b = lra_image.generate(tmp_path / "b", "digits", seed=3, n=60)
+    a = image_gen.generate(tmp_path / "a", "digits", seed=3, n=60)
+    b = image_gen.generate(tmp_path / "b", "digits", seed=3, n=60)
     assert all((a / f).read_bytes() == (b / f).read_bytes() for f in (*lra_image.TRAIN_FILES, lra_image.TEST_FILE))
     ds, _, info = lra_image.load(a, seq_len=1024)
     assert info["sizes"] == {"train": 45, "val": 5, "test": 10}
-    images, labels = lra_image.standin_images("digits")
+    images, labels = image_gen.standin_images("digits")
     order = np.random.default_rng(3).permutation(len(images))[:60]
     test = ds["test"][0]
     assert (test["input_ids"].numpy() - 1 == images[order[0]].ravel()).all()  # grey survives the RGB planes
@@ -315,12 +320,12 @@ def test_pathfinder_bad_metadata_and_missing(tmp_path):
 
 
 def test_pathfinder_generator_is_deterministic_and_round_trips(tmp_path):
-    a = P.generate(tmp_path / "a", 12, seed=4, variant="curv_baseline", per_folder=5)
-    b = P.generate(tmp_path / "b", 12, seed=4, variant="curv_baseline", per_folder=5)
+    a = PG.generate(tmp_path / "a", 12, seed=4, variant="curv_baseline", per_folder=5)
+    b = PG.generate(tmp_path / "b", 12, seed=4, variant="curv_baseline", per_folder=5)
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
     assert len(files) == 12 + 3 and all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
-    assert not np.array_equal(P.render(4, 0, 0, contour_length=6), P.render(5, 0, 0, contour_length=6))
-    assert np.array_equal(P.render(4, 7, 1, contour_length=6), P.render(4, 7, 1, contour_length=6))
+    assert not np.array_equal(PG.render(4, 0, 0, contour_length=6), PG.render(5, 0, 0, contour_length=6))
+    assert np.array_equal(PG.render(4, 7, 1, contour_length=6), PG.render(4, 7, 1, contour_length=6))
     ds, _, info = P.load(tmp_path / "a", "curv_baseline", seq_len=1024)
     assert sum(info["sizes"].values()) == 12 and info["positive_fraction"] == 0.5
     entries = P.read_metadata(a)
@@ -334,15 +339,15 @@ def test_pathfinder_generator_geometry(variant):
     label 0 one end of each."""
     for i in range(12):
         label = i % 2
-        img, parts = P.render_parts(9, i, label, contour_length=P.VARIANTS[variant])
+        img, parts = PG.render_parts(9, i, label, contour_length=P.VARIANTS[variant])
         strokes, ends, markers = parts["strokes"], parts["ends"], parts["markers"]
         assert img.dtype == np.uint8 and img.shape == (32, 32) and len(ends) == 2
         for a in range(len(strokes)):
             for b in range(a + 1, len(strokes)):
-                assert not (P._dilate(strokes[a]) & strokes[b]).any()
+                assert not (PG._dilate(strokes[a]) & strokes[b]).any()
         for m in markers:
-            disc = P._coverage(32, m[None], m[None], 2.0)[0] > 0
-            owners = [k for k, s in enumerate(strokes) if (P._dilate(disc) & s).any()]
+            disc = PG._coverage(32, m[None], m[None], 2.0)[0] > 0
+            owners = [k for k, s in enumerate(strokes) if (PG._dilate(disc) & s).any()]
             assert len(owners) == 1 and owners[0] in (0, 1)
         owner = [min(range(2), key=lambda k: min(np.abs(e - m).sum() for e in ends[k])) for m in markers]
         assert (owner[0] == owner[1]) == bool(label)

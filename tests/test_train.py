@@ -235,7 +235,7 @@ def test_train_cli_bad_value_is_one_line_and_only_rank0_writes_hydra_files(tmp_p
 def test_resumed_epoch_starts_at_its_batch_without_loading_the_skipped_samples():
     """EpochSampler.set_epoch(e, skip=k): the epoch's order from micro-batch k on, for every rank; len stays the
     epoch's (the trainer counts batches against it)."""
-    from condattn.engine.sampler import EpochSampler
+    from condattn.data.sampler import EpochSampler
 
     for world in (1, 2):
         for rank in range(world):

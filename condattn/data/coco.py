@@ -7,8 +7,8 @@ archives (the one mmdetection, DETR and torchvision's references use):
     <root>/annotations/instances_train2017.json   <root>/annotations/instances_val2017.json
 
 (the folder and file names are `data.{train,val}_{images,annotations}`). The smoke and small scales set
-`data.generate` and read the offline shapes dataset (data/shapes.py) through the same code: COCO files written under
-`paths.cache/coco_shapes/<digest of the parameters>/`.
+`data.generate` and read the offline shapes dataset (data/standins/shapes.py) through the same code: COCO files
+written under `paths.cache/coco_shapes/<digest of the parameters>/`.
 
 Loading: torchvision's `CocoDetection` + `wrap_dataset_for_transforms_v2` (pycocotools decodes polygons and RLE into
 per-instance masks; boxes become XYXY tv_tensors), crowd annotations dropped (as torchvision's references, DETR and
@@ -46,6 +46,10 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2 import query_size
+
+from ..utils.files import files_checksum, params_dir
+from .registry import DataBundle, register_dataset
+from .standins import shapes
 
 LAYOUT = (
     "<root>/train2017/*.jpg, <root>/val2017/*.jpg, <root>/annotations/instances_train2017.json and "
@@ -174,21 +178,17 @@ def check_paper_data(cfg: Any) -> dict[str, tuple[Path, Path]]:
     return paths
 
 
-def build(cfg: Any):
-    from . import lra_common as C
-    from .build import DataBundle
-
+@register_dataset("coco", check=check_paper_data)
+def build(cfg: Any) -> DataBundle:
     d = cfg.data
     if d.get("generate"):
-        from . import shapes
-
         gen = OmegaConf.to_container(d.generate, resolve=True)
-        out = shapes.ensure_generated(C.params_dir(cfg.paths.cache, "coco_shapes", gen), gen)
+        out = shapes.ensure_generated(params_dir(cfg.paths.cache, "coco_shapes", gen), gen)
         paths = {s: shapes.split_files(out, s) for s in ("train", "val")}
         if len(gen["classes"]) != int(d.num_classes):
             raise ValueError(f"data.num_classes={d.num_classes} but data.generate.classes has {len(gen['classes'])} "
                              f"shapes {gen['classes']}; set data.num_classes={len(gen['classes'])}")
-        source = f"generated offline: COCO-format shapes (stand-in for COCO, data/shapes.py): {gen}"
+        source = f"generated offline: COCO-format shapes (stand-in for COCO, data/standins/shapes.py): {gen}"
     else:
         paths = check_paper_data(cfg)
         source = f"COCO-format files under {d.root}"
@@ -211,5 +211,5 @@ def build(cfg: Any):
         "categories": [c["name"] for c in splits["train"].coco.loadCats(splits["train"].cat_ids)],
         "checksum_of": "the annotation files (train, val)",
     }
-    checksum = C.files_checksum([paths["train"][1], paths["val"][1]])
+    checksum = files_checksum([paths["train"][1], paths["val"][1]])
     return DataBundle(splits["train"], splits["val"], None, checksum, info, collate_fn=collate)

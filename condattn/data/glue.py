@@ -23,7 +23,6 @@ Stand-in (smoke/small scales, `data.generate` set): the 12,808 Rotten Tomatoes s
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,44 +31,18 @@ import torch
 from torch.utils.data import Dataset
 
 from ..runs import RunRecord, resolve_run_dir
-from . import lra_common as C
-from .build import DataBundle
+from ..utils.files import files_checksum
+from . import common
+from .glue_tasks import STAND_IN_TASK, glue_task
+from .registry import DataBundle, register_dataset
+from .standins.rotten_tomatoes import stand_in_splits
 
-
-@dataclass(frozen=True)
-class GlueTask:
-    columns: tuple[str, ...]  # the text column(s): one sentence or a pair
-    num_labels: int  # 1 = regression (STS-B)
-    metric: str  # the task's score (cramming's target metric; the GLUE leaderboard's first number)
-    val: str = "validation"
-    test: str | None = None  # a second labelled dev split reported beside the first (MNLI-mm)
-
-
-GLUE_TASKS: dict[str, GlueTask] = {
-    "cola": GlueTask(("sentence",), 2, "mcc"),
-    "sst2": GlueTask(("sentence",), 2, "acc"),
-    "mrpc": GlueTask(("sentence1", "sentence2"), 2, "f1"),
-    "stsb": GlueTask(("sentence1", "sentence2"), 1, "pearson"),
-    "qqp": GlueTask(("question1", "question2"), 2, "f1"),
-    "mnli": GlueTask(("premise", "hypothesis"), 3, "acc", val="validation_matched", test="validation_mismatched"),
-    "qnli": GlueTask(("question", "sentence"), 2, "acc"),
-    "rte": GlueTask(("sentence1", "sentence2"), 2, "acc"),
-    # offline stand-in for SST-2 (module docstring)
-    "rotten_tomatoes": GlueTask(("sentence",), 2, "acc"),
-}
-STAND_IN_TASK = "rotten_tomatoes"
 EXPECTED = ("a `save_to_disk` DatasetDict (dataset_dict.json) or the `nyu-mll/glue` repository's parquet files "
             "(<split>-*.parquet)")
 HOW = ("Get GLUE on a machine with access, e.g. `datasets.load_dataset('nyu-mll/glue', TASK).save_to_disk(ROOT/TASK)` "
        "for each task, copy ROOT here as <data root>/glue and set paths.data_root (or $CONDATTN_DATA) to the folder "
        "holding it; data.root=ROOT sets it for a single run (in a reproduce command it would also move the "
        "pretraining corpus).")
-
-
-def glue_task(name: str) -> GlueTask:
-    if name not in GLUE_TASKS:
-        raise ValueError(f"task.glue_task={name!r} is not a GLUE task; choose one of {', '.join(GLUE_TASKS)}")
-    return GLUE_TASKS[name]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -85,7 +58,7 @@ def _read_split(folder: Path, split: str, columns: tuple[str, ...]) -> tuple[lis
     else:
         files = sorted(folder.glob(f"{split}-*.parquet")) or sorted(folder.glob(f"data/{split}-*.parquet"))
         if not files:
-            raise C.missing(f"GLUE split {split!r}", folder, EXPECTED, HOW)
+            raise common.missing(f"GLUE split {split!r}", folder, EXPECTED, HOW)
         ds = datasets.load_dataset("parquet", data_files={split: [str(f) for f in files]}, split=split)
     missing = [c for c in (*columns, "label") if c not in ds.column_names]
     if missing:
@@ -100,24 +73,13 @@ def task_folder(root: str | os.PathLike[str], name: str) -> Path:
         if (folder / "dataset_dict.json").is_file() or any(folder.glob("*.parquet")) or \
                 any(folder.glob("data/*.parquet")):
             return folder
-    raise C.missing(f"GLUE task {name!r}", root / name, EXPECTED, HOW)
+    raise common.missing(f"GLUE task {name!r}", root / name, EXPECTED, HOW)
 
 
 def check_paper_data(cfg: Any) -> None:
     """Preflight: the task's folder exists (at paper scale)."""
     if not cfg.data.get("generate"):
         task_folder(cfg.data.root, str(cfg.task.glue_task))
-
-
-def stand_in_splits(seed: int, val_fraction: float) -> tuple[dict[str, tuple[list, list]], Path]:
-    texts, labels, movies, path = C.rotten_tomatoes()
-    parts = C.split_groups(movies, {"train": 1.0 - val_fraction, "val": val_fraction}, seed)
-    out = {}
-    for split, names in parts.items():
-        keep = set(names)
-        idx = [i for i, m in enumerate(movies) if m in keep]
-        out[split] = ([(texts[i],) for i in idx], [labels[i] for i in idx])
-    return out, path
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -174,6 +136,7 @@ class EncodedPairs(Dataset):
         return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": self.labels[i]}
 
 
+@register_dataset("glue", check=check_paper_data)
 def build(cfg: Any) -> DataBundle:
     d, name = cfg.data, str(cfg.task.glue_task)
     spec = glue_task(name)
@@ -233,6 +196,6 @@ def build(cfg: Any) -> DataBundle:
         "sizes": sizes,
         "truncated": {"train": train.truncated, "val": val.truncated},
         "seq_len": int(d.seq_len),
-        "tokenizer": {"file": str(tok_path), "sha256": C.files_checksum([tok_path]), "special_ids": ids},
+        "tokenizer": {"file": str(tok_path), "sha256": files_checksum([tok_path]), "special_ids": ids},
     }
-    return DataBundle(train, val, test, C.files_checksum(files), info)
+    return DataBundle(train, val, test, files_checksum(files), info)

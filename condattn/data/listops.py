@@ -1,12 +1,7 @@
-"""ListOps (Long Range Arena): an offline generator and a loader for the released TSV format.
+"""ListOps (Long Range Arena): the loader of the released TSV format, its data builder and the generator's CLI.
 
-The generator follows the procedure of google-research/long-range-arena `lra_benchmarks/data/listops.py`:
-random expression trees over MIN / MAX / MED / SUM_MOD with values 0-9, kept when
-`min_length < length < max_length` (length counts operators, values and `]`, not parentheses), written
-as `basic_{train,val,test}.tsv` with a `Source\\tTarget` header. Sources are built as strings directly
-(no deeply nested tuples), and a tree is abandoned as soon as it reaches `max_length`: it would be
-rejected anyway and every tree draws fresh random numbers, so the accepted trees have the official
-distribution. Randomness comes from one `random.Random(seed)`, so the files are a function of the seed.
+Paper scale reads `basic_{train,val,test}.tsv` of the `lra_release` archive (`listops-1000/`); the smoke and small
+scales generate the same files offline with the official procedure (data/standins/listops.py).
 
 CLI: `python -m condattn.data.listops --out DIR [--train N --val N --test N --seed S ...]`.
 """
@@ -15,25 +10,20 @@ from __future__ import annotations
 
 import argparse
 import collections
-import hashlib
-import json
 import os
-import random
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 
-MIN, MAX, MED, SUM_MOD, END = "[MIN", "[MAX", "[MED", "[SM", "]"
-OPERATORS = (MIN, MAX, MED, SUM_MOD)
-VALUES = tuple(range(10))
-VALUE_P = 0.25
-SPLITS = ("train", "val", "test")
-HEADER = ("Source", "Target")
-GENERATOR_VERSION = 1
+from ..utils.files import files_checksum, params_dir
+from .lra_layouts import END, LISTOPS_HEADER, LISTOPS_SPLITS, MAX, MED, MIN, SUM_MOD, VALUES, listops_file
+from .registry import DataBundle, register_dataset
+from .standins import listops as generator
 
 VOCAB = ["<pad>", "<unk>", *map(str, VALUES), MIN, MAX, MED, SUM_MOD, END, "(", ")"]
 PAD_ID, UNK_ID = 0, 1
@@ -49,194 +39,6 @@ TOKENIZATIONS: dict[str, frozenset[str]] = {
     "lra": frozenset({"(", ")", END}),
 }
 _LABELS = frozenset(map(str, range(NUM_CLASSES)))
-_MAX_STALE_ATTEMPTS = 1_000_000
-
-
-# ----------------------------------------------------------------------------------------------------
-# Generation
-# ----------------------------------------------------------------------------------------------------
-
-
-class _TooLong(Exception):
-    """Raised to abandon a tree that has reached `max_length`."""
-
-
-def apply_op(op: str, values: list[int]) -> int:
-    """Value of operator `op` on `values` (MED is `int(np.median(values))`, SM is the sum mod 10)."""
-    if op == MIN:
-        return min(values)
-    if op == MAX:
-        return max(values)
-    if op == MED:
-        s = sorted(values)
-        mid = len(s) // 2
-        return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) // 2
-    if op == SUM_MOD:
-        return sum(values) % 10
-    raise ValueError(f"unknown ListOps operator {op!r}")
-
-
-class _TreeSampler:
-    """Samples one LRA ListOps tree at a time as (source string, label, length)."""
-
-    def __init__(self, rng: random.Random, max_depth: int, max_args: int, max_length: int) -> None:
-        self.rng, self.max_depth, self.max_args, self.max_length = rng, max_depth, max_args, max_length
-        self.length = 0
-
-    def sample(self) -> tuple[str, int, int] | None:
-        """A tree from depth 1, or None if it reached `max_length` (and so would be rejected)."""
-        self.length = 0
-        try:
-            source, label = self._node(1)
-        except _TooLong:
-            return None
-        return source, label, self.length
-
-    def _grow(self, n: int) -> None:
-        self.length += n
-        if self.length >= self.max_length:
-            raise _TooLong
-
-    def _node(self, depth: int) -> tuple[str, int]:
-        # Same draw order as the official generator: r, then a value or (num_args, children, operator).
-        r = self.rng.random() if depth < self.max_depth else 1.0
-        if r > VALUE_P:
-            self._grow(1)
-            value = self.rng.choice(VALUES)
-            return str(value), value
-        self._grow(2)  # operator + END
-        num_args = self.rng.randint(2, self.max_args)
-        children = [self._node(depth + 1) for _ in range(num_args)]
-        op = self.rng.choice(OPERATORS)
-        # The left-nested tuple ((((op, c0), c1), ...), END) printed with "( a b )" per pair.
-        source = "( " * (num_args + 1) + op + " " + " ) ".join(c for c, _ in children) + " ) ] )"
-        return source, apply_op(op, [v for _, v in children])
-
-
-def sample_examples(
-    n: int,
-    seed: int = 0,
-    min_length: int = 500,
-    max_length: int = 2000,
-    max_depth: int = 10,
-    max_args: int = 10,
-) -> list[tuple[str, int]]:
-    """`n` distinct (source, label) pairs with `min_length < length < max_length`, in sampling order."""
-    _check_params(n, min_length, max_length, max_depth, max_args)
-    sampler = _TreeSampler(random.Random(seed), max_depth, max_args, max_length)
-    examples: dict[str, int] = {}
-    stale = 0
-    while len(examples) < n:
-        tree = sampler.sample()
-        if tree is not None and tree[2] > min_length and tree[0] not in examples:
-            examples[tree[0]] = tree[1]
-            stale = 0
-            continue
-        stale += 1
-        if stale > _MAX_STALE_ATTEMPTS:
-            raise RuntimeError(
-                f"ListOps: no new example in {_MAX_STALE_ATTEMPTS} trees after {len(examples)} of {n}; "
-                f"lengths ({min_length}, {max_length}), max_depth {max_depth}, max_args {max_args} "
-                "admit too few distinct trees"
-            )
-    return list(examples.items())
-
-
-def _check_params(n: int, min_length: int, max_length: int, max_depth: int, max_args: int) -> None:
-    if n < 0:
-        raise ValueError(f"number of examples must be >= 0, got {n}")
-    if min_length < 0 or max_length <= min_length + 1:
-        raise ValueError(f"need 0 <= min_length < max_length - 1, got {min_length}, {max_length}")
-    if max_depth < 1 or max_args < 2:
-        raise ValueError(f"need max_depth >= 1 and max_args >= 2, got {max_depth}, {max_args}")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temp file next to `path`, then rename it over `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_tsv(path: Path, examples: list[tuple[str, int]]) -> None:
-    """Write examples in the released LRA layout (`Source\\tTarget` header, one example a line)."""
-    lines = ["\t".join(HEADER)] + [f"{source}\t{label}" for source, label in examples]
-    _write_atomic(path, "\n".join(lines) + "\n")
-
-
-def generate(
-    out_dir: str | os.PathLike[str],
-    n_train: int,
-    n_val: int,
-    n_test: int,
-    seed: int = 0,
-    min_length: int = 500,
-    max_length: int = 2000,
-    max_depth: int = 10,
-    max_args: int = 10,
-) -> dict[str, Path]:
-    """Generate distinct examples, split them train/val/test in sampling order, write `basic_*.tsv`."""
-    counts = {"train": n_train, "val": n_val, "test": n_test}
-    for split, n in counts.items():
-        if n < 0:
-            raise ValueError(f"n_{split} must be >= 0, got {n}")
-    examples = sample_examples(sum(counts.values()), seed, min_length, max_length, max_depth, max_args)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths, start = {}, 0
-    for split, n in counts.items():
-        paths[split] = out / f"basic_{split}.tsv"
-        write_tsv(paths[split], examples[start : start + n])
-        start += n
-    return paths
-
-
-def ensure_generated(
-    out_dir: str | os.PathLike[str],
-    n_train: int,
-    n_val: int,
-    n_test: int,
-    seed: int = 0,
-    min_length: int = 500,
-    max_length: int = 2000,
-    max_depth: int = 10,
-    max_args: int = 10,
-) -> dict[str, Path]:
-    """The files in `out_dir` if its `generation.json` records exactly these parameters, else generate."""
-    params = {
-        "generator_version": GENERATOR_VERSION,
-        "n_train": n_train,
-        "n_val": n_val,
-        "n_test": n_test,
-        "seed": seed,
-        "min_length": min_length,
-        "max_length": max_length,
-        "max_depth": max_depth,
-        "max_args": max_args,
-    }
-    out = Path(out_dir)
-    meta = out / "generation.json"
-    paths = {split: out / f"basic_{split}.tsv" for split in SPLITS}
-    if meta.is_file() and all(p.is_file() for p in paths.values()):
-        try:
-            if json.loads(meta.read_text(encoding="utf-8")) == params:
-                return paths
-        except json.JSONDecodeError:
-            pass
-    meta.unlink(missing_ok=True)  # never leave a record that describes files being replaced
-    paths = generate(out, n_train, n_val, n_test, seed, min_length, max_length, max_depth, max_args)
-    _write_atomic(meta, json.dumps(params, indent=2, sort_keys=True) + "\n")
-    return paths
-
-
-# ----------------------------------------------------------------------------------------------------
-# Loading
-# ----------------------------------------------------------------------------------------------------
 
 
 def encode(source: str, tokenization: str = "full") -> list[int]:
@@ -250,7 +52,7 @@ def read_tsv(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
     path = Path(path)
     with open(path, encoding="utf-8", newline="") as f:
         lines = f.read().splitlines()
-    if not lines or tuple(lines[0].split("\t")) != HEADER:
+    if not lines or tuple(lines[0].split("\t")) != LISTOPS_HEADER:
         got = lines[0][:60] if lines else "an empty file"
         raise ValueError(f"{path}:1: expected header 'Source<TAB>Target', got {got!r}")
     examples = []
@@ -306,7 +108,7 @@ class ListOpsDataset(Dataset):
 def find_split_files(root: str | os.PathLike[str]) -> dict[str, Path]:
     """`basic_{train,val,test}.tsv` in `root` or `root/listops-1000` (the release archive layout)."""
     root = Path(root)
-    names = {split: f"basic_{split}.tsv" for split in SPLITS}
+    names = {split: listops_file(split) for split in LISTOPS_SPLITS}
     for folder in (root, root / "listops-1000"):
         paths = {split: folder / name for split, name in names.items()}
         if all(p.is_file() for p in paths.values()):
@@ -322,22 +124,47 @@ def find_split_files(root: str | os.PathLike[str]) -> dict[str, Path]:
 
 def file_checksum(paths: Mapping[str, str | os.PathLike[str]]) -> str:
     """sha256 hex of the files' bytes, concatenated in sorted split-name order."""
-    digest = hashlib.sha256()
-    for split in sorted(paths):
-        with open(paths[split], "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
+    return files_checksum(paths[split] for split in sorted(paths))
 
 
-# ----------------------------------------------------------------------------------------------------
-# CLI
-# ----------------------------------------------------------------------------------------------------
+def check_paper_data(cfg: Any) -> None:
+    """Preflight: the three release TSVs are under `data.root`."""
+    find_split_files(cfg.data.root)
+
+
+@register_dataset("listops", check=check_paper_data)
+def build(cfg: Any) -> DataBundle:
+    d = cfg.data
+    if d.generate:
+        gen = OmegaConf.to_container(d.generate, resolve=True)
+        out = params_dir(cfg.paths.cache, "listops", gen)
+        files = generator.ensure_generated(
+            out, gen["train"], gen["val"], gen["test"], seed=gen["seed"], min_length=gen["min_length"],
+            max_length=gen["max_length"], max_depth=gen["max_depth"], max_args=gen["max_args"],
+        )
+        source = f"generated offline with the official LRA ListOps procedure (stand-in for the release): {gen}"
+    else:
+        files = find_split_files(d.root)
+        source = f"LRA release files under {d.root}"
+    splits = {
+        s: ListOpsDataset(files[s], d.seq_len, max_length=d.max_length, tokenization=d.tokenization)
+        for s in ("train", "val", "test")
+    }
+    info = {
+        "source": source,
+        "stand_in": bool(d.generate),
+        "files": {s: str(p) for s, p in files.items()},
+        "sizes": {s: len(ds) for s, ds in splits.items()},
+        "truncated": {s: int(ds.num_truncated) for s, ds in splits.items()},
+        "tokenization": d.tokenization,
+    }
+    return DataBundle(splits["train"], splits["val"], splits["test"], file_checksum(files), info)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Generate ListOps TSVs and print counts, paths and label histograms."""
-    p = argparse.ArgumentParser(prog="python -m condattn.data.listops", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m condattn.data.listops",
+                                description="ListOps (Long Range Arena): generate the release TSVs offline.")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--train", type=int, default=96000)
     p.add_argument("--val", type=int, default=2000)
@@ -348,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-depth", type=int, default=10)
     p.add_argument("--max-args", type=int, default=10)
     a = p.parse_args(argv)
-    paths = generate(
+    paths = generator.generate(
         a.out, a.train, a.val, a.test, a.seed, a.min_length, a.max_length, a.max_depth, a.max_args
     )
     for split, path in paths.items():

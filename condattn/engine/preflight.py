@@ -6,7 +6,6 @@ must not cost a day of queue time), and `train` runs it again at start-up with t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,54 +32,6 @@ class PreflightError(ValueError):
     def __init__(self, problems: list[Problem]):
         self.problems = problems
         super().__init__("\n".join(str(p) for p in problems))
-
-
-def _listops_files(cfg: Any) -> None:
-    from ..data import listops
-
-    listops.find_split_files(cfg.data.root)
-
-
-# data builder -> a cheap check that the paper-scale files are where the config says (raises
-# FileNotFoundError naming the path and how to prepare it). Builders without an entry get a check that
-# `data.root` exists.
-DATA_CHECKS: dict[str, Callable[[Any], None]] = {"listops": _listops_files}
-
-
-def _lm_text_files(cfg: Any) -> None:
-    from ..data import lm_text
-
-    lm_text.check_paper_data(cfg)
-
-
-DATA_CHECKS["lm_text"] = _lm_text_files  # TinyStories (table 5): one of the layouts lm_text.py lists
-
-
-def _mlm_text_files(cfg: Any) -> None:
-    from ..data import mlm_text
-
-    mlm_text.check_paper_data(cfg)
-
-
-DATA_CHECKS["mlm_text"] = _mlm_text_files  # MLM corpus (crammed BERT, the Pile): one of the layouts mlm_text.py lists
-
-
-def _coco_files(cfg: Any) -> None:
-    from ..data import coco
-
-    coco.check_paper_data(cfg)
-
-
-DATA_CHECKS["coco"] = _coco_files  # COCO 2017 (tables 2 and 7): the image folders and annotation files coco.py lists
-
-
-def _glue_files(cfg: Any) -> None:
-    from ..data import glue
-
-    glue.check_paper_data(cfg)
-
-
-DATA_CHECKS["glue"] = _glue_files  # GLUE: the task's folder under data.root (glue.py lists the layouts)
 
 
 def planned_world(cfg: Any) -> int:
@@ -123,7 +74,8 @@ def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
               check_run_dir: bool = True) -> list[Problem]:
     """Every problem of one cell's config that would stop or spoil its run."""
     from ..conditioning.api import resolve_options
-    from ..data.build import DATA_BUILDERS
+    from ..data.build import dataset_entry
+    from ..data.registry import data_root_exists, unknown_builder
     from ..models import MODEL_BUILDERS
     from ..tasks import TASKS
 
@@ -151,9 +103,9 @@ def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
         bad("config", f"unknown task kind {cfg.task.get('kind')!r} (task={cfg.task.get('name')!r}); "
                       f"known: {', '.join(TASKS)}")
     builder = cfg.data.get("builder")
-    if builder not in DATA_BUILDERS:
-        bad("config", f"unknown data builder {builder!r} (data={cfg.data.get('name')!r}); "
-                      f"known: {', '.join(DATA_BUILDERS)}")
+    entry = dataset_entry(builder)
+    if entry is None:
+        bad("config", unknown_builder(builder, cfg.data.get("name")))
     if cfg.optim.get("name") not in OPTIMIZERS:
         bad("config", f"unknown optimizer optim.name={cfg.optim.get('name')!r}; known: {', '.join(OPTIMIZERS)}")
     try:
@@ -185,11 +137,8 @@ def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
         bad("batch", str(e))
 
     if check_data and not cfg.data.get("generate") and cfg.scale.name == "paper":
-        try:
-            if builder in DATA_CHECKS:
-                DATA_CHECKS[builder](cfg)
-            elif cfg.data.get("root") and not Path(cfg.data.root).exists():
-                raise FileNotFoundError(f"data root {cfg.data.root} does not exist (data={cfg.data.name})")
+        try:  # each dataset registers its check (data/registry.py); unknown builders get the data.root one
+            (entry.check if entry is not None else data_root_exists)(cfg)
         except FileNotFoundError as e:
             bad("data", f"paper-scale data missing: {e}")
     timm_weights = {"maskrcnn_xcit": "pretrained", "detr": "use_pretrained_backbone"}.get(cfg.model.get("builder"))

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from ..conditioning import apply_conditioning
 from ..data.build import build_datasets
+from ..data.sampler import EpochSampler
 from ..models import build_model
 from ..runs import summary_is_finished
 from ..tasks import build_task
@@ -44,7 +45,6 @@ from .checkpoint import architecture_mismatch, latest_checkpoint, load_checkpoin
 from .logging import RunLogger
 from .optim import build_optimizer, scaled_lr
 from .preflight import PreflightError, batch_split, preflight
-from .sampler import EpochSampler
 from .signals import StopFlag
 
 

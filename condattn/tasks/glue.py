@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.glue import glue_task
+from ..data.glue_tasks import glue_task
 
 
 def glue_metrics(pred: np.ndarray, labels: np.ndarray, regression: bool) -> dict[str, float]:

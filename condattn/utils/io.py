@@ -1,27 +1,14 @@
-"""Atomic file writes: a crash mid-write never leaves a half-written summary or checkpoint behind."""
+"""Reading the run records (JSON, JSON lines) tolerantly; writing them atomically (utils/files.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from .files import write_json_atomic
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+__all__ = ["read_json", "read_jsonl", "write_json_atomic"]
 
 
 def read_json(path: str | Path) -> Any | None:

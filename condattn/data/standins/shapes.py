@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from ...utils.files import ensure_generated as ensure_recorded
+
 SHAPES = ("circle", "rectangle", "triangle", "ellipse", "diamond")
 
 
@@ -109,14 +111,12 @@ def split_files(out: Path, split: str) -> tuple[Path, Path]:
 
 
 def ensure_generated(out: str | Path, params: dict[str, Any]) -> Path:
-    """The dataset in `out`, written unless a complete copy of exactly these `params` is there (lra_common's
+    """The dataset in `out`, written unless a complete copy of exactly these `params` is there (utils/files.py's
     generation record; an interrupted generation is redone). The train and val splits use independent streams of the
     seed."""
-    from . import lra_common as C
-
     check_params(params)
     expected = [str(p.relative_to(out)) for s in ("train", "val") for p in split_files(Path(out), s)]
-    return C.ensure_generated(Path(out), params, expected, lambda o: _write(o, params))
+    return ensure_recorded(Path(out), params, expected, lambda o: _write(o, params))
 
 
 def _write(out: Path, params: dict[str, Any]) -> None:

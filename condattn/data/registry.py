@@ -1,0 +1,66 @@
+"""The dataset registry: what a data builder returns (`DataBundle`) and, per `data.builder` name, the function
+that builds it and the check that says whether its paper-scale files are there.
+
+A dataset module registers itself with `@register_dataset(name, check=...)`; `data/catalog.py` imports every
+dataset module so that they register, and `data/build.py::build_datasets` looks the builder up. This module
+imports nothing of the project, so a dataset module importing it closes no cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import Dataset
+
+
+@dataclass
+class DataBundle:
+    train: Dataset
+    val: Dataset
+    test: Dataset | None
+    checksum: str  # sha256 of the files the splits were read from
+    info: dict[str, Any] = field(default_factory=dict)  # source, paths, sizes: recorded in summary.json
+    # (n, seed, rank, world, block=micro) -> training sampler, when the data's recipe needs a special order
+    # (repeated augmentation for the ImageNet recipes); None = the trainer's EpochSampler
+    sampler_factory: Callable[..., Any] | None = None
+    # list of samples -> batch, when the samples are not dicts of equal-shape tensors (detection: a list of images
+    # of different sizes and a list of target dicts); None = torch's default_collate
+    collate_fn: Callable[[list], Any] | None = None
+
+
+def data_root_exists(cfg: Any) -> None:
+    """The default paper-data check: `data.root`, when the config names one, exists."""
+    if cfg.data.get("root") and not Path(cfg.data.root).exists():
+        raise FileNotFoundError(f"data root {cfg.data.root} does not exist (data={cfg.data.name})")
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    name: str  # the `data.builder` value
+    build: Callable[[Any], DataBundle]  # cfg -> DataBundle
+    # cfg -> None, or FileNotFoundError naming the missing path and how to prepare it; cheap (no file listing).
+    # Preflight calls it at paper scale when the config generates nothing.
+    check: Callable[[Any], None] = data_root_exists
+
+
+DATASETS: dict[str, DatasetEntry] = {}
+
+
+def register_dataset(name: str, check: Callable[[Any], None] | None = None):
+    """Decorator: register `fn(cfg) -> DataBundle` as `data.builder: name`, with its paper-data `check`
+    (default: `data.root` exists)."""
+    def deco(fn: Callable[[Any], DataBundle]):
+        if name in DATASETS and DATASETS[name].build is not fn:
+            raise ValueError(f"data builder {name!r} is registered twice")
+        DATASETS[name] = DatasetEntry(name, fn, check or data_root_exists)
+        return fn
+
+    return deco
+
+
+def unknown_builder(builder: Any, data_name: Any) -> str:
+    """The message for a `data.builder` nothing registered, naming the known ones."""
+    return f"unknown data builder {builder!r} (data={data_name!r}); known: {', '.join(DATASETS)}"

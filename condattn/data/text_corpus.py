@@ -1,0 +1,178 @@
+"""The MLM pretraining corpus on disk (cramming's recipe uses the Pile): its layouts, its checksum and its documents.
+
+Paper scale reads a corpus from disk (cramming's recipe uses the Pile); nothing is downloaded. Under `data.root`
+(default `$CONDATTN_DATA/pile`) the first of these layouts found is used:
+
+    dataset_dict.json + split folders   a `datasets` DatasetDict saved with `save_to_disk`: split `train` (+ one of
+                                        validation / valid / val), text in column `data.text_column` (default `text`)
+    state.json + dataset_info.json      a single `datasets` Dataset saved with `save_to_disk` (training text only)
+    *.parquet                           parquet files, read with `datasets`' parquet builder
+    *.jsonl / *.json (also .gz/.zst/.bz2/.xz)   JSON lines, one document per record (the Pile's `train/NN.jsonl.zst`;
+                                        .zst needs the `zstandard` package)
+    *.txt                               plain text, one document per non-empty line
+
+Files are searched recursively; one whose path (below root) has a part named val / valid / validation / dev is
+validation text, one named test is ignored, every other one is training text. A source without validation text gets
+`data.val_fraction` of its documents held out with `data.split_seed`. `data.max_train_docs` (cramming the-pile:
+`max_entries_in_raw_dataset: 8e6`) keeps a seeded random subset of that many training documents, as cramming selects
+after its shuffle. The run's data checksum is the sha256 of the files (of the saved splits' fingerprints for a saved
+dataset); above 2 GiB of files it hashes each file's path, size and first and last MiB instead (`checksum_kind`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..utils.files import files_checksum
+from . import common
+
+FILE_KINDS = (("parquet", (".parquet",)),
+              ("json", tuple(f"{b}{c}" for b in (".jsonl", ".json") for c in ("", ".gz", ".zst", ".bz2", ".xz"))),
+              ("text", (".txt",)))
+VAL_SPLIT_NAMES = ("validation", "valid", "val")
+VAL_PART = re.compile(r"(?:^|[^a-z])(?:val|valid|validation|dev)(?:[^a-z]|$)")
+TEST_PART = re.compile(r"(?:^|[^a-z])test(?:[^a-z]|$)")
+CONTENT_HASH_LIMIT = 2 << 30  # bytes: above this the checksum reads path, size and the first and last MiB per file
+EXPECTED = ("a `save_to_disk` DatasetDict (dataset_dict.json; splits train + validation/valid/val) or Dataset "
+            "(state.json + dataset_info.json), or *.parquet, or *.jsonl / *.json (.gz/.zst/.bz2/.xz: one document per "
+            "record, column data.text_column), or *.txt (one document per line) files, searched recursively; files "
+            "under a val/valid/validation/dev name are validation text, test files are ignored")
+HOW = ("Prepare the Pile (or any text corpus) on a machine with access, e.g. its train/NN.jsonl.zst shards, or "
+       "`datasets.load_dataset(...).save_to_disk(ROOT)`, and point data.root at that folder.")
+
+
+def _file_kind(p: Path) -> str | None:
+    name = p.name.lower()
+    for kind, suffixes in FILE_KINDS:
+        if name.endswith(suffixes):
+            return kind
+    return None
+
+
+def find_source(root: str | os.PathLike[str]) -> tuple[str, Path, dict[str, list[Path]]]:
+    """(kind, folder, {train: [...], val: [...]}) of the corpus under `root` (module docstring); kind is hf_disk or a
+    `datasets` packaged builder (parquet | json | text). FileNotFoundError naming `root` and the layouts when there is
+    none; ValueError when files of several kinds are mixed."""
+    root = Path(root)
+    if (root / "dataset_dict.json").is_file() or ((root / "state.json").is_file()
+                                                  and (root / "dataset_info.json").is_file()):
+        return "hf_disk", root, {}
+    if root.is_dir():
+        found: dict[str, dict[str, list[Path]]] = {}
+        for p in sorted(root.rglob("*")):
+            kind = _file_kind(p)
+            if kind is None or not p.is_file():
+                continue
+            rel = p.relative_to(root).as_posix().lower()
+            if TEST_PART.search(rel):
+                continue
+            found.setdefault(kind, {"train": [], "val": []})["val" if VAL_PART.search(rel) else "train"].append(p)
+        found = {k: v for k, v in found.items() if v["train"]}
+        if len(found) > 1:
+            raise ValueError(f"{root} holds training files of several kinds ({', '.join(sorted(found))}); point "
+                             "data.root at a folder with one kind")
+        if found:
+            kind, files = next(iter(found.items()))
+            return kind, root, files
+    raise common.missing("MLM pretraining corpus (crammed BERT)", root, EXPECTED, HOW)
+
+
+def check_paper_data(cfg: Any) -> None:
+    """Preflight: the paper-scale corpus exists (raises FileNotFoundError naming the path and the layouts)."""
+    find_source(cfg.data.root)
+
+
+def _stat_checksum(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        size = p.stat().st_size
+        h.update(f"{p.name}|{size}|".encode())
+        with open(p, "rb") as f:
+            h.update(f.read(1 << 20))
+            if size > 2 << 20:
+                f.seek(-(1 << 20), os.SEEK_END)
+                h.update(f.read(1 << 20))
+    return h.hexdigest()
+
+
+def source_checksum(kind: str, folder: Path, files: dict[str, list[Path]]) -> tuple[str, str]:
+    """(sha256, kind of checksum): `content` of the files, `stat` (path, size, first/last MiB) above 2 GiB, or
+    `fingerprint` of a saved dataset's splits."""
+    if kind == "hf_disk":
+        train, val = _hf_disk_splits(folder)
+        prints = [train._fingerprint, val._fingerprint if val is not None else ""]
+        return hashlib.sha256("|".join(prints).encode()).hexdigest(), "fingerprint"
+    paths = [*files.get("train", []), *files.get("val", [])]
+    if sum(p.stat().st_size for p in paths) <= CONTENT_HASH_LIMIT:
+        return files_checksum(paths), "content"
+    return _stat_checksum(paths), "stat"
+
+
+def _hf_disk_splits(folder: Path):
+    import datasets
+
+    ds = datasets.load_from_disk(str(folder))
+    if isinstance(ds, datasets.Dataset):
+        return ds, None
+    if "train" not in ds:
+        raise FileNotFoundError(f"{folder}: the saved DatasetDict has splits {list(ds)}, no `train`")
+    return ds["train"], next((ds[s] for s in VAL_SPLIT_NAMES if s in ds), None)
+
+
+def _load_splits(kind: str, folder: Path, files: dict[str, list[Path]], cache: Path):
+    """(train, val or None) as `datasets.Dataset`s."""
+    if kind == "hf_disk":
+        return _hf_disk_splits(folder)
+    import datasets
+
+    data_files = {"train": [str(p) for p in files["train"]]}
+    if files.get("val"):
+        data_files["validation"] = [str(p) for p in files["val"]]
+    dd = datasets.load_dataset(kind, data_files=data_files, cache_dir=str(cache))
+    return dd["train"], dd.get("validation")
+
+
+class Docs:
+    """A sequence of documents: a list of str, or one column of a `datasets.Dataset` (read in batches)."""
+
+    def __init__(self, data, column: str = "text"):
+        self.data, self.column = data, column
+        if not isinstance(data, list) and column not in data.column_names:
+            raise ValueError(f"no text column {column!r} in the corpus (columns {data.column_names}); set "
+                             "data.text_column")
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def batches(self, size: int = 1000, limit: int | None = None) -> Iterator[list[str]]:
+        n = len(self) if limit is None else min(len(self), int(limit))
+        if isinstance(self.data, list):
+            for s in range(0, n, size):
+                yield [t for t in self.data[s : min(s + size, n)] if t and t.strip()]
+            return
+        data = self.data.select_columns([self.column])
+        if n < len(data):
+            data = data.select(range(n))
+        for batch in data.iter(batch_size=size):
+            yield [str(t) for t in batch[self.column] if t is not None and str(t).strip()]
+
+
+def corpus_documents(kind: str, folder: Path, files: dict[str, list[Path]], d: Any, cache: Path) -> tuple:
+    """(train Docs, val Docs, description of the validation split) of a paper-scale source."""
+    column = str(d.get("text_column") or "text")
+    train, val = _load_splits(kind, folder, files, cache)
+    seed = int(d.split_seed)
+    max_docs = d.get("max_train_docs")
+    val_split = "the source's validation split"
+    if val is None:
+        parts = train.train_test_split(test_size=float(d.val_fraction), seed=seed, shuffle=True)
+        train, val = parts["train"], parts["test"]
+        val_split = f"seeded {float(d.val_fraction):g} of the training documents (data.split_seed={seed})"
+    if max_docs is not None and int(max_docs) < len(train):
+        train = train.shuffle(seed=seed).select(range(int(max_docs)))
+    return Docs(train, column), Docs(val, column), val_split
