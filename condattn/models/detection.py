@@ -191,7 +191,7 @@ def build_maskrcnn_xcit(
     from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
     from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
 
-    from . import _timm
+    from .timm_models import create_timm
 
     if pretrained and backbone_checkpoint:
         raise ValueError("model.pretrained=true and model.backbone_checkpoint are both set; choose one source of "
@@ -200,7 +200,7 @@ def build_maskrcnn_xcit(
     kw.update(num_classes=0, drop_path_rate=float(drop_path_rate))
     if pretrained:
         kw["pretrained_cfg_overlay"] = {"file": cached_timm_weights(backbone)}
-    xcit = _timm(backbone, pretrained=bool(pretrained), fused_attn=fused_attn, **kw)
+    xcit = create_timm(backbone, pretrained=bool(pretrained), fused_attn=fused_attn, **kw)
     depth = len(xcit.blocks)
     bad = [i for i in out_indices if not 0 <= int(i) < depth]
     if bad or list(out_indices) != sorted(set(int(i) for i in out_indices)):
