@@ -37,9 +37,8 @@ class StepLoop:
         self.diagnostics = Diagnostics(run)
         self.budget = BudgetStop(run)
         self.test = TestProtocol(run, self.best)
-        run.state.attach(self.best)  # their state goes into every checkpoint
+        run.state.attach(self.best)  # their state goes into every checkpoint (and comes back on resume)
         run.state.attach(self.budget)
-        start(run)  # resume (loads the attached parts' state too), open the log
         self.checkpoints = Checkpointing(run)
         self.signals = StopSignals(run, self.checkpoints)
         self.divergence = Divergence(run, self.checkpoints)
@@ -69,6 +68,7 @@ class StepLoop:
 
     def train(self) -> dict:
         run = self.run
+        start(run)  # resume (the attached parts' state too), open the log, write the config
         self._hooks("before_train")
         run.model.train()
         try:

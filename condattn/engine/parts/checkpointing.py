@@ -18,14 +18,15 @@ class Checkpointing(Part):
         self.every = int(run.cfg.impl.checkpoint_every)
         self.keep = int(run.cfg.impl.keep_checkpoints)
         self.good: Path | None = None  # a checkpoint is "good" once the loss computed from its weights was finite
-        self.pending: Path | None = run.resumed_from
-        self.last: Path | None = run.resumed_from  # the latest written (or resumed from)
+        self.pending: Path | None = None  # written, its weights' loss not yet seen
+        self.last: Path | None = None  # the latest written (or resumed from)
         self.started = 0.0
 
     def good_checkpoint(self) -> Path | None:
         return self.good if self.good is not None and self.good.exists() else None
 
     def before_train(self, loop: Any) -> None:
+        self.pending = self.last = self.run.resumed_from
         self.started = time.time()
 
     def after_backward(self, loop: Any) -> None:  # (after the divergence check: this step's loss was fine)
