@@ -1,6 +1,6 @@
 """A part of the training loop (detectron2's hooks, with their own `state_dict`).
 
-The loop calls every part's hooks in the order of its list, at these points:
+The loop (engine/loop.py) calls the hooks of the parts its `schedule` lists for each, in that order, at these points:
     before_train(loop)      once, before the first step of this session (after a resume)
     after_backward(loop)    a step's loss is known, its gradients are accumulated, the optimizer has not stepped
     after_optimizer_step(loop)  the counters of the step are updated
