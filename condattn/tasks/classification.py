@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .base import Task
+
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in batch.items() if k != "labels"}
@@ -26,7 +28,7 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
     return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
 
 
-class ClassificationTask:
+class ClassificationTask(Task):
     higher_is_better = True
     metric = "acc"
 
@@ -79,30 +81,30 @@ class ClassificationTask:
         acc = (logits.argmax(-1) == labels).float().mean()
         return loss, {"acc": acc.detach()}
 
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module, loader, accelerator) -> dict[str, float]:
-        """Accuracy (top-1, and top-5 when task.top5) and mean loss over the whole split, gathered across
-        processes (duplicates from uneven sharding dropped by `gather_for_metrics`)."""
-        was_training = model.training
-        model.eval()
-        correct, correct5, total, loss_sum = 0, 0, 0, 0.0
-        for batch in loader:
-            logits = self.forward(model, batch).float()
-            losses = F.cross_entropy(logits, batch["labels"], reduction="none")
-            if self.top5:
-                k = min(5, logits.shape[-1])
-                in5 = (logits.topk(k, dim=-1).indices == batch["labels"][:, None]).any(-1)
-                pred, labels, losses, in5 = accelerator.gather_for_metrics(
-                    (logits.argmax(-1), batch["labels"], losses, in5)
-                )
-                correct5 += int(in5.sum())
-            else:
-                pred, labels, losses = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"], losses))
-            correct += int((pred == labels).sum())
-            total += labels.numel()
-            loss_sum += float(losses.sum())
-        model.train(was_training)
-        out = {"acc": correct / max(total, 1), "loss": loss_sum / max(total, 1), "n": total}
+    # evaluation (Task.evaluate): accuracy (top-1, and top-5 when task.top5) and mean loss over the whole split
+    def eval_start(self) -> dict[str, Any]:
+        return {"correct": 0, "correct5": 0, "total": 0, "loss_sum": 0.0}
+
+    def eval_batch(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        logits = self.forward(model, batch).float()
+        losses = F.cross_entropy(logits, batch["labels"], reduction="none")
+        if not self.top5:
+            return logits.argmax(-1), batch["labels"], losses
+        k = min(5, logits.shape[-1])
+        in5 = (logits.topk(k, dim=-1).indices == batch["labels"][:, None]).any(-1)
+        return logits.argmax(-1), batch["labels"], losses, in5
+
+    def eval_update(self, totals: dict[str, Any], gathered: tuple[torch.Tensor, ...]) -> None:
+        pred, labels, losses = gathered[:3]
         if self.top5:
-            out["top5"] = correct5 / max(total, 1)
+            totals["correct5"] += int(gathered[3].sum())
+        totals["correct"] += int((pred == labels).sum())
+        totals["total"] += labels.numel()
+        totals["loss_sum"] += float(losses.sum())
+
+    def eval_result(self, totals: dict[str, Any]) -> dict[str, float]:
+        total = totals["total"]
+        out = {"acc": totals["correct"] / max(total, 1), "loss": totals["loss_sum"] / max(total, 1), "n": total}
+        if self.top5:
+            out["top5"] = totals["correct5"] / max(total, 1)
         return out

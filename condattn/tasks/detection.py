@@ -32,6 +32,8 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 from torch import nn
 
+from .base import Task, evaluation_mode
+
 STATS = ("ap", "ap50", "ap75", "aps", "apm", "apl")  # COCOeval.stats[0:6]
 IOU_SUFFIX = {"bbox": "box", "segm": "mask"}
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -104,7 +106,7 @@ def detector_kind(model: nn.Module) -> str:
                     f"DetrForObjectDetection; got {type(m).__name__} (model={type(m).__module__})")
 
 
-class DetectionTask:
+class DetectionTask(Task):
     higher_is_better = True
     metric = "ap_box"
 
@@ -181,23 +183,21 @@ class DetectionTask:
             preds.append({"boxes": boxes, "scores": scores[i], "labels": labels[i] + 1})
         return preds
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module, loader, accelerator) -> dict[str, float]:
+        """COCO results of every image (not per-sample tensors: gathered as objects), scored once on rank 0."""
         from accelerate.utils import broadcast_object_list, gather_object
 
         ds = loader.dataset
         kind = detector_kind(model)
         masks = kind == "rcnn" and extract_model_from_parallel(model).roi_heads.has_mask()
         iou_types = ("bbox", "segm") if masks else ("bbox",)
-        was_training = model.training
-        model.eval()
         local: list[tuple[int, list[dict]]] = []
-        for batch in loader:
-            for t, det in zip(batch["targets"], self.predict(model, batch)):
-                if kind == "rcnn" and "segm" not in iou_types:
-                    det = {k: v for k, v in det.items() if k != "masks"}
-                local.append((int(t["image_id"]), detections_to_coco(int(t["image_id"]), det, ds.cat_ids)))
-        model.train(was_training)
+        with evaluation_mode(model):
+            for batch in loader:
+                for t, det in zip(batch["targets"], self.predict(model, batch)):
+                    if kind == "rcnn" and "segm" not in iou_types:
+                        det = {k: v for k, v in det.items() if k != "masks"}
+                    local.append((int(t["image_id"]), detections_to_coco(int(t["image_id"]), det, ds.cat_ids)))
         everything = gather_object(local) if accelerator.num_processes > 1 else local
         metrics: dict[str, float] = {}
         if accelerator.is_main_process:

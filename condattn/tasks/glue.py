@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.glue_tasks import glue_task
+from .base import Task
 
 
 def glue_metrics(pred: np.ndarray, labels: np.ndarray, regression: bool) -> dict[str, float]:
@@ -39,7 +40,7 @@ def glue_metrics(pred: np.ndarray, labels: np.ndarray, regression: bool) -> dict
     return out
 
 
-class GlueTask:
+class GlueTask(Task):
     higher_is_better = True
     metric = "score"
 
@@ -61,21 +62,24 @@ class GlueTask:
         logs = {} if self.regression else {"acc": (logits.argmax(-1) == batch["labels"]).float().mean().detach()}
         return self._loss(logits, batch["labels"]), logs
 
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module, loader, accelerator) -> dict[str, float]:
-        was_training = model.training
-        model.eval()
-        preds, labels, loss_sum = [], [], 0.0
-        for batch in loader:
-            logits = self.forward(model, batch)
-            losses = self._loss(logits, batch["labels"], reduction="none")
-            pred = logits.float().squeeze(-1) if self.regression else logits.argmax(-1)
-            pred, lab, losses = accelerator.gather_for_metrics((pred, batch["labels"], losses))
-            preds.append(pred.cpu())
-            labels.append(lab.cpu())
-            loss_sum += float(losses.sum())
-        model.train(was_training)
-        pred, lab = torch.cat(preds).numpy(), torch.cat(labels).numpy()
+    # evaluation (Task.evaluate): the GLUE metrics of the whole split's predictions, and the mean loss
+    def eval_start(self) -> dict[str, Any]:
+        return {"preds": [], "labels": [], "loss_sum": 0.0}
+
+    def eval_batch(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        logits = self.forward(model, batch)
+        losses = self._loss(logits, batch["labels"], reduction="none")
+        pred = logits.float().squeeze(-1) if self.regression else logits.argmax(-1)
+        return pred, batch["labels"], losses
+
+    def eval_update(self, totals: dict[str, Any], gathered: tuple[torch.Tensor, ...]) -> None:
+        pred, lab, losses = gathered
+        totals["preds"].append(pred.cpu())
+        totals["labels"].append(lab.cpu())
+        totals["loss_sum"] += float(losses.sum())
+
+    def eval_result(self, totals: dict[str, Any]) -> dict[str, float]:
+        pred, lab = torch.cat(totals["preds"]).numpy(), torch.cat(totals["labels"]).numpy()
         out = glue_metrics(pred, lab, self.regression)
-        out.update(score=out[self.spec.metric], loss=loss_sum / max(len(lab), 1), n=len(lab))
+        out.update(score=out[self.spec.metric], loss=totals["loss_sum"] / max(len(lab), 1), n=len(lab))
         return out

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .base import Task
+
 
 def next_token_stats(
     logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
@@ -43,7 +45,7 @@ def next_token_stats(
     return nll, counted, lg.argmax(-1) == target
 
 
-class LMTask:
+class LMTask(Task):
     higher_is_better = False
     metric = "loss"
 
@@ -63,21 +65,24 @@ class LMTask:
         n = w.sum().clamp_min(1.0)
         return (nll * w).sum() / n, {"acc": ((correct.float() * w).sum() / n).detach()}
 
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module, loader, accelerator) -> dict[str, float]:
-        was_training = model.training
-        model.eval()
-        nll_sum, correct, total = 0.0, 0, 0
-        for batch in loader:
-            nll, counted, right = next_token_stats(self.forward(model, batch), batch["input_ids"],
-                                                   batch.get("attention_mask"))
-            w = counted.float()
-            per_block = ((nll * w).sum(1).double(), counted.sum(1), (right & counted).sum(1))
-            s, c, r = accelerator.gather_for_metrics(per_block)
-            nll_sum += float(s.sum())
-            total += int(c.sum())
-            correct += int(r.sum())
-        model.train(was_training)
-        loss = nll_sum / max(total, 1)
-        return {"loss": loss, "ppl": math.exp(loss) if loss < 700 else math.inf, "acc": correct / max(total, 1),
-                "n": total}
+    # evaluation (Task.evaluate): token-weighted over the whole split from per-block sums
+    def eval_start(self) -> dict[str, Any]:
+        return {"nll_sum": 0.0, "correct": 0, "total": 0}
+
+    def eval_batch(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        nll, counted, right = next_token_stats(self.forward(model, batch), batch["input_ids"],
+                                               batch.get("attention_mask"))
+        w = counted.float()
+        return (nll * w).sum(1).double(), counted.sum(1), (right & counted).sum(1)
+
+    def eval_update(self, totals: dict[str, Any], gathered: tuple[torch.Tensor, ...]) -> None:
+        s, c, r = gathered
+        totals["nll_sum"] += float(s.sum())
+        totals["total"] += int(c.sum())
+        totals["correct"] += int(r.sum())
+
+    def eval_result(self, totals: dict[str, Any]) -> dict[str, float]:
+        total = totals["total"]
+        loss = totals["nll_sum"] / max(total, 1)
+        return {"loss": loss, "ppl": math.exp(loss) if loss < 700 else math.inf,
+                "acc": totals["correct"] / max(total, 1), "n": total}

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .base import Task
+
 IGNORE_INDEX = -100
 
 
@@ -74,7 +76,7 @@ def maskable_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return keep
 
 
-class MLMTask:
+class MLMTask(Task):
     higher_is_better = False
     metric = "loss"
 
@@ -137,24 +139,25 @@ class MLMTask:
         n = max(nll.numel(), 1)
         return nll.sum() / n, {"acc": (correct.float().sum() / n).detach()}
 
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module, loader, accelerator) -> dict[str, float]:
-        was_training = model.training
-        model.eval()
-        nll_sum, correct, total = 0.0, 0, 0
-        for batch in loader:
-            masked = self.mask(batch, self.eval_uniform(batch))
-            nll, right, rows = self._scores(model, masked)
-            b = batch["input_ids"].shape[0]
-            dev = nll.device
-            per_sample = (torch.zeros(b, dtype=torch.float64, device=dev).index_add_(0, rows, nll.double()),
-                          torch.zeros(b, dtype=torch.long, device=dev).index_add_(0, rows, torch.ones_like(rows)),
-                          torch.zeros(b, dtype=torch.long, device=dev).index_add_(0, rows, right.long()))
-            s, c, r = accelerator.gather_for_metrics(per_sample)
-            nll_sum += float(s.sum())
-            total += int(c.sum())
-            correct += int(r.sum())
-        model.train(was_training)
-        loss = nll_sum / max(total, 1)
-        return {"loss": loss, "acc": correct / max(total, 1), "ppl": math.exp(loss) if loss < 700 else math.inf,
-                "n": total}
+    # evaluation (Task.evaluate): token-weighted over the whole split from per-sample sums, fixed masks
+    def eval_start(self) -> dict[str, Any]:
+        return {"nll_sum": 0.0, "correct": 0, "total": 0}
+
+    def eval_batch(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        nll, right, rows = self._scores(model, self.mask(batch, self.eval_uniform(batch)))
+        b, dev = batch["input_ids"].shape[0], nll.device
+        return (torch.zeros(b, dtype=torch.float64, device=dev).index_add_(0, rows, nll.double()),
+                torch.zeros(b, dtype=torch.long, device=dev).index_add_(0, rows, torch.ones_like(rows)),
+                torch.zeros(b, dtype=torch.long, device=dev).index_add_(0, rows, right.long()))
+
+    def eval_update(self, totals: dict[str, Any], gathered: tuple[torch.Tensor, ...]) -> None:
+        s, c, r = gathered
+        totals["nll_sum"] += float(s.sum())
+        totals["total"] += int(c.sum())
+        totals["correct"] += int(r.sum())
+
+    def eval_result(self, totals: dict[str, Any]) -> dict[str, float]:
+        total = totals["total"]
+        loss = totals["nll_sum"] / max(total, 1)
+        return {"loss": loss, "acc": totals["correct"] / max(total, 1),
+                "ppl": math.exp(loss) if loss < 700 else math.inf, "n": total}

@@ -1,0 +1,148 @@
+"""The step loop: micro-batches with gradient accumulation, clipping, the optimizer and schedule step, and the
+parts' hooks around each step (engine/parts: checkpoints, evaluation, diagnostics, budget, stop signals,
+divergence, progress). The order of the parts is the order of their effects (log rows, files, printed lines)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from accelerate.utils import send_to_device
+
+from .errors import TrainingDiverged, TrainingInterrupted
+from .parts import (
+    BestModel,
+    BudgetStop,
+    Checkpointing,
+    Diagnostics,
+    Divergence,
+    Part,
+    Progress,
+    StopSignals,
+    TestProtocol,
+)
+from .setup import Run, start
+from .summary import build_summary, write_summary
+
+
+class StepLoop:
+    def __init__(self, run: Run):
+        self.run = run
+        self.tty = sys.stderr.isatty()  # a progress bar on a terminal; one line per evaluation in logs
+        self.progress = Progress(run, self.tty)
+        self.best = BestModel(run)
+        self.diagnostics = Diagnostics(run)
+        self.budget = BudgetStop(run)
+        self.test = TestProtocol(run, self.best)
+        run.state.attach(self.best)  # their state goes into every checkpoint (and comes back on resume)
+        run.state.attach(self.budget)
+        self.checkpoints = Checkpointing(run)
+        self.signals = StopSignals(run, self.checkpoints)
+        self.divergence = Divergence(run, self.checkpoints)
+        # when each part's hooks run, in this order (the order of their effects: log rows, files, printed lines).
+        # The divergence check precedes promoting the pending checkpoint to "good"; the signals part decides
+        # whether to stop before the checkpointing part saves and raises after it.
+        self.schedule: dict[str, list[Part]] = {
+            "before_train": [self.diagnostics, self.checkpoints, self.progress],
+            "after_backward": [self.divergence, self.checkpoints, self.diagnostics],
+            "after_optimizer_step": [self.budget],
+            "after_step": [self.progress, self.best, self.diagnostics, self.signals, self.checkpoints],
+            "end_of_step": [self.progress, self.signals, self.budget],
+            "after_train": [self.progress, self.checkpoints, self.test, self.diagnostics],
+            "close": [self.progress],  # the run ends early (interrupted, diverged)
+        }
+        self.loss = self.acc = self.grad_norm = self.val = None
+        self.last = self.stopping = False
+        self._t0 = 0.0
+
+    def _hooks(self, name: str) -> None:
+        for part in self.schedule[name]:
+            getattr(part, name)(self)
+
+    def untimed(self, seconds: float) -> None:
+        """Time spent in this step that is not training (kept out of TrainState.train_time)."""
+        self._t0 += seconds
+
+    def train(self) -> dict:
+        run = self.run
+        start(run)  # resume (the attached parts' state too), open the log, write the config
+        self._hooks("before_train")
+        run.model.train()
+        try:
+            with self.signals:
+                self.signals.check_start()
+                self._steps()
+        except (TrainingInterrupted, TrainingDiverged):
+            self._hooks("close")
+            run.logger.finish()
+            raise
+        self._hooks("after_train")
+        metrics = {**self.best.metrics(), **self.test.metrics()}
+        summary = build_summary(run, metrics, self.budget.summary(), self.diagnostics.summary())
+        if run.main:
+            write_summary(run, summary)
+        run.logger.finish(summary)
+        run.accelerator.wait_for_everyone()
+        return summary
+
+    def _steps(self) -> None:
+        run, state = self.run, self.run.state
+        # a resumed run continues the epoch at the micro-batch it had reached (nothing before it is loaded, so data
+        # augmentation draws no random numbers for skipped samples)
+        run.sampler.set_epoch(state.epoch, skip=state.batch_in_epoch)
+        self._it = iter(run.train_loader)
+        while state.step < run.steps and not run.budget.exhausted():  # (a resumed run may have used its budget up)
+            self._t0 = time.time()
+            accum_now = run.budget.accumulation(state.step, run.glob, run.micro * run.world)  # = accum unless ramped
+            self.loss, self.acc = self._accumulate(accum_now)
+            self._hooks("after_backward")
+            self._optimizer_step()
+            state.step += 1
+            state.train_time += time.time() - self._t0
+            state.samples += accum_now * run.micro * run.world
+            self._hooks("after_optimizer_step")
+            self.last = state.step == run.steps or self.budget.budget_stopped
+            self.val = None
+            self._hooks("after_step")
+            self._hooks("end_of_step")
+            if self.budget.budget_stopped:
+                break
+
+    def _next_batch(self) -> Any:
+        run, state = self.run, self.run.state
+        if state.batch_in_epoch >= len(run.train_loader):
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+            run.sampler.set_epoch(state.epoch)
+            self._it = iter(run.train_loader)
+        batch = send_to_device(next(self._it), run.accelerator.device)  # nested dicts / lists of tensors too
+        state.batch_in_epoch += 1
+        return batch
+
+    def _accumulate(self, accum_now: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward of `accum_now` micro-batches; the mean loss and accuracy of the global batch."""
+        run = self.run
+        losses, accs = [], []
+        for micro_i in range(accum_now):
+            batch = self._next_batch()
+            sync = micro_i == accum_now - 1
+            with nullcontext() if sync else run.accelerator.no_sync(run.model):
+                loss, logs = run.task.loss(run.model, batch)
+                run.accelerator.backward(loss / accum_now)
+            losses.append(loss.detach())
+            accs.append(logs.get("acc", torch.zeros((), device=loss.device)))  # (detection has none)
+        loss, acc = torch.stack(losses).mean(), torch.stack(accs).mean()
+        if run.world > 1:  # the loss of the whole global batch, identical on every rank
+            loss, acc = run.accelerator.reduce(torch.stack([loss, acc.to(loss.dtype)]), "mean").unbind()
+        return loss, acc
+
+    def _optimizer_step(self) -> None:
+        run = self.run
+        clip = run.cfg.optim.get("clip_grad_norm")
+        self.grad_norm = run.accelerator.clip_grad_norm_(run.model.parameters(), float(clip)) if clip else None
+        run.optimizer.step()
+        if not run.accelerator.optimizer_step_was_skipped:  # fp16: a step skipped on overflow does not advance
+            run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)

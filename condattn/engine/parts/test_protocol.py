@@ -1,0 +1,41 @@
+"""After the last step: the last weights on the validation split, then the test split scored with the best-validation
+weights (LRA's protocol: `test_<k>`) and with the last weights (`final_test_<k>`, e.g. MNLI-mm)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import Part
+from .evaluation import BestModel
+
+
+class TestProtocol(Part):
+    def __init__(self, run: Any, best: BestModel):
+        self.run = run
+        self.best = best
+        self.final_val: dict = {}
+        self.test: dict = {}
+
+    def after_train(self, loop: Any) -> None:
+        run = self.run
+        self.final_val = self.best.evaluate(run.val_loader)
+        if run.test_loader is None:
+            return
+        final_test = self.best.evaluate(run.test_loader)
+        best = run.run_dir / "best_model.pt"
+        run.accelerator.wait_for_everyone()
+        if best.exists():
+            # map to the CPU first: under multi-process CPU runs accelerate's device is "cpu:0", which
+            # torch.load cannot map to; load_state_dict then copies onto the model's device
+            run.raw.load_state_dict(torch.load(best, map_location="cpu", weights_only=True))
+            test = self.best.evaluate(run.test_loader)
+        else:
+            test = final_test
+        self.test = {**{f"test_{k}": v for k, v in test.items() if k != "n"},
+                     **{f"final_test_{k}": v for k, v in final_test.items() if k != "n"}}
+
+    def metrics(self) -> dict[str, Any]:
+        # every metric of the last evaluation (acc, loss; lm's ppl; GLUE's mcc / f1; detection's AP), and the test's
+        return {**{f"final_val_{k}": v for k, v in self.final_val.items() if k != "n"}, **self.test}

@@ -1,0 +1,172 @@
+"""Everything a run needs before its first step, built in a fixed order (the order draws from the RNG, so it is
+part of the bit-identity of a run): process settings, accelerate, the run directory, the seed, data, the model and
+its conditioning patch, the task, optimizer and schedule, data loaders, and a resume from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
+
+from ..conditioning import apply_conditioning
+from ..data.build import build_datasets
+from ..data.sampler import EpochSampler
+from ..models import build_model
+from ..tasks import build_task
+from ..utils.io import write_json_atomic
+from .budget import Budget
+from .checkpoint import architecture_mismatch, latest_checkpoint, load_checkpoint
+from .logging import RunLogger
+from .optim import build_optimizer
+from .preflight import PreflightError, batch_split, preflight
+from .state import TrainState
+
+
+@dataclass
+class Run:
+    """One training run: its config, accelerate, the zoo objects and the loop's shared state."""
+
+    cfg: Any
+    run_dir: Path
+    accelerator: Accelerator
+    glob: int  # global batch
+    micro: int  # micro-batch per process
+    accum: int  # micro-batches per process and optimizer step
+    steps: int
+    data: Any
+    model: Any  # as prepared by accelerate (DDP, compile)
+    raw: Any  # the unwrapped model
+    report: Any  # the conditioning patch report
+    task: Any
+    optimizer: Any
+    scheduler: Any
+    budget: Budget
+    sampler: Any
+    train_loader: DataLoader
+    val_loader: Any
+    test_loader: Any
+    state: TrainState
+    config: dict | None = None  # the resolved config (set by `start`)
+    resumed_from: Path | None = None
+    logger: RunLogger | None = None
+
+    @property
+    def world(self) -> int:
+        return self.accelerator.num_processes
+
+    @property
+    def main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when it is true on one (a signal may reach the ranks at different steps)."""
+        if self.world == 1:
+            return flag
+        acc = self.accelerator
+        return bool(acc.reduce(torch.tensor([float(flag)], device=acc.device), "sum").item() > 0)
+
+
+def loader(ds, batch_size: int, sampler=None, workers: int = 0, pin: bool = False, collate=None) -> DataLoader:
+    # a private generator: building an iterator must not draw from the global RNG (dropout masks would
+    # then differ between a resumed and an uninterrupted run)
+    return DataLoader(
+        ds, batch_size=batch_size, sampler=sampler, shuffle=False, num_workers=workers, pin_memory=pin,
+        drop_last=sampler is not None, generator=torch.Generator().manual_seed(0), collate_fn=collate,
+    )
+
+
+def _accelerator(cfg: Any, run_dir: Path, deterministic: bool) -> tuple[Accelerator, tuple[int, int, int]]:
+    """Process settings, accelerate, preflight, a fresh run directory (resume=never) and the seed."""
+    if cfg.impl.threads:
+        torch.set_num_threads(int(cfg.impl.threads))
+    torch.set_flush_denormal(bool(cfg.impl.get("flush_denormal", True)))
+    # step_scheduler_with_optimizer=False: our schedule counts optimizer steps of the global batch; accelerate's
+    # default steps a prepared scheduler num_processes times per step (it assumes per-process batches), which
+    # ran the warmup and decay twice as fast with 2 processes
+    accelerator = Accelerator(mixed_precision=str(cfg.impl.precision), cpu=not torch.cuda.is_available(),
+                              step_scheduler_with_optimizer=False)
+    world = accelerator.num_processes
+    problems = preflight(cfg, world, check_data=False, check_run_dir=False)  # the data loader names missing files
+    if problems:
+        raise PreflightError(problems)
+    split = batch_split(cfg, world)
+    if cfg.resume == "never" and accelerator.is_main_process and run_dir.exists():
+        shutil.rmtree(run_dir)
+    accelerator.wait_for_everyone()
+    set_seed(int(cfg.seed), deterministic=deterministic)
+    if deterministic:
+        torch.backends.cudnn.benchmark = False
+    return accelerator, split
+
+
+def build_run(cfg: Any, run_dir: Path, deterministic: bool) -> Run:
+    accelerator, (glob, micro, accum) = _accelerator(cfg, run_dir, deterministic)
+    world, rank = accelerator.num_processes, accelerator.process_index
+    with accelerator.main_process_first():  # rank 0 generates/caches the data files, the others then read them
+        data = build_datasets(cfg)
+    model = build_model(cfg.model)
+    cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
+    report = apply_conditioning(model, cond.pop("method"), **cond)
+    report.check(attention_layers=cfg.model.get("attention_layers"))
+    task = build_task(cfg)
+    steps = int(cfg.task.steps)
+    budget = Budget.from_cfg(cfg.task, steps)  # wall-clock budget + batch ramp (engine/budget.py); off by default
+    optimizer, scheduler = build_optimizer(model, cfg, glob, steps, progress=budget.progress)
+    if cfg.impl.compile:
+        model = torch.compile(model)
+
+    make_sampler = data.sampler_factory or EpochSampler  # e.g. repeated augmentation for ImageNet recipes
+    sampler = make_sampler(len(data.train), int(cfg.seed), rank, world, block=micro)
+    collate, workers = data.collate_fn, cfg.impl.num_workers
+    train_loader = loader(data.train, micro, sampler, workers, cfg.impl.pin_memory, collate)
+    if len(train_loader) < accum:
+        raise ValueError(f"the training split has {len(data.train)} samples, fewer than one global batch ({glob})")
+    eval_bs = max(micro, 1)
+    val_loader = loader(data.val, eval_bs, workers=workers, collate=collate)
+    test_loader = loader(data.test, eval_bs, workers=workers, collate=collate) if data.test is not None else None
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    val_loader = accelerator.prepare(val_loader)
+    test_loader = accelerator.prepare(test_loader) if test_loader is not None else None
+    state = TrainState()
+    budget.bind(state)
+    accelerator.register_for_checkpointing(state)
+    return Run(cfg, run_dir, accelerator, glob, micro, accum, steps, data, model, accelerator.unwrap_model(model),
+               report, task, optimizer, scheduler, budget, sampler, train_loader, val_loader, test_loader, state)
+
+
+def start(run: Run) -> None:
+    """Resume from the latest checkpoint (resume=auto), open the run's log and write its config and patch report.
+    The parts that keep state are attached to `run.state` before this."""
+    cfg, run_dir, state = run.cfg, run.run_dir, run.state
+    ckpt = latest_checkpoint(run_dir) if cfg.resume == "auto" else None
+    if ckpt is not None:
+        why = architecture_mismatch(ckpt, {k: tuple(v.shape) for k, v in run.raw.state_dict().items()})
+        if why:
+            raise ValueError(why)
+        load_checkpoint(run.accelerator, ckpt)
+        state.resumes.append(state.step)
+        if run.main:
+            print(f"[condattn] resumed {run_dir.name} from {ckpt.name} (step {state.step}/{run.steps})", flush=True)
+    run.resumed_from = ckpt
+    run.config = OmegaConf.to_container(cfg, resolve=True)
+    run.logger = RunLogger(run_dir, cfg, run.main, state.step if ckpt else None, run.config)
+    if run.main:
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        write_json_atomic(run_dir / "patch_report.json", run.report.to_dict())
+
+
+def process_settings(cfg: Any) -> bool:
+    """Whether the run is deterministic; sets what cuBLAS needs before its first call (no effect on CPU)."""
+    deterministic = bool(cfg.impl.deterministic)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    return deterministic
