@@ -57,6 +57,9 @@ def test_every_cell_composes_and_preflights(path, scale, tmp_path, monkeypatch, 
         model = OmegaConf.to_container(cfg.model, resolve=True)
         for weights in ("init_from", "backbone_checkpoint"):  # earlier runs' weights: checked by the preflight above
             model.pop(weights, None)
+        for flag in ("pretrained", "use_pretrained_backbone"):  # timm's cached weights: likewise
+            if flag in model:
+                model[flag] = False
         key = json.dumps(model, sort_keys=True, default=str)
         if key not in built_models:  # the model builds (on the meta device: no memory, no weights)
             built_models[key] = len(_model_shapes(OmegaConf.create({"model": model})))
