@@ -72,101 +72,122 @@ def _model_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
 
 def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
               check_run_dir: bool = True) -> list[Problem]:
-    """Every problem of one cell's config that would stop or spoil its run."""
+    """Every problem of one cell's config that would stop or spoil its run: the config's choices and numbers, then
+    (check_data) paper-scale data and earlier weights, then (check_run_dir) the checkpoint a resume would load."""
+    world = planned_world(cfg) if world is None else world
+    out = [Problem("config", m) for m in config_problems(cfg)]
+    try:
+        batch_split(cfg, world)
+    except ValueError as e:
+        out.append(Problem("batch", str(e)))
+    if check_data:
+        out += [Problem("data", m) for m in data_problems(cfg)]
+    if check_run_dir and cfg.resume == "auto":
+        out += [Problem("checkpoint", m) for m in run_dir_problems(cfg)]
+    return out
+
+
+def config_problems(cfg: Any) -> list[str]:
+    """Unknown builders, methods, options, optimizer, schedule, budget; non-positive step counts; bad precision."""
     from ..conditioning.api import resolve_options
     from ..data.build import dataset_entry
-    from ..data.registry import data_root_exists, unknown_builder
+    from ..data.registry import unknown_builder
     from ..models import MODEL_BUILDERS
     from ..tasks import TASKS
 
-    world = planned_world(cfg) if world is None else world
-    out: list[Problem] = []
-
-    def bad(kind: str, msg: str) -> None:
-        out.append(Problem(kind, msg))
-
+    out: list[str] = []
     if cfg.model.get("builder") not in MODEL_BUILDERS:
-        bad("config", f"unknown model builder {cfg.model.get('builder')!r} (model={cfg.model.get('name')!r}); "
-                      f"known: {', '.join(MODEL_BUILDERS)}")
+        out.append(f"unknown model builder {cfg.model.get('builder')!r} (model={cfg.model.get('name')!r}); "
+                   f"known: {', '.join(MODEL_BUILDERS)}")
     cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
     for key in ("lam",):
         if cond.get(key) is not None:
             try:
                 float(cond[key])
             except (TypeError, ValueError):
-                bad("config", f"conditioning.{key}={cond.pop(key)!r} must be a number")
+                out.append(f"conditioning.{key}={cond.pop(key)!r} must be a number")
     try:
         resolve_options(cond.pop("method", None), cond)
     except (TypeError, ValueError) as e:
-        bad("config", str(e))
+        out.append(str(e))
     if cfg.task.get("kind") not in TASKS:
-        bad("config", f"unknown task kind {cfg.task.get('kind')!r} (task={cfg.task.get('name')!r}); "
-                      f"known: {', '.join(TASKS)}")
-    builder = cfg.data.get("builder")
-    entry = dataset_entry(builder)
-    if entry is None:
-        bad("config", unknown_builder(builder, cfg.data.get("name")))
+        out.append(f"unknown task kind {cfg.task.get('kind')!r} (task={cfg.task.get('name')!r}); "
+                   f"known: {', '.join(TASKS)}")
+    if dataset_entry(cfg.data.get("builder")) is None:
+        out.append(unknown_builder(cfg.data.get("builder"), cfg.data.get("name")))
+    return out + _optim_problems(cfg)
+
+
+def _optim_problems(cfg: Any) -> list[str]:
+    out: list[str] = []
     if cfg.optim.get("name") not in OPTIMIZERS:
-        bad("config", f"unknown optimizer optim.name={cfg.optim.get('name')!r}; known: {', '.join(OPTIMIZERS)}")
+        out.append(f"unknown optimizer optim.name={cfg.optim.get('name')!r}; known: {', '.join(OPTIMIZERS)}")
     try:
         from transformers import SchedulerType
 
         if cfg.optim.schedule not in (*PROGRESS_SCHEDULES, *STEP_SCHEDULES):
             SchedulerType(cfg.optim.schedule)
     except ValueError:
-        bad("config", f"unknown schedule optim.schedule={cfg.optim.schedule!r}; known: "
-                      f"{', '.join([*(s.value for s in SchedulerType), *PROGRESS_SCHEDULES, *STEP_SCHEDULES])}")
+        out.append(f"unknown schedule optim.schedule={cfg.optim.schedule!r}; known: "
+                   f"{', '.join([*(s.value for s in SchedulerType), *PROGRESS_SCHEDULES, *STEP_SCHEDULES])}")
     if isinstance(cfg.task.get("steps"), int):
-        for msg in schedule_problems(cfg.optim, int(cfg.task.steps)):
-            bad("config", msg)
+        out += schedule_problems(cfg.optim, int(cfg.task.steps))
     try:
         from .budget import Budget
 
         Budget.from_cfg(cfg.task, 1)
     except (TypeError, ValueError) as e:
-        bad("config", str(e))
+        out.append(str(e))
     for key in ("task.steps", "task.eval_every", "task.log_every", "impl.checkpoint_every"):
         v = OmegaConf.select(cfg, key)
         if not isinstance(v, int) or v < 1:
-            bad("config", f"{key}={v!r} must be a positive integer")
+            out.append(f"{key}={v!r} must be a positive integer")
     if str(cfg.impl.precision) not in ("no", "bf16", "fp16"):
-        bad("config", f"impl.precision={cfg.impl.precision!r}: choose no, bf16 or fp16")
-    try:
-        batch_split(cfg, world)
-    except ValueError as e:
-        bad("batch", str(e))
+        out.append(f"impl.precision={cfg.impl.precision!r}: choose no, bf16 or fp16")
+    return out
 
-    if check_data and not cfg.data.get("generate") and cfg.scale.name == "paper":
+
+def data_problems(cfg: Any) -> list[str]:
+    """Paper-scale data (each dataset's registered check), timm's cached backbone weights, earlier runs' weights."""
+    from ..data.build import dataset_entry
+    from ..data.registry import data_root_exists
+
+    out: list[str] = []
+    entry = dataset_entry(cfg.data.get("builder"))
+    if not cfg.data.get("generate") and cfg.scale.name == "paper":
         try:  # each dataset registers its check (data/registry.py); unknown builders get the data.root one
             (entry.check if entry is not None else data_root_exists)(cfg)
         except FileNotFoundError as e:
-            bad("data", f"paper-scale data missing: {e}")
+            out.append(f"paper-scale data missing: {e}")
     timm_weights = {"maskrcnn_xcit": "pretrained", "detr": "use_pretrained_backbone"}.get(cfg.model.get("builder"))
-    if check_data and timm_weights and cfg.model.get(timm_weights):
+    if timm_weights and cfg.model.get(timm_weights):
         from ..models.detection import cached_timm_weights
 
         try:  # timm's ImageNet weights of the detection backbone, from the local Hugging Face cache only
             cached_timm_weights(str(cfg.model.backbone))
         except RuntimeError as e:
-            bad("data", f"model.{timm_weights}=true: {e}")
+            out.append(f"model.{timm_weights}=true: {e}")
     backbone = cfg.model.get("backbone_checkpoint")
-    if check_data and backbone:  # weights from an earlier run (table 2: table 1's XCiT) must exist before jobs start
+    if backbone:  # weights from an earlier run (table 2: table 1's XCiT) must exist before jobs start
         from ..models.pretrained import weights_file
 
         try:
             weights_file(str(backbone), cfg.model.get("runs_root") or cfg.paths.runs)
         except FileNotFoundError as e:
-            bad("data", f"model.backbone_checkpoint: {e}")
-
-    if check_run_dir and cfg.resume == "auto":
-        run_dir = Path(cfg.run.dir)
-        record = RunRecord(run_dir)
-        ckpt = None if record.finished else record.latest_checkpoint()
-        if ckpt is not None and cfg.model.get("builder") in MODEL_BUILDERS:
-            try:
-                why = architecture_mismatch(ckpt, _model_shapes(cfg))
-            except Exception:  # a builder that cannot build on the meta device: the trainer checks with real weights
-                why = None
-            if why:
-                bad("checkpoint", why)
+            out.append(f"model.backbone_checkpoint: {e}")
     return out
+
+
+def run_dir_problems(cfg: Any) -> list[str]:
+    """A checkpoint in the run dir that the config's model cannot load (another architecture)."""
+    from ..models import MODEL_BUILDERS
+
+    record = RunRecord(Path(cfg.run.dir))
+    ckpt = None if record.finished else record.latest_checkpoint()
+    if ckpt is None or cfg.model.get("builder") not in MODEL_BUILDERS:
+        return []
+    try:
+        why = architecture_mismatch(ckpt, _model_shapes(cfg))
+    except Exception:  # a builder that cannot build on the meta device: the trainer checks with real weights
+        why = None
+    return [why] if why else []
