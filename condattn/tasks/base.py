@@ -13,6 +13,7 @@ results scored once on rank 0) overrides `evaluate` and uses `evaluation_mode`.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,3 +70,26 @@ class Task(ABC):
 
     def eval_result(self, totals: dict[str, Any]) -> dict[str, float]:
         raise NotImplementedError(f"{type(self).__name__} overrides evaluate()")
+
+
+class TokenLossTask(Task):
+    """A task scored by token-weighted loss and accuracy over the whole split (causal LM, MLM): `eval_batch` returns
+    per-sample (summed nll, counted tokens, correct tokens); the result is loss, accuracy and perplexity."""
+
+    metric = "loss"
+    higher_is_better = False
+
+    def eval_start(self) -> dict[str, Any]:
+        return {"nll_sum": 0.0, "correct": 0, "total": 0}
+
+    def eval_update(self, totals: dict[str, Any], gathered: tuple[torch.Tensor, ...]) -> None:
+        s, c, r = gathered
+        totals["nll_sum"] += float(s.sum())
+        totals["total"] += int(c.sum())
+        totals["correct"] += int(r.sum())
+
+    def eval_result(self, totals: dict[str, Any]) -> dict[str, float]:
+        total = totals["total"]
+        loss = totals["nll_sum"] / max(total, 1)
+        return {"loss": loss, "acc": totals["correct"] / max(total, 1),
+                "ppl": math.exp(loss) if loss < 700 else math.inf, "n": total}

@@ -19,14 +19,13 @@ summary records `val_loss` (the lowest validation loss over the evaluations), `f
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Task
+from .base import TokenLossTask
 
 
 def next_token_stats(
@@ -45,10 +44,7 @@ def next_token_stats(
     return nll, counted, lg.argmax(-1) == target
 
 
-class LMTask(Task):
-    higher_is_better = False
-    metric = "loss"
-
+class LMTask(TokenLossTask):
     def __init__(self, cfg: Any):
         self.cfg = cfg
 
@@ -66,23 +62,12 @@ class LMTask(Task):
         return (nll * w).sum() / n, {"acc": ((correct.float() * w).sum() / n).detach()}
 
     # evaluation (Task.evaluate): token-weighted over the whole split from per-block sums
-    def eval_start(self) -> dict[str, Any]:
-        return {"nll_sum": 0.0, "correct": 0, "total": 0}
-
     def eval_batch(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         nll, counted, right = next_token_stats(self.forward(model, batch), batch["input_ids"],
                                                batch.get("attention_mask"))
         w = counted.float()
         return (nll * w).sum(1).double(), counted.sum(1), (right & counted).sum(1)
 
-    def eval_update(self, totals: dict[str, Any], gathered: tuple[torch.Tensor, ...]) -> None:
-        s, c, r = gathered
-        totals["nll_sum"] += float(s.sum())
-        totals["total"] += int(c.sum())
-        totals["correct"] += int(r.sum())
-
     def eval_result(self, totals: dict[str, Any]) -> dict[str, float]:
-        total = totals["total"]
-        loss = totals["nll_sum"] / max(total, 1)
-        return {"loss": loss, "ppl": math.exp(loss) if loss < 700 else math.inf,
-                "acc": totals["correct"] / max(total, 1), "n": total}
+        r = super().eval_result(totals)  # in the key order earlier summaries were written with
+        return {k: r[k] for k in ("loss", "ppl", "acc", "n")}

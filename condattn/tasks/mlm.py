@@ -27,14 +27,13 @@ Selection metric: `loss`, lower is better (`metric` / `higher_is_better`, read b
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Task
+from .base import TokenLossTask
 
 IGNORE_INDEX = -100
 
@@ -76,9 +75,7 @@ def maskable_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return keep
 
 
-class MLMTask(Task):
-    higher_is_better = False
-    metric = "loss"
+class MLMTask(TokenLossTask):
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
@@ -140,24 +137,9 @@ class MLMTask(Task):
         return nll.sum() / n, {"acc": (correct.float().sum() / n).detach()}
 
     # evaluation (Task.evaluate): token-weighted over the whole split from per-sample sums, fixed masks
-    def eval_start(self) -> dict[str, Any]:
-        return {"nll_sum": 0.0, "correct": 0, "total": 0}
-
     def eval_batch(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         nll, right, rows = self._scores(model, self.mask(batch, self.eval_uniform(batch)))
         b, dev = batch["input_ids"].shape[0], nll.device
         return (torch.zeros(b, dtype=torch.float64, device=dev).index_add_(0, rows, nll.double()),
                 torch.zeros(b, dtype=torch.long, device=dev).index_add_(0, rows, torch.ones_like(rows)),
                 torch.zeros(b, dtype=torch.long, device=dev).index_add_(0, rows, right.long()))
-
-    def eval_update(self, totals: dict[str, Any], gathered: tuple[torch.Tensor, ...]) -> None:
-        s, c, r = gathered
-        totals["nll_sum"] += float(s.sum())
-        totals["total"] += int(c.sum())
-        totals["correct"] += int(r.sum())
-
-    def eval_result(self, totals: dict[str, Any]) -> dict[str, float]:
-        total = totals["total"]
-        loss = totals["nll_sum"] / max(total, 1)
-        return {"loss": loss, "acc": totals["correct"] / max(total, 1),
-                "ppl": math.exp(loss) if loss < 700 else math.inf, "n": total}
