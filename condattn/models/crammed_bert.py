@@ -25,7 +25,7 @@ Our choices where cramming's code differs or is open:
   are the same function family: a fixed permutation of the output rows maps one weight onto the other, so this is an
   equivalent reparametrisation (a weight loaded from cramming must have its rows permuted). Block-stacking is what
   SCA's `full` identity placement means for a fused projection (λI_D on each of the three D×D blocks), and it is the
-  layout `targets._stacked` reads.
+  layout `conditioning.sites.stacked` reads.
 - Sparse prediction selects exactly the masked positions (boolean indexing); cramming instead takes a fixed count
   round(p·B·N) of positions (an argsort trick that keeps shapes static for torch.compile, padding the selection with
   unmasked positions whose label is ignored). Same loss; ours has a data-dependent shape (recompiles under compile).
@@ -88,7 +88,7 @@ class CrammedSelfAttention(nn.Module):
 
     cramming interleaves the fused columns per head ([q_h, k_h, v_h] for each head h); block-stacking is an
     equivalent reparametrisation (a fixed row permutation of the same weight), chosen because SCA's λI then sits on
-    three contiguous D × D blocks (condattn.conditioning.targets, layout `crammed_bert`)."""
+    three contiguous D × D blocks (condattn.conditioning.layouts.crammed_bert)."""
 
     def __init__(self, dim: int, num_heads: int, dropout: float):
         super().__init__()
@@ -161,7 +161,7 @@ def _key_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
 
 class CrammedBertEncoder(nn.Module):
     """Embedding, the pre-LN blocks, the final LayerNorm. Its forward receives the padding mask (CET's
-    `mask_owner`, layout `crammed_bert` in condattn.conditioning.targets)."""
+    `mask_owner`, condattn.conditioning.layouts.crammed_bert)."""
 
     def __init__(self, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int,
                  max_len: int, pad_token_id: int | None, dropout: float, attention_dropout: float, norm_eps: float,

@@ -2,7 +2,7 @@
 
 Reads the "diag" rows of each finished run's `metrics.jsonl` (the trainer's `run_diagnostics`: step 0, every
 `diagnostics.every` steps and the end of training; keys of condattn.diagnostics.collect.flat_metrics, plus
-`kappa_jacobian/l0` from condattn.diagnose.jacobian_diagnostics) and writes `results/<scale>/<table>.{md,csv,png}`:
+`kappa_jacobian/l0` from condattn.diagnostics.jacobian_diagnostics) and writes `results/<scale>/<table>.{md,csv,png}`:
 - the figure: one row per model (the experiment's rows), panels κ(X) of the first block's input, κ(W_Q/W_K/W_V)
   mean over layers, the same for layer 0, attention entropy (mean over layers) and κ(J) of layer 0; one colour per
   method, its mean over seeds drawn bold, each seed faint;
