@@ -479,3 +479,50 @@ def test_detr_trainer_end_to_end(tmp_path, cache):
     check_summary(s, 5, masks=False)
     rows = [json.loads(x) for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "val"] == [2, 4]
+
+
+def test_mask_evaluation_leaves_the_ground_truth_as_released():
+    """Real COCO stores polygons (also multi-part) and uncompressed crowd RLE; pycocotools' mask evaluation rewrites
+    them in place as compressed RLE, which the dataset can no longer decode for its next epoch. Every evaluation
+    works on a private copy: the ground truth is unchanged, and a second and third evaluation score the same."""
+    from pycocotools import mask as mask_utils
+    from pycocotools.coco import COCO
+
+    h, w = 40, 50
+    crowd = np.zeros((h, w), dtype=np.uint8, order="F")
+    crowd[25:35, 5:20] = 1
+    flat = crowd.flatten(order="F")  # uncompressed RLE: run lengths over the column-major mask, starting with 0s
+    counts, value, run = [], 0, 0
+    for px in flat:
+        if px == value:
+            run += 1
+        else:
+            counts.append(run)
+            value, run = px, 1
+    counts.append(run)
+    dataset = {
+        "images": [{"id": 7, "width": w, "height": h, "file_name": "a.jpg"}],
+        "categories": [{"id": 3, "name": "a"}, {"id": 9, "name": "b"}],  # a gap in the ids, as COCO's
+        "annotations": [
+            {"id": 1, "image_id": 7, "category_id": 3, "iscrowd": 0, "area": 100.0, "bbox": [10, 5, 10, 10],
+             "segmentation": [[10, 5, 20, 5, 20, 15, 10, 15]]},
+            {"id": 2, "image_id": 7, "category_id": 9, "iscrowd": 0, "area": 50.0, "bbox": [30, 2, 15, 15],
+             "segmentation": [[30, 2, 35, 2, 35, 7, 30, 7], [40, 12, 45, 12, 45, 17, 40, 17]]},
+            {"id": 3, "image_id": 7, "category_id": 3, "iscrowd": 1, "area": 150.0, "bbox": [5, 25, 15, 10],
+             "segmentation": {"size": [h, w], "counts": [int(c) for c in counts]}},
+        ],
+    }
+    released = copy.deepcopy(dataset)
+    coco = COCO()
+    coco.dataset = dataset
+    coco.createIndex()
+    results = []
+    for ann in released["annotations"][:2]:  # the non-crowd ground truth as predictions: AP 1
+        rle = mask_utils.merge(mask_utils.frPyObjects(ann["segmentation"], h, w))
+        rle["counts"] = rle["counts"].decode()
+        results.append({"image_id": 7, "category_id": ann["category_id"], "bbox": ann["bbox"], "score": 0.9,
+                        "segmentation": rle})
+    scores = [coco_evaluate(coco, results, ("bbox", "segm")) for _ in range(3)]
+    assert coco.dataset == released
+    assert scores[0] == scores[1] == scores[2]
+    assert scores[0]["ap_box"] == pytest.approx(1.0) and scores[0]["ap_mask"] == pytest.approx(1.0)

@@ -39,6 +39,16 @@ IOU_SUFFIX = {"bbox": "box", "segm": "mask"}
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
+def private_copy(coco_gt):
+    """A pycocotools COCO object over a deep copy of `coco_gt`'s dataset (images, annotations, categories)."""
+    from pycocotools.coco import COCO
+
+    gt = COCO()
+    gt.dataset = copy.deepcopy(coco_gt.dataset)
+    gt.createIndex()
+    return gt
+
+
 def coco_evaluate(coco_gt, results: list[dict], iou_types: tuple[str, ...] = ("bbox", "segm"),
                   img_ids: list[int] | None = None) -> dict[str, float]:
     """pycocotools' COCOeval (evaluate, accumulate, summarize) of `results` (COCO result dicts: image_id, category_id,
@@ -50,6 +60,10 @@ def coco_evaluate(coco_gt, results: list[dict], iou_types: tuple[str, ...] = ("b
 
     out: dict[str, float] = {}
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress and the summary table
+        # COCOeval's mask evaluation rewrites the ground truth's segmentations in place (polygons and uncompressed
+        # crowd RLE become compressed RLE with bytes counts), and the dataset reads those same annotations for its
+        # next epoch: evaluate against a private copy
+        coco_gt = private_copy(coco_gt)
         if results:
             coco_dt = coco_gt.loadRes(copy.deepcopy(results))  # loadRes adds keys (area, id) to the dicts it gets
         else:
