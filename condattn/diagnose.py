@@ -1,7 +1,7 @@
 """`python -m condattn.diagnose [--method M] [--batch B] [--out DIR] [--jacobian] [hydra overrides...]`
 
 Measures one model the Hydra configs describe (the same config `python -m condattn.train` runs), baseline and
-conditioned side by side (../shared/METHODS.md §4). The model is built ONCE (seeded as the trainer seeds it),
+conditioned side by side. The model is built ONCE (seeded as the trainer seeds it),
 deep-copied, and `none` / the method applied to the two copies, so both arms have identical stored weights.
 On the first `--batch` validation samples it measures per layer κ(W_Q/W_K/W_V) and σ_min(W_Q) (effective
 weights, W + λI under SCA), κ(X) of each block's input, attention entropy and max probability (one forward),

@@ -294,11 +294,8 @@ def test_table5_has_the_papers_numbers():
     exp = yaml.safe_load(EXP.read_text())
     assert exp["metric"] == "val_loss" and exp["higher_is_better"] is False and exp["methods"] == [
         "none", "spectral", "embedded"]
-    shared = REPO.parent / "shared" / "paper_numbers.yaml"
-    if not shared.exists():
-        pytest.skip("../shared/paper_numbers.yaml not present")
-    ref = yaml.safe_load(shared.read_text())["table5_tinystories_gpt2"]["rows"]["gpt2"]["cet"]
-    assert exp["paper"]["gpt2"] == {"cet_baseline": ref["baseline"], "cet": ref["conditioned"]}
+    # the CET paper's validation losses (GPT-2 small on TinyStories); the SCA paper has no such table
+    assert exp["paper"]["gpt2"] == {"cet_baseline": 2.41, "cet": 2.36}
 
 
 def test_table5_renders_losses_lower_is_better():

@@ -199,16 +199,13 @@ def test_table4_rows_compose_at_every_scale(scale):
 def test_table4_has_the_papers_numbers():
     exp = yaml.safe_load(EXP.read_text())
     assert list(exp["rows"]) == ["listops", "text", "retrieval", "image", "pathfinder"]
-    shared = REPO.parent / "shared" / "paper_numbers.yaml"
-    if not shared.exists():
-        pytest.skip("../shared/paper_numbers.yaml not present")
-    ref = yaml.safe_load(shared.read_text())["table4_lra_nystromformer"]
-    cols = ref["metrics"]
-    for method in ("cet", "sca"):
-        numbers = ref["rows"]["nystromformer"][method]
-        for i, row in enumerate(cols):
-            assert exp["paper"][row][f"{method}_baseline"] == numbers["baseline"][i]
-            assert exp["paper"][row][method] == numbers["conditioned"][i]
+    # the papers' Nyströmformer LRA tables (test accuracy, %), baseline and conditioned per task
+    papers = {"cet": ([37.1, 63.8, 79.8, 39.9, 72.9], [37.9, 64.9, 80.9, 40.1, 73.3]),
+              "sca": ([37.1, 63.8, 79.8, 39.9, 72.9], [37.8, 64.8, 80.6, 40.2, 73.7])}
+    for method, (baseline, conditioned) in papers.items():
+        for i, row in enumerate(["listops", "text", "retrieval", "image", "pathfinder"]):
+            assert exp["paper"][row][f"{method}_baseline"] == baseline[i]
+            assert exp["paper"][row][method] == conditioned[i]
 
 
 def test_diagnostics_read_each_towers_mask_from_the_model():

@@ -16,14 +16,14 @@ from .spectral import IDENTITY_PLACEMENTS, patch_spectral, unpatch_spectral
 
 METHODS = ("none", "spectral", "embedded", "spectral+embedded")
 
-# Defaults and the meaning of each open choice: ../shared/METHODS.md. The same keys make up the Hydra
+# Defaults and the meaning of each open choice: configs/conditioning/_options.yaml. The same keys make up the Hydra
 # `conditioning/` group, so every option is accepted with every method and ignored where it does not apply.
 SPECTRAL_DEFAULTS: dict[str, Any] = {
     "lam": 10.0,  # SCA: the paper's best value of its ablation
     "targets": ("q", "k", "v"),  # which projections get λI (paper: all three)
     "identity": "full",  # open choice: λI_D over the fused block vs the same λI_{D×d} in every head
-    # open choice for encoder–decoder models (METHODS.md): which DETR attention kinds get λI (default: all); models
-    # whose attention sites carry no kind (every other layout) ignore it
+    # open choice for encoder–decoder models (the papers do not say): which DETR attention kinds get λI (default:
+    # all); models whose attention sites carry no kind (every other layout) ignore it
     "detr_attention": DETR_ATTENTION,
 }
 EMBEDDED_DEFAULTS: dict[str, Any] = {

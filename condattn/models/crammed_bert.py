@@ -1,7 +1,7 @@
 """crammed BERT (Geiping & Goldstein, "Cramming", ICML 2023): our own module for cramming's `crammed-bert` architecture.
 
 What it follows (cramming `cramming/config/arch/crammed-bert.yaml` and `architectures/crammed_bert.py`, read at the
-snapshot ../shared/ANCHORS.md §1 names):
+JonasGeiping/cramming):
 - embedding: word embedding (normal(0, 0.02), the padding row zero) + scaled-sinusoidal positions (a fixed sinusoid
   table times one learned scalar, initialised to 1/√D; FLASH's "scaled sinusoidal"), then LayerNorm, then dropout;
 - `num_layers` pre-LN blocks: x + drop(attn(LN(x))), then x + drop(ffn(LN(x))); a final LayerNorm after the last;
@@ -16,7 +16,7 @@ snapshot ../shared/ANCHORS.md §1 names):
   tokens), which is where MLM's loss lives; without labels it returns dense logits.
 
 Our choices where cramming's code differs or is open:
-- LayerNorm bias: the brief (and the DESIGN.md recipe line) says "no biases"; cramming's code builds its norms with
+- LayerNorm bias: a summary of the recipe says "no biases"; cramming's code builds its norms with
   torch's default LayerNorm, which HAS a bias (its `use_bias: False` only reaches the Linears). `norm_bias` (default
   false) selects; the configs say so.
 - Fused qkv layout: cramming's `SeqFirstSelfAttention.query_key_value` interleaves its 3·D output columns PER HEAD

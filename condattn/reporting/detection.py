@@ -2,7 +2,7 @@
 
 The experiment file lists `metrics: [{key, label}]` (summary.json metrics keys, shown × 100) and the papers' numbers
 as `paper: {row: {source: {baseline: [...], conditioned: [...]}}}` in the same order (the layout of
-../shared/paper_numbers.yaml), with `paper_sources: {source: label}`. The source of a method's number is the paper
+the papers' tables), with `paper_sources: {source: label}`. The source of a method's number is the paper
 that proposed it (`cet` for CET, `sca` for SCA); a baseline row shows every source's baseline (table 7: the DETR
 paper's reference). Written by `reproduce` through the experiment's `renderer: condattn.reporting.detection:write_table`
 (same signature as reporting.tables.write_table): results/<scale>/<table>.{md,csv,png}. An optional

