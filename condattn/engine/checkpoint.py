@@ -9,7 +9,7 @@ from pathlib import Path
 from accelerate import Accelerator
 
 from ..runs import CHECKPOINT_PREFIX as PREFIX
-from ..runs import latest_checkpoint, list_checkpoints  # noqa: F401  (latest_checkpoint: the engine's import)
+from ..runs import list_checkpoints
 
 
 def save_checkpoint(accelerator: Accelerator, run_dir: str | Path, step: int, keep: int) -> Path:

@@ -21,10 +21,10 @@ from ..conditioning import apply_conditioning
 from ..data.build import build_datasets
 from ..data.sampler import EpochSampler
 from ..models import build_model
+from ..runs import RunRecord, latest_checkpoint
 from ..tasks import build_task
-from ..utils.io import write_json_atomic
 from .budget import Budget
-from .checkpoint import architecture_mismatch, latest_checkpoint, load_checkpoint
+from .checkpoint import architecture_mismatch, load_checkpoint
 from .logging import RunLogger
 from .optim import build_optimizer
 from .preflight import PreflightError, batch_split, preflight
@@ -161,7 +161,7 @@ def start(run: Run) -> None:
     run.logger = RunLogger(run_dir, cfg, run.main, state.step if ckpt else None, run.config)
     if run.main:
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-        write_json_atomic(run_dir / "patch_report.json", run.report.to_dict())
+        RunRecord(run_dir).write_patch_report(run.report.to_dict())
 
 
 def process_settings(cfg: Any) -> bool:
