@@ -21,7 +21,20 @@ from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 
 from ..utils.files import files_checksum, params_dir
-from .lra_layouts import END, LISTOPS_HEADER, LISTOPS_SPLITS, MAX, MED, MIN, SUM_MOD, VALUES, listops_file
+from .lra_layouts import (
+    END,
+    LISTOPS_FOLDER,
+    LISTOPS_HEADER,
+    LISTOPS_SPLITS,
+    MAX,
+    MED,
+    MIN,
+    SUM_MOD,
+    VALUES,
+    listops_file,
+    release_folders,
+    where,
+)
 from .registry import DataBundle, register_dataset
 from .standins import listops as generator
 
@@ -106,15 +119,16 @@ class ListOpsDataset(Dataset):
 
 
 def find_split_files(root: str | os.PathLike[str]) -> dict[str, Path]:
-    """`basic_{train,val,test}.tsv` in `root` or `root/listops-1000` (the release archive layout)."""
+    """`basic_{train,val,test}.tsv` in `root`, `root/listops-1000` or the release archive's doubled
+    `lra_release/lra_release/listops-1000` (lra_layouts.release_folders)."""
     root = Path(root)
     names = {split: listops_file(split) for split in LISTOPS_SPLITS}
-    for folder in (root, root / "listops-1000"):
+    for folder in release_folders(root, LISTOPS_FOLDER):
         paths = {split: folder / name for split, name in names.items()}
         if all(p.is_file() for p in paths.values()):
             return paths
     raise FileNotFoundError(
-        f"ListOps data not found in {root} (nor in {root / 'listops-1000'}): expected "
+        f"ListOps data not found in {root} (looked in {where(root, LISTOPS_FOLDER)}): expected "
         f"{', '.join(names.values())}. Either download lra_release.gz (linked from the "
         "google-research/long-range-arena README: https://storage.googleapis.com/long-range-arena/"
         "lra_release.gz), unpack it and point data.root at its listops-1000 folder, or generate the "

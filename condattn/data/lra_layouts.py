@@ -3,6 +3,30 @@ stand-in generators (data/standins/<task>.py) write, kept in one place so that t
 
 from __future__ import annotations
 
+from pathlib import Path
+
+# The release archive (lra_release.gz) unpacks to DEST/lra_release/lra_release/<task folder> (the archive's own top
+# folder inside the one it is unpacked into, as the LRA download scripts leave it); a single lra_release level is
+# also common. The readers look in every such place, so no file has to move.
+RELEASE = "lra_release"
+LISTOPS_FOLDER, RETRIEVAL_FOLDER, PATHFINDER_FOLDER = "listops-1000", "tsv_data", "pathfinder32"
+
+
+def release_folders(root: str | Path, folder: str) -> list[Path]:
+    """Where a task's release `folder` (listops-1000, tsv_data, pathfinder32) may sit for `data.root` = `root`:
+    root itself, root/folder, root/lra_release[/lra_release]/folder, and, for the default root
+    DEST/lra_release/folder, the doubled DEST/lra_release/lra_release/folder."""
+    root = Path(root)
+    out = [root, root / folder, root / RELEASE / folder, root / RELEASE / RELEASE / folder]
+    if root.name == folder and root.parent.name == RELEASE:
+        out.append(root.parent / RELEASE / folder)
+    return list(dict.fromkeys(out))
+
+
+def where(root: str | Path, folder: str) -> str:
+    """The places `release_folders` looks, for error messages."""
+    return ", ".join(str(p) for p in release_folders(root, folder))
+
 # ListOps (lra_release/listops-1000): basic_{train,val,test}.tsv, a `Source<TAB>Target` header, then one
 # expression a line over these operators, values and closing bracket (parentheses group the arguments).
 MIN, MAX, MED, SUM_MOD, END = "[MIN", "[MAX", "[MED", "[SM", "]"

@@ -32,6 +32,7 @@ from ..utils.files import files_checksum
 from . import common
 from . import lra_common as C
 from .lra_layouts import AAN_FILES as FILES
+from .lra_layouts import RETRIEVAL_FOLDER, release_folders, where
 from .registry import DataBundle, register_dataset
 from .standins import lra_retrieval as generator
 
@@ -41,14 +42,15 @@ HOW = ("Download lra_release.gz (linked from the google-research/long-range-aren
 
 
 def find_split_files(root: str | os.PathLike[str]) -> dict[str, Path]:
-    """The three TSVs in `root` or `root/tsv_data` (the release archive's layout)."""
+    """The three TSVs in `root`, `root/tsv_data` or the release archive's doubled `lra_release/lra_release/tsv_data`
+    (lra_layouts.release_folders)."""
     root = Path(root)
-    for folder in (root, root / "tsv_data"):
+    for folder in release_folders(root, RETRIEVAL_FOLDER):
         paths = {s: folder / name for s, name in FILES.items()}
         if all(p.is_file() for p in paths.values()):
             return paths
     raise common.missing("LRA Retrieval (AAN) pairs", root,
-                         f"{', '.join(FILES.values())} (or them in {root / 'tsv_data'})", HOW)
+                         f"{', '.join(FILES.values())} in one of {where(root, RETRIEVAL_FOLDER)}", HOW)
 
 
 def read_tsv(path: str | os.PathLike[str]) -> tuple[list[bytes], list[bytes], list[int]]:

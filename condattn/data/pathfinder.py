@@ -35,6 +35,7 @@ import numpy as np
 from ..utils.files import Checksum
 from . import common
 from . import lra_common as C
+from .lra_layouts import PATHFINDER_FOLDER, release_folders, where
 from .lra_layouts import PATHFINDER_VARIANTS as VARIANTS
 from .registry import DataBundle, register_dataset
 from .standins import pathfinder as generator
@@ -46,13 +47,15 @@ HOW = ("Download lra_release.gz (linked from the google-research/long-range-aren
 
 
 def find_variant_dir(root: str | os.PathLike[str], variant: str) -> Path:
+    """`<variant>` under `root`, `root/pathfinder32` or the release archive's doubled
+    `lra_release/lra_release/pathfinder32` (lra_layouts.release_folders)."""
     root = Path(root)
-    for folder in (root / variant, root / "pathfinder32" / variant):
+    for folder in (f / variant for f in release_folders(root, PATHFINDER_FOLDER)):
         if (folder / "metadata").is_dir() and any((folder / "metadata").glob("*.npy")):
             return folder
     raise common.missing(f"Pathfinder ({variant})", root,
-                    f"{variant}/metadata/*.npy and {variant}/imgs/<k>/sample_<i>.png (or them under "
-                    f"{root / 'pathfinder32'})", HOW)
+                         f"{variant}/metadata/*.npy and {variant}/imgs/<k>/sample_<i>.png in one of "
+                         f"{where(root, PATHFINDER_FOLDER)}", HOW)
 
 
 def _numeric(path: Path):

@@ -41,7 +41,8 @@ def data_root_exists(cfg: Any) -> None:
 class DatasetEntry:
     name: str  # the `data.builder` value
     build: Callable[[Any], DataBundle]  # cfg -> DataBundle
-    # cfg -> None, or FileNotFoundError naming the missing path and how to prepare it; cheap (no file listing).
+    # cfg -> None, or FileNotFoundError naming the missing path and how to prepare it (ValueError / ImportError when
+    # the files are there but unusable as configured: a missing reader, class counts); cheap (no big file reads).
     # Preflight calls it at paper scale when the config generates nothing.
     check: Callable[[Any], None] = data_root_exists
 

@@ -12,10 +12,21 @@ Paper scale reads a corpus from disk (cramming's recipe uses the Pile); nothing 
     *.txt                               plain text, one document per non-empty line
 
 Files are searched recursively; one whose path (below root) has a part named val / valid / validation / dev is
-validation text, one named test is ignored, every other one is training text. A source without validation text gets
-`data.val_fraction` of its documents held out with `data.split_seed`. `data.max_train_docs` (cramming the-pile:
-`max_entries_in_raw_dataset: 8e6`) keeps a seeded random subset of that many training documents, as cramming selects
-after its shuffle. The run's data checksum is the sha256 of the files (of the saved splits' fingerprints for a saved
+validation text, one named test is ignored, every other one is training text. Checksum lists a mirror ships beside the
+shards (SHA256SUMS.txt, MD5SUMS, checksums.txt, *.md5, ...) are not text and are skipped. A `.zst` file needs the
+`zstandard` package (a dependency of condattn); without it the check fails before any job starts.
+
+Subset (`data.max_train_docs`, cramming the-pile: `max_entries_in_raw_dataset: 8e6`, a random subset after its
+shuffle). A saved dataset is shuffled with `data.split_seed` and the first N kept. Files (the Pile's shards) are not
+converted whole: they are streamed (`datasets`' streaming mode) in a seeded order (shard order shuffled and a
+`data.stream_buffer`-document shuffle buffer, both with `data.split_seed`; the Pile's shards already hold shuffled
+documents) and only the first N training documents are written, as one Arrow file of their text column, under
+`paths.cache/hf_datasets/corpus_subset/`. Without validation files each streamed document is held out as validation
+with probability `data.val_fraction` (a coin seeded with `data.split_seed`) until N training documents are read.
+Without `data.max_train_docs` every file is converted to Arrow and, without validation files,
+`data.val_fraction` of the documents are held out with `data.split_seed`.
+
+The run's data checksum is the sha256 of the files (of the saved splits' fingerprints for a saved
 dataset); above 2 GiB of files it hashes each file's path, size and first and last MiB instead (`checksum_kind`).
 """
 
@@ -37,6 +48,8 @@ FILE_KINDS = (("parquet", (".parquet",)),
 VAL_SPLIT_NAMES = ("validation", "valid", "val")
 VAL_PART = re.compile(r"(?:^|[^a-z])(?:val|valid|validation|dev)(?:[^a-z]|$)")
 TEST_PART = re.compile(r"(?:^|[^a-z])test(?:[^a-z]|$)")
+# checksum lists of a mirror (SHA256SUMS.txt, md5sums, checksums.txt) and hash files (x.jsonl.zst.sha256, x.md5)
+CHECKSUM_FILE = re.compile(r"^(?:(?:sha\d*|md5|b2|blake2b?)sums?|checksums?)(?:\.txt)?$|\.(?:md5|sha\d+|b2)(?:\.txt)?$")
 CONTENT_HASH_LIMIT = 2 << 30  # bytes: above this the checksum reads path, size and the first and last MiB per file
 EXPECTED = ("a `save_to_disk` DatasetDict (dataset_dict.json; splits train + validation/valid/val) or Dataset "
             "(state.json + dataset_info.json), or *.parquet, or *.jsonl / *.json (.gz/.zst/.bz2/.xz: one document per "
@@ -48,6 +61,8 @@ HOW = ("Prepare the Pile (or any text corpus) on a machine with access, e.g. its
 
 def _file_kind(p: Path) -> str | None:
     name = p.name.lower()
+    if CHECKSUM_FILE.search(name):
+        return None
     for kind, suffixes in FILE_KINDS:
         if name.endswith(suffixes):
             return kind
@@ -78,12 +93,24 @@ def find_source(root: str | os.PathLike[str]) -> tuple[str, Path, dict[str, list
                              "data.root at a folder with one kind")
         if found:
             kind, files = next(iter(found.items()))
+            compression_support([*files["train"], *files["val"]])
             return kind, root, files
     raise common.missing("MLM pretraining corpus (crammed BERT)", root, EXPECTED, HOW)
 
 
+def compression_support(paths: list[Path]) -> None:
+    """ImportError naming the package and a file that needs it when a compressed file cannot be read here."""
+    import importlib.util
+
+    zst = [p for p in paths if p.name.lower().endswith(".zst")]
+    if zst and importlib.util.find_spec("zstandard") is None:
+        raise ImportError(f"{len(zst)} .zst file(s) (e.g. {zst[0]}) need the `zstandard` package, which is not "
+                          "installed: `pip install zstandard` (a condattn dependency: rerun `make install`)")
+
+
 def check_paper_data(cfg: Any) -> None:
-    """Preflight: the paper-scale corpus exists (raises FileNotFoundError naming the path and the layouts)."""
+    """Preflight: the paper-scale corpus exists (raises FileNotFoundError naming the path and the layouts) and can be
+    read here (ImportError when `.zst` files lack `zstandard`)."""
     find_source(cfg.data.root)
 
 
@@ -162,12 +189,89 @@ class Docs:
             yield [str(t) for t in batch[self.column] if t is not None and str(t).strip()]
 
 
+class _ArrowTexts:
+    """Documents appended in batches to one Arrow stream file (column `text`, the format `Dataset.from_file` maps),
+    written under a temporary name and renamed when closed."""
+
+    def __init__(self, path: Path):
+        import pyarrow as pa
+
+        self.pa, self.path, self.tmp = pa, path, path.with_name(path.name + ".partial")
+        self.schema = pa.schema([("text", pa.large_string())])
+        self.tmp.parent.mkdir(parents=True, exist_ok=True)
+        self.sink = pa.OSFile(str(self.tmp), "wb")
+        self.writer = pa.ipc.new_stream(self.sink, self.schema)
+        self.buffer: list[str] = []
+        self.count = 0
+
+    def add(self, text: str) -> None:
+        self.buffer.append(text)
+        self.count += 1
+        if len(self.buffer) >= 10_000:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buffer:
+            arr = self.pa.array(self.buffer, self.pa.large_string())
+            self.writer.write_batch(self.pa.record_batch([arr], schema=self.schema))
+            self.buffer = []
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+        self.sink.close()
+        os.replace(self.tmp, self.path)
+
+
+def _stream_subset(kind: str, files: dict[str, list[Path]], d: Any, cache: Path, column: str, n_train: int):
+    """(train, val or None) Datasets: the first n_train training documents of the seeded stream (module docstring)
+    and, without validation files, the documents the seeded coin held out on the way; nothing else is converted."""
+    import datasets
+    import numpy as np
+
+    seed, buffer, frac = int(d.split_seed), int(d.get("stream_buffer") or 10_000), float(d.val_fraction)
+    val = None
+    if files.get("val"):
+        val = datasets.load_dataset(kind, data_files={"validation": [str(p) for p in files["val"]]},
+                                    cache_dir=str(cache))["validation"]
+    key = {"files": [(str(p), p.stat().st_size) for p in files["train"]], "seed": seed, "buffer": buffer,
+           "train": n_train, "val_fraction": None if val is not None else frac, "column": column, "kind": kind}
+    digest = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
+    out = Path(cache) / "corpus_subset" / digest
+    parts = {"train": out / "train.arrow", "val": out / "val.arrow"}
+    if not all(p.is_file() for p in parts.values()):
+        stream = datasets.load_dataset(kind, data_files={"train": [str(p) for p in files["train"]]},
+                                       streaming=True)["train"]
+        if stream.column_names is not None and column not in stream.column_names:
+            raise ValueError(f"no text column {column!r} in the corpus (columns {stream.column_names}); set "
+                             "data.text_column")
+        coin = np.random.default_rng(seed)
+        writers = {s: _ArrowTexts(p) for s, p in parts.items()}
+        for row in stream.shuffle(seed=seed, buffer_size=buffer):
+            text = row.get(column)
+            if text is None or not str(text).strip():
+                continue
+            held_out = val is None and coin.random() < frac
+            writers["val" if held_out else "train"].add(str(text))
+            if writers["train"].count >= n_train:
+                break
+        for w in writers.values():
+            w.close()
+    train = datasets.Dataset.from_file(str(parts["train"]))
+    return train, val if val is not None else datasets.Dataset.from_file(str(parts["val"]))
+
+
 def corpus_documents(kind: str, folder: Path, files: dict[str, list[Path]], d: Any, cache: Path) -> tuple:
     """(train Docs, val Docs, description of the validation split) of a paper-scale source."""
     column = str(d.get("text_column") or "text")
-    train, val = _load_splits(kind, folder, files, cache)
     seed = int(d.split_seed)
     max_docs = d.get("max_train_docs")
+    if kind != "hf_disk" and max_docs is not None:
+        train, val = _stream_subset(kind, files, d, cache, column, int(max_docs))
+        split = ("the source's validation split" if files.get("val") else
+                 f"seeded {float(d.val_fraction):g} of the streamed documents (data.split_seed={seed})")
+        return Docs(train, "text"), Docs(val, "text" if not files.get("val") else column), split
+    train, val = _load_splits(kind, folder, files, cache)
     val_split = "the source's validation split"
     if val is None:
         parts = train.train_test_split(test_size=float(d.val_fraction), seed=seed, shuffle=True)

@@ -159,6 +159,8 @@ def data_problems(cfg: Any) -> list[str]:
             (entry.check if entry is not None else data_root_exists)(cfg)
         except FileNotFoundError as e:
             out.append(f"paper-scale data missing: {e}")
+        except (ImportError, ValueError) as e:  # there but not usable as configured (a reader, num_classes, ...)
+            out.append(f"paper-scale data unusable: {e}")
     timm_weights = {"maskrcnn_xcit": "pretrained", "detr": "use_pretrained_backbone"}.get(cfg.model.get("builder"))
     if timm_weights and cfg.model.get(timm_weights):
         from ..models.detection import cached_timm_weights
