@@ -90,7 +90,7 @@ def paper_cfg(root: Path, *extra: str, repeats: int = 1):
 
 def test_imagenet_from_an_imagefolder_tree(tmp_path):
     _fake_imagefolder(tmp_path / "imagenet")
-    b = build_datasets(paper_cfg(tmp_path / "imagenet"))
+    b = build_datasets(paper_cfg(tmp_path / "imagenet", "data.num_classes=2"))
     assert b.info["source"] == "imagefolder" and not b.info["stand_in"] and b.info["classes"] == 2
     assert (len(b.train), len(b.val)) == (6, 6)
     assert b.train[0]["pixel_values"].shape == (3, 32, 32) and int(b.val[5]["labels"]) == 1
@@ -109,7 +109,7 @@ def test_imagenet_from_a_saved_hugging_face_copy(tmp_path):
         return datasets.Dataset.from_dict({"image": imgs, "label": [i % 3 for i in range(n)]}, features=feats)
 
     datasets.DatasetDict({"train": split(6), "validation": split(3)}).save_to_disk(str(tmp_path / "hf"))
-    b = build_datasets(paper_cfg(tmp_path / "hf"))
+    b = build_datasets(paper_cfg(tmp_path / "hf", "data.num_classes=3"))
     assert b.info["source"] == "hf_disk" and (len(b.train), len(b.val)) == (6, 3)
     assert b.val[2]["pixel_values"].shape == (3, 32, 32) and int(b.val[2]["labels"]) == 2
 

@@ -130,12 +130,47 @@ def _missing(root: Path, what: str) -> FileNotFoundError:
     )
 
 
-def _imagefolder_source(root: Path) -> tuple[dict, str, dict]:
-    from torchvision.datasets import ImageFolder
+FLAT_VAL_HELP = (
+    "sort it into the train split's class folders, val/<wnid>/*.JPEG, without changing any file: e.g. "
+    "`torchvision.datasets.ImageNet(ROOT, split='val')` does it offline from ILSVRC2012_img_val.tar and "
+    "ILSVRC2012_devkit_t12.tar.gz placed in ROOT (it reads the devkit's data/ILSVRC2012_validation_ground_truth.txt "
+    "and meta.mat), or run the widely used valprep.sh (one `mkdir -p <wnid>; mv <file> <wnid>/` per image) inside val/"
+)
 
+
+def class_folders(folder: Path) -> tuple[list[str], int]:
+    """(sorted class folder names, number of loose files) directly in `folder`: one directory listing."""
+    classes, loose = [], 0
+    with os.scandir(folder) as it:
+        for e in it:
+            if e.is_dir():
+                classes.append(e.name)
+            elif e.is_file():
+                loose += 1
+    return sorted(classes), loose
+
+
+def check_imagefolder(root: Path, num_classes: int) -> list[str]:
+    """The train class folders, after checking (cheaply: two directory listings) that val is sorted into class
+    folders (else FileNotFoundError with how to sort it) and that their number is data.num_classes (ValueError)."""
     for split in ("train", "val"):
         if not (root / split).is_dir():
             raise _missing(root, f"no directory {root / split}")
+    classes, _ = class_folders(root / "train")
+    val_classes, loose = class_folders(root / "val")
+    if not val_classes and loose:
+        raise FileNotFoundError(f"ImageNet {root / 'val'} holds {loose} files and no class folders (the flat "
+                                f"validation release): {FLAT_VAL_HELP}")
+    if len(classes) != num_classes:
+        raise ValueError(f"data.num_classes={num_classes} but {root / 'train'} has {len(classes)} class folders; "
+                         f"set data.num_classes={len(classes)} or point data.root at the full ImageNet-1k tree")
+    return classes
+
+
+def _imagefolder_source(root: Path, num_classes: int) -> tuple[dict, str, dict]:
+    from torchvision.datasets import ImageFolder
+
+    check_imagefolder(root, num_classes)
     folders = {s: ImageFolder(str(root / s)) for s in ("train", "val")}
     if folders["train"].classes != folders["val"].classes:
         raise ValueError(
@@ -166,11 +201,19 @@ class _PairList:
         return self.folder.loader(path), label
 
 
+def _check_label_count(names: list | None, where: Any, num_classes: int) -> None:
+    if names is not None and len(names) != num_classes:
+        raise ValueError(f"data.num_classes={num_classes} but the label feature of {where} has {len(names)} classes; "
+                         f"set data.num_classes={len(names)}")
+
+
 def _hf_splits(dd, root: Path, d: Any) -> tuple[dict, str, dict]:
     train_key, val_key = d.hf_splits.train, d.hf_splits.val
     missing = [k for k in (train_key, val_key) if k not in dd]
     if missing:
         raise _missing(root, f"the Hugging Face dataset has splits {list(dd)}, not {missing}")
+    label = dd[train_key].features.get("label")
+    _check_label_count(getattr(label, "names", None), f"{root} ({train_key})", int(d.num_classes))
     items = {"train": HFImages(dd[train_key]), "val": HFImages(dd[val_key])}
     fp = "+".join(str(getattr(dd[k], "_fingerprint", "")) for k in (train_key, val_key))
     return items, hashlib.sha256(fp.encode()).hexdigest(), {"checksum_of": "the datasets' split fingerprints"}
@@ -187,7 +230,7 @@ def _imagenet_source(d: Any) -> tuple[dict, str, dict]:
         else:
             raise _missing(root, f"neither {root}/train + {root}/val nor {root}/dataset_dict.json exists")
     if source == "imagefolder":
-        items, checksum, info = _imagefolder_source(root)
+        items, checksum, info = _imagefolder_source(root, int(d.num_classes))
     elif source == "hf_disk":
         import datasets
 
@@ -218,7 +261,8 @@ def _imagenet_source(d: Any) -> tuple[dict, str, dict]:
 
 def check_paper_data(cfg: Any) -> None:
     """A cheap check that ImageNet is where `cfg.data` says (for a preflight before any job starts): raises
-    FileNotFoundError naming the path and the expected layouts. Does not list the 1.3M files."""
+    FileNotFoundError naming the path and the expected layouts (or how to sort a flat val/), ValueError when the
+    class count is not data.num_classes. Lists the split folders, never the 1.3M files."""
     d = cfg.data
     if d.source in ("mnist", "digits", "hf_cache"):
         return  # offline stand-ins ship with packages; the HF cache is checked when the run opens it
@@ -231,6 +275,15 @@ def check_paper_data(cfg: Any) -> None:
         raise _missing(root, f"no {root / 'dataset_dict.json'}")
     if d.source == "auto" and not (folder or saved):
         raise _missing(root, f"neither {root}/train + {root}/val nor {root}/dataset_dict.json exists")
+    if d.source in ("auto", "imagefolder") and folder:
+        check_imagefolder(root, int(d.num_classes))
+    elif saved:  # the saved train split's dataset_info.json names the label classes
+        import json
+
+        info = root / str(d.hf_splits.train) / "dataset_info.json"
+        if info.is_file():
+            label = (json.loads(info.read_text()).get("features") or {}).get("label") or {}
+            _check_label_count(label.get("names"), info, int(d.num_classes))
 
 
 # ---------------------------------------------------------------- transforms
@@ -281,7 +334,7 @@ def build_transforms(d: Any, aug: Any) -> tuple[Callable, Callable]:
     return train, evaluate
 
 
-@register_dataset("images")  # paper-data check: data.root exists (the default, as before the registry)
+@register_dataset("images", check=check_paper_data)
 def build_image_bundle(cfg: Any) -> DataBundle:
     """DataBundle for `data.builder: images` (ImageNet or its offline stand-ins; see configs/data/)."""
     d, aug = cfg.data, cfg.task.augment
