@@ -14,8 +14,10 @@ Loading: torchvision's `CocoDetection` + `wrap_dataset_for_transforms_v2` (pycoc
 per-instance masks; boxes become XYXY tv_tensors), crowd annotations dropped (as torchvision's references, DETR and
 mmdetection's training do; the evaluation keeps them, pycocotools ignores crowd regions), labels mapped to 1..K in the
 order of the sorted category ids (0 is the background of torchvision's detectors; `dataset.cat_ids[label - 1]` maps
-back). With `data.train_filter_empty` the training split skips images without a non-crowd annotation (mmdetection's
-`filter_empty_gt`, torchvision's references; DETR keeps them).
+back; train and val must list the same categories). Polygon parts of fewer than 3 points are dropped, and an
+annotation left without one is skipped (training and evaluation ground truth alike), counted in the summary's
+`data.skipped_annotations`. With `data.train_filter_empty` the training split skips images without a non-crowd
+annotation (mmdetection's `filter_empty_gt`, torchvision's references; DETR keeps them).
 
 Augmentation (`task.augment`, training split only; torchvision.transforms.v2 on image, boxes and masks together), the
 recipe of XCiT's Mask R-CNN configs, taken from DETR: horizontal flip (p = hflip), then one of two policies with equal
@@ -101,6 +103,28 @@ def eval_transforms():
     return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
 
 
+def drop_unusable_polygons(coco) -> dict[str, int]:
+    """Drops, in place, the polygon parts of fewer than 3 points (< 6 coordinates: no area, and pycocotools takes a
+    4-coordinate one for a box and fails), and the annotations left without any part, then rebuilds the index.
+    Such annotations are skipped for training and for the evaluation's ground truth alike. Returns the counts."""
+    parts = dropped = 0
+    kept = []
+    for ann in coco.dataset.get("annotations", []):
+        seg = ann.get("segmentation")
+        if isinstance(seg, list) and seg:
+            good = [p for p in seg if len(p) >= 6]
+            parts += len(seg) - len(good)
+            if not good:
+                dropped += 1
+                continue
+            ann["segmentation"] = good
+        kept.append(ann)
+    if parts:
+        coco.dataset["annotations"] = kept
+        coco.createIndex()
+    return {"polygon_parts_under_3_points": parts, "annotations_without_a_usable_polygon": dropped}
+
+
 class CocoInstances(Dataset):
     """One split of a COCO-format dataset (module docstring). Attributes for the evaluation: `coco` (the pycocotools
     ground truth), `ids` (image ids, in sample order), `cat_ids` (category id of label 1..K)."""
@@ -111,6 +135,7 @@ class CocoInstances(Dataset):
 
         with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
             base = CocoDetection(str(images), str(annotations))
+            self.skipped = drop_unusable_polygons(base.coco)
         self.coco = base.coco
         self.cat_ids = sorted(self.coco.getCatIds())
         self.label_of = {c: i + 1 for i, c in enumerate(self.cat_ids)}
@@ -164,8 +189,52 @@ def split_paths(cfg: Any) -> dict[str, tuple[Path, Path]]:
     return {s: (root / str(d[f"{s}_images"]), root / str(d[f"{s}_annotations"])) for s in ("train", "val")}
 
 
+def read_categories(path: Path, window: int = 1 << 20) -> list[dict] | None:
+    """The `categories` list of a COCO annotation file without parsing its (up to 450 MB of) annotations: the whole
+    file when small, else the key found in its last or first `window` bytes (cocodataset.org's files end with it);
+    None when it is in neither."""
+    import json
+
+    size = path.stat().st_size
+    if size <= 8 * window:
+        return json.loads(path.read_text()).get("categories")
+    with open(path, "rb") as f:
+        head = f.read(window).decode("utf-8", "ignore")
+        f.seek(size - window)
+        tail = f.read().decode("utf-8", "ignore")
+    for text in (tail, head):
+        at = text.rfind('"categories"')
+        start = text.find("[", at) if at >= 0 else -1
+        if start >= 0:
+            try:
+                return json.JSONDecoder().raw_decode(text, start)[0]
+            except ValueError:
+                continue
+    return None
+
+
+def category_problem(train: list[dict], val: list[dict], where: dict[str, Path], num_classes: int) -> str | None:
+    """Why the train and val category lists (or their count vs data.num_classes) cannot make one label space."""
+    a, b = ({int(c["id"]): str(c.get("name")) for c in cats} for cats in (train, val))
+    if a != b:
+        only_train = sorted(set(a) - set(b))
+        only_val = sorted(set(b) - set(a))
+        renamed = [f"{i}: {a[i]!r} vs {b[i]!r}" for i in sorted(set(a) & set(b)) if a[i] != b[i]]
+        diff = "; ".join(x for x in (
+            f"ids only in train {[(i, a[i]) for i in only_train]}" if only_train else "",
+            f"ids only in val {[(i, b[i]) for i in only_val]}" if only_val else "",
+            f"names differ (train vs val) {renamed}" if renamed else "") if x)
+        return (f"COCO category lists differ between {where['train']} and {where['val']}: {diff}. Labels are the "
+                "sorted category ids of the training file, so both files need the same categories")
+    if len(a) != num_classes:
+        return (f"data.num_classes={num_classes} but {where['train']} has {len(a)} categories; "
+                f"set data.num_classes={len(a)}")
+    return None
+
+
 def check_paper_data(cfg: Any) -> dict[str, tuple[Path, Path]]:
-    """The split paths, or FileNotFoundError naming every missing one and the layout expected."""
+    """The split paths, or FileNotFoundError naming every missing one and the layout expected; ValueError when the
+    train and val category lists differ or do not number data.num_classes (read cheaply, `read_categories`)."""
     paths = split_paths(cfg)
     missing = [str(p) for pair in paths.values() for p in pair if not p.exists()]
     if missing:
@@ -175,6 +244,12 @@ def check_paper_data(cfg: Any) -> dict[str, tuple[Path, Path]]:
             "data.{train,val}_{images,annotations}. Nothing is downloaded. For an offline check use scale=smoke "
             "or scale=small (generated shapes)."
         )
+    cats = {s: read_categories(p[1]) for s, p in paths.items()}
+    if all(c is not None for c in cats.values()):
+        why = category_problem(cats["train"], cats["val"], {s: p[1] for s, p in paths.items()},
+                               int(cfg.data.num_classes))
+        if why:
+            raise ValueError(why)
     return paths
 
 
@@ -199,9 +274,10 @@ def build(cfg: Any) -> DataBundle:
         "val": CocoInstances(*paths["val"], eval_transforms(), masks=bool(d.masks), limit=d.get("val_limit")),
     }
     found = len(splits["train"].cat_ids)
-    if found != int(d.num_classes):
-        raise ValueError(f"data.num_classes={d.num_classes} but {paths['train'][1]} has {found} categories; "
-                         f"set data.num_classes={found}")
+    why = category_problem(*(splits[s].coco.dataset.get("categories", []) for s in ("train", "val")),
+                           {s: p[1] for s, p in paths.items()}, int(d.num_classes))
+    if why:
+        raise ValueError(why)
     info = {
         "source": source,
         "stand_in": bool(d.get("generate")),
@@ -210,6 +286,7 @@ def build(cfg: Any) -> DataBundle:
         "num_classes": found,
         "categories": [c["name"] for c in splits["train"].coco.loadCats(splits["train"].cat_ids)],
         "checksum_of": "the annotation files (train, val)",
+        "skipped_annotations": {s: ds.skipped for s, ds in splits.items()},
     }
     checksum = files_checksum([paths["train"][1], paths["val"][1]])
     return DataBundle(splits["train"], splits["val"], None, checksum, info, collate_fn=collate)
