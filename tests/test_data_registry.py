@@ -14,7 +14,19 @@ from pathlib import Path
 import pytest
 
 from condattn.config import compose
-from condattn.data import catalog, coco, glue, images, listops, lm_text, mlm_text
+from condattn.data import (
+    catalog,
+    coco,
+    glue,
+    images,
+    listops,
+    lm_text,
+    lra_image,
+    lra_retrieval,
+    lra_text,
+    mlm_text,
+    pathfinder,
+)
 from condattn.data.build import DATASETS, build_datasets, dataset_entry
 from condattn.data.registry import DataBundle, data_root_exists, register_dataset
 from condattn.engine.preflight import preflight
@@ -37,7 +49,9 @@ def test_every_config_builder_is_registered():
 def test_each_dataset_carries_its_paper_data_check():
     expected = {"listops": listops.check_paper_data, "lm_text": lm_text.check_paper_data,
                 "mlm_text": mlm_text.check_paper_data, "coco": coco.check_paper_data, "glue": glue.check_paper_data,
-                "images": images.check_paper_data}
+                "images": images.check_paper_data, "lra_text": lra_text.check_paper_data,
+                "lra_retrieval": lra_retrieval.check_paper_data, "lra_image": lra_image.check_paper_data,
+                "lra_pathfinder": pathfinder.check_paper_data}
     for name in BUILDERS:
         assert dataset_entry(name).check is expected.get(name, data_root_exists), name
 

@@ -186,17 +186,26 @@ def test_mlm_trains_on_the_zst_shards(tmp_path):
     root = write_pile_release(tmp_path / "pile")
     s = train(compose([*mlm_overrides(root, tmp_path), f"paths.runs={tmp_path / 'runs'}", "logger=none",
                        "model=crammed_bert_tiny", "task.steps=2", "task.eval_every=2", "task.log_every=1",
-                       "task.batch_size=4", "impl.micro_batch_size=4", "task.budget_hours=null", "impl.checkpoint_every=2",
-                       "impl.num_workers=0",
-                       "data.val_max_blocks=4"]))
+                       "task.batch_size=4", "impl.micro_batch_size=4", "task.budget_hours=null",
+                       "impl.checkpoint_every=2", "impl.num_workers=0", "data.val_max_blocks=4"]))
     assert s["status"] == "finished" and s["steps"] == 2 and not s["data"]["stand_in"]
     assert s["data"]["docs"] == {"train": 120, "val": 12} and s["metrics"]["final_val_loss"] > 0
 
 
 # ---------------------------------------------------------------------------------------------------- LRA
 
-LRA_TASKS = {"lra_listops": "basic_train.tsv", "lra_text": "aclImdb", "lra_retrieval": "new_aan_pairs.train.tsv",
-             "lra_pathfinder32": "curv_contour_length_14", "lra_image": "cifar-10-batches-py"}
+# task -> (the table-4 row's overrides, as experiments/table4_lra.yaml, and a part of the path it must read)
+LRA_TASKS = {
+    "lra_listops": (["model=nystromformer_lra", "data=listops"], "listops-1000"),
+    "lra_text": (["model=nystromformer_lra", "data=lra_text"], "aclImdb"),
+    "lra_retrieval": (["model=nystromformer_lra_dual", "data=lra_retrieval"], "tsv_data"),
+    "lra_image": (["model=nystromformer_lra", "data=lra_image"], "cifar-10-batches-py"),
+    "lra_pathfinder32": (["model=nystromformer_lra", "data=lra_pathfinder"], "curv_contour_length_14"),
+}
+
+
+def lra_cfg(task: str, *extra: str):
+    return compose([f"task={task}", *LRA_TASKS[task][0], "scale=paper", *extra])
 
 
 @pytest.fixture(scope="module")
@@ -207,15 +216,15 @@ def lra_dest(tmp_path_factory):
 @pytest.mark.parametrize("task", sorted(LRA_TASKS))
 def test_lra_tasks_read_the_release_as_it_unpacks(task, lra_dest, tmp_path, monkeypatch):
     monkeypatch.setenv("CONDATTN_DATA", str(lra_dest))
-    cfg = compose([f"task={task}", "scale=paper", f"paths.cache={tmp_path}"])
+    cfg = lra_cfg(task, f"paths.cache={tmp_path}")
     assert str(cfg.data.root).startswith(str(lra_dest))  # the default data root, from CONDATTN_DATA
     assert data_messages(cfg) == []
     b = build_datasets(cfg)
     assert len(b.train) > 0 and len(b.val) > 0 and not b.info.get("stand_in")
-    where = str(b.info.get("root") or b.info.get("files") or b.info.get("source"))
-    assert LRA_TASKS[task] in where or task == "lra_listops"
+    read = json.dumps(b.info, default=str)
+    assert LRA_TASKS[task][1] in read
     if task in ("lra_listops", "lra_retrieval", "lra_pathfinder32"):
-        assert "lra_release/lra_release" in json.dumps(b.info, default=str)
+        assert "lra_release/lra_release" in read
     item = b.train[0]
     ids = item.get("input_ids", item.get("input_ids_0"))
     assert ids.dtype == torch.long and ids.numel() == int(cfg.data.seq_len)
@@ -228,12 +237,12 @@ def test_lra_single_level_layout_still_found(lra_dest, tmp_path, monkeypatch):
     shutil.copytree(lra_dest / "lra_release" / "lra_release", single / "lra_release")
     monkeypatch.setenv("CONDATTN_DATA", str(single))
     for task in ("lra_listops", "lra_retrieval", "lra_pathfinder32"):
-        assert data_messages(compose([f"task={task}", "scale=paper"])) == []
+        assert data_messages(lra_cfg(task)) == []
 
 
 def test_lra_missing_names_every_place_looked(tmp_path, monkeypatch):
     monkeypatch.setenv("CONDATTN_DATA", str(tmp_path))
-    (msg,) = data_messages(compose(["task=lra_retrieval", "scale=paper"]))
+    (msg,) = data_messages(lra_cfg("lra_retrieval"))
     assert f"{tmp_path}/lra_release/lra_release/tsv_data" in msg and f"{tmp_path}/lra_release/tsv_data" in msg
 
 

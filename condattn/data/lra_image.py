@@ -111,7 +111,13 @@ def load(root: str | os.PathLike[str], seq_len: int, image_size: int = SIZE, zer
     return splits, checksum, info
 
 
-@register_dataset("lra_image")
+def check_paper_data(cfg: Any) -> None:
+    """Preflight: the CIFAR-10 batches are under `data.root` in a release layout
+    (FileNotFoundError naming the places looked)."""
+    find_root(cfg.data.root)
+
+
+@register_dataset("lra_image", check=check_paper_data)
 def build(cfg: Any) -> DataBundle:
     d = cfg.data
     if d.generate:

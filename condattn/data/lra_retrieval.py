@@ -98,7 +98,13 @@ def load(root: str | os.PathLike[str], seq_len: int, max_length: int) -> tuple[d
     return splits, checksum, info, files
 
 
-@register_dataset("lra_retrieval")
+def check_paper_data(cfg: Any) -> None:
+    """Preflight: the three AAN TSVs are under `data.root` in a release layout
+    (FileNotFoundError naming the places looked)."""
+    find_split_files(cfg.data.root)
+
+
+@register_dataset("lra_retrieval", check=check_paper_data)
 def build(cfg: Any) -> DataBundle:
     d = cfg.data
     if d.generate:

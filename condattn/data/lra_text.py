@@ -84,7 +84,13 @@ def load(root: str | os.PathLike[str], seq_len: int, max_length: int) -> tuple[d
     return datasets, checksum.hexdigest(), info
 
 
-@register_dataset("lra_text")
+def check_paper_data(cfg: Any) -> None:
+    """Preflight: the aclImdb review folders are under `data.root` in a release layout
+    (FileNotFoundError naming the places looked)."""
+    find_root(cfg.data.root)
+
+
+@register_dataset("lra_text", check=check_paper_data)
 def build(cfg: Any) -> DataBundle:
     d = cfg.data
     if d.generate:

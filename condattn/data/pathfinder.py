@@ -132,7 +132,13 @@ def load(root: str | os.PathLike[str], variant: str, seq_len: int, resolution: i
     return splits, checksum.hexdigest(), info
 
 
-@register_dataset("lra_pathfinder")
+def check_paper_data(cfg: Any) -> None:
+    """Preflight: the variant's metadata are under `data.root` in a release layout
+    (FileNotFoundError naming the places looked)."""
+    find_variant_dir(cfg.data.root, str(cfg.data.variant))
+
+
+@register_dataset("lra_pathfinder", check=check_paper_data)
 def build(cfg: Any) -> DataBundle:
     d = cfg.data
     if d.variant not in VARIANTS:
