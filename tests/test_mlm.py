@@ -316,14 +316,20 @@ def _write_corpus(root: Path, kind: str) -> None:
 def test_paper_scale_layouts(tmp_path, kind):
     root = tmp_path / "pile"
     _write_corpus(root, kind)
-    cfg = compose(["task=mlm_crammed", "scale=paper", f"paths.cache={tmp_path / 'cache'}", f"data.root={root}",
-                   "data.vocab_size=200", "data.seq_len=16", "data.val_fraction=0.25"])
+    cfg_args = ["task=mlm_crammed", "scale=paper", f"paths.cache={tmp_path / 'cache'}", f"data.root={root}",
+                "data.vocab_size=200", "data.seq_len=16", "data.val_fraction=0.25"]
+    cfg = compose(cfg_args)
     bundle = build_datasets(cfg)
     info = bundle.info
     assert not info["stand_in"] and kind in info["source"] and info["checksum_kind"] in ("content", "fingerprint")
-    if kind == "text":  # no validation split: a seeded quarter of the lines held out
-        docs = info["docs"]  # 40 non-empty lines (+ one empty, never a document), a seeded quarter of the rows held out
-        assert docs["train"] + docs["val"] == 40 and docs["val"] in (10, 11) and "seeded 0.25" in info["val_split"]
+    if kind == "text":  # no validation split: each streamed line held out by a coin seeded with data.split_seed
+        import numpy as np
+
+        docs = info["docs"]  # 40 non-empty lines (+ one empty, never a document)
+        held = int((np.random.default_rng(0).random(40) < 0.25).sum())
+        assert docs == {"train": 40 - held, "val": held} and "seeded 0.25 of the streamed" in info["val_split"]
+        whole = build_datasets(compose([*cfg_args, "data.max_train_docs=null"])).info  # converted whole, then split
+        assert whole["docs"]["train"] + whole["docs"]["val"] == 40 and whole["docs"]["val"] in (10, 11)
     else:
         assert info["docs"] == {"train": 30, "val": 6} and info["val_split"] == "the source's validation split"
     assert len(bundle.train) > 0 and len(bundle.val) > 0
