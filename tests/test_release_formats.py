@@ -279,6 +279,18 @@ def test_imagenet_num_classes_checked_against_the_class_folders(tmp_path):
         build_datasets(cfg)
 
 
+def test_imagenet_saved_copy_label_count_checked_by_preflight(tmp_path):
+    import datasets
+    from PIL import Image
+
+    feats = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c"])})
+    split = datasets.Dataset.from_dict({"image": [Image.new("RGB", (8, 8))] * 3, "label": [0, 1, 2]}, features=feats)
+    datasets.DatasetDict({"train": split, "validation": split}).save_to_disk(str(tmp_path / "hf"))
+    assert data_messages(imagenet_cfg(tmp_path / "hf")) == []
+    (msg,) = data_messages(imagenet_cfg(tmp_path / "hf", "data.num_classes=1000"))
+    assert "data.num_classes=1000 but the label feature of" in msg and "has 3 classes" in msg
+
+
 def test_flat_imagenet_val_gets_the_sorting_help(tmp_path):
     root = write_imagenet_release(tmp_path / "imagenet", flat_val=True)
     cfg = imagenet_cfg(root)
