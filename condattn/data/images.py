@@ -131,7 +131,7 @@ def _missing(root: Path, what: str) -> FileNotFoundError:
 
 
 FLAT_VAL_HELP = (
-    "sort it into the train split's class folders, val/<wnid>/*.JPEG, without changing any file: e.g. "
+    "sort it into the train split's class folders, val/<wnid>/*.JPEG, keeping the file names: e.g. "
     "`torchvision.datasets.ImageNet(ROOT, split='val')` does it offline from ILSVRC2012_img_val.tar and "
     "ILSVRC2012_devkit_t12.tar.gz placed in ROOT (it reads the devkit's data/ILSVRC2012_validation_ground_truth.txt "
     "and meta.mat), or run the widely used valprep.sh (one `mkdir -p <wnid>; mv <file> <wnid>/` per image) inside val/"
