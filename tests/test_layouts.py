@@ -500,3 +500,24 @@ def test_readme_registers_a_layout_for_a_users_model(monkeypatch):
         for blk in model.blocks:
             y = blk(y)
         torch.testing.assert_close(out, y, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- the report lists the options that act on the model
+
+
+@pytest.mark.parametrize("name", ["vit", "nystromformer", "detr"])
+def test_patch_report_lists_only_the_options_that_apply(name):
+    """`detr_attention` only for a model whose attention sites carry kinds (DETR), not for ViT or the LRA
+    Nyströmformer; the newton_schulz iteration counts only with that solver; each method's own options only."""
+    case = CASES[name]
+    grouped = any(s.group is not None for s in find_attention(case.build()))
+    assert grouped == (name == "detr")
+    rep = condattn.apply_conditioning(case.build(), "spectral+embedded", lam=2.0)
+    assert ("detr_attention" in rep.options) == grouped
+    assert ("detr_attention" in str(rep)) == grouped and ("detr_attention" in str(rep.to_dict())) == grouped
+    assert {"lam", "targets", "identity", "position", "solver", "lift_iters", "ns_iters", "power_iters"} <= set(
+        rep.options)
+    svd = condattn.apply_conditioning(case.build(), "embedded", solver="svd")
+    assert set(svd.options) == {"position", "tokens", "gradient", "solver"}
+    spectral = condattn.apply_conditioning(case.build(), "spectral")
+    assert set(spectral.options) == {"lam", "targets", "identity"} | ({"detr_attention"} if grouped else set())
