@@ -11,6 +11,7 @@ remove_conditioning restores the model's outputs. A registered layout without a 
 from __future__ import annotations
 
 import copy
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -521,3 +522,32 @@ def test_patch_report_lists_only_the_options_that_apply(name):
     assert set(svd.options) == {"position", "tokens", "gradient", "solver"}
     spectral = condattn.apply_conditioning(case.build(), "spectral")
     assert set(spectral.options) == {"lam", "targets", "identity"} | ({"detr_attention"} if grouped else set())
+
+
+# ---------------------------------------------------------------- diagnostics on the new families
+
+
+@pytest.mark.parametrize("name", ["eva02", "rope_vit_gqa", "beit", "hf_vit", "llama", "torch_mha"])
+def test_cheap_diagnostics_on_the_new_layouts(name):
+    """Weight κ (per head too: k/v of grouped-query attention have fewer heads) and attention entropy of an SCA
+    model. Entropy is read from projection calls: finite where the projections are called, NaN (documented in
+    diagnostics/attention.py) where the module reads its weights itself."""
+    from condattn.diagnostics import cheap_diagnostics
+
+    case = CASES[name]
+    model, inputs = case.build(), case.inputs()
+    condattn.apply_conditioning(model, "spectral", lam=2.0)
+    mask = case.keep(inputs)
+    diag = cheap_diagnostics(model, case.run, inputs, mask)
+    sites = find_attention(model)
+    assert len(diag["weights"]) == len(sites) == case.attention_layers
+    for entry, site in zip(diag["weights"], sites):
+        for role in ROLES:
+            heads = site.proj[role].out_features // site.head_dim
+            assert len(entry[role]["kappa_heads"]) == heads
+            assert 1.0 <= entry[role]["kappa"] < 10.0  # W + 2I of a small random init is well conditioned
+    for entry, site in zip(diag["attention"], sites):
+        called = site.proj["q"].called and site.proj["k"].called
+        assert math.isfinite(entry["entropy"]) == called, (site.name, entry["entropy"])
+        if called:
+            assert 0.0 <= entry["entropy"] <= entry["entropy_uniform"] + 1e-6
