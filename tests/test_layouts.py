@@ -453,6 +453,11 @@ def test_sca_fold_trains_the_stored_weight(name):
         want = getattr(explicit_modules[by_name[id(p.linear)]], p.param).grad
         assert grad is not None and grad.abs().sum() > 0
         torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-6)
+    clone = copy.deepcopy(model)  # the copy's hooks fold into the copy's own weights
+    with torch.no_grad():
+        for p in folded.values():
+            stored_weight(p).mul_(0.5)  # (changes the original only)
+        torch.testing.assert_close(case.run(clone, inputs).square().mean(), ref.detach(), rtol=1e-5, atol=1e-6)
     module = next(s.module for s in sites if not s.proj["q"].called)
     x = torch.randn(2, 5, 7)  # a width no projection accepts: the forward raises after the fold
     with pytest.raises((RuntimeError, AssertionError)):

@@ -141,7 +141,7 @@ def patch_spectral(
         else:  # a subclass with its own forward (quantised, LoRA, ...): keep it, add λ·x to its output
             handles.append(linear.register_forward_hook(shift))
     for owner, entries in folds.values():
-        handles += _fold_while_called(owner, [(p.linear, p.param, shift) for p, shift in entries.values()])
+        handles += FoldWhileCalled([(p.linear, p.param, shift) for p, shift in entries.values()]).attach(owner)
     return handles, patched
 
 
@@ -153,22 +153,27 @@ def _sizes(p: Projection) -> nn.Module:
     return SimpleNamespace(in_features=int(in_f), out_features=int(out_f))
 
 
-def _fold_while_called(owner: nn.Module, entries: list) -> list[torch.utils.hooks.RemovableHandle]:
+class FoldWhileCalled:
     """For a module that reads projection weights itself (F.linear(x, self.qkv.weight, ...), nn.MultiheadAttention):
     during each of its forwards the attribute it reads is W + λI (built out of place from the parameter, so
     gradients reach W), put in the holder's instance __dict__, where attribute lookup finds it before
     nn.Module's parameters; removed when the forward ends, also on an exception. parameters() and state_dict()
-    read the registered parameters and never see it."""
+    read the registered parameters and never see it. A class with bound-method hooks (not closures), so deepcopy
+    and pickling of a patched model carry hooks that act on the copy's own modules."""
 
-    def fold(module, args):
-        for holder, param, shift in entries:
+    def __init__(self, entries: list[tuple[nn.Module, str, SpectralShift]]):
+        self.entries = entries
+
+    def fold(self, module: nn.Module, args: tuple) -> None:
+        for holder, param, shift in self.entries:
             holder.__dict__[param] = shift.weight(holder._parameters[param])
 
-    def unfold(module, args, output):
-        for holder, param, _ in entries:
+    def unfold(self, module: nn.Module, args: tuple, output) -> None:
+        for holder, param, _ in self.entries:
             holder.__dict__.pop(param, None)
 
-    return [owner.register_forward_pre_hook(fold), owner.register_forward_hook(unfold, always_call=True)]
+    def attach(self, owner: nn.Module) -> list[torch.utils.hooks.RemovableHandle]:
+        return [owner.register_forward_pre_hook(self.fold), owner.register_forward_hook(self.unfold, always_call=True)]
 
 
 def unpatch_spectral(model: nn.Module) -> None:
