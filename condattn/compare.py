@@ -269,7 +269,8 @@ def plot(groups: list[Group], out: Path, split: str = "val", key: str = "acc",
     ax.set_ylabel(f"{split} {key}" + (" (%)" if pct else ""))
     title = f"{split} {key} per step: group mean (bold), each run (faint)"
     if metric:
-        title += f"\n◆ final {metric}" + (" (×100)" if metric.endswith("acc") else "") + ": the table's mean ± std"
+        title += (f"\n◆ the table's {metric}" + (" (×100)" if metric.endswith("acc") else "")
+                  + ", mean ± std, drawn at each group's last step")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -332,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         print(md)
         path = out if len(tables) == 1 else out.with_name(f"{out.stem}_{task}{out.suffix}")
         fig = plot(task_groups, path, split or "val", key or "acc", metric)
-        print(f"[compare] figure: {fig} ({split or 'val'} {key or 'acc'} curves; markers: final {metric})" if fig
+        print(f"[compare] figure: {fig} ({split or 'val'} {key or 'acc'} curves; markers: the table's {metric})" if fig
               else f"[compare] no {args.curve} rows in metrics.jsonl: no figure")
     for g in groups:
         for d in g.unfinished:

@@ -217,5 +217,5 @@ def test_figure_shows_the_tables_metric_and_draws_the_bold_mean(tmp_path, monkey
     markers = [ln for ln in ax.lines if ln.get_marker() == "D"]
     assert [(float(m.get_xdata()[0]), float(m.get_ydata()[0])) for m in markers] == \
         [(120.0, pytest.approx(32.0)), (120.0, pytest.approx(50.0))]  # the table's test_acc means
-    assert "final test_acc" in ax.get_title()
+    assert "the table's test_acc" in ax.get_title()
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a_s (mean of 2)", "b_s (mean of 1)"]
