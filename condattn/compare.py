@@ -8,10 +8,15 @@ Each argument is one group:
   the prefix, read through the wandb public API (summary metrics, `condattn/steps`, `condattn/wall_time_s`
   and the logged history), so runs from several clusters can be compared without copying run directories.
 
-Prints, per group, the final metric as mean ± std over its finished runs, the difference to the first group
-with a 95% confidence interval (Welch's t interval, or a bootstrap without scipy; the same statistics code
-as the tables), steps and wall time; writes one figure overlaying the groups' validation curves
-(metrics.jsonl), mean per group with each run faint.
+Prints, per group, the final metric as mean ± std over its finished runs (± n/a for a single run), the difference
+to the first group with a 95% confidence interval (Welch's t interval, or a bootstrap without scipy; the same
+statistics code as the tables), steps and wall time; writes one figure overlaying the groups' validation curves
+(metrics.jsonl), the mean per group bold with each run faint, and the table's metric as a marker (mean ± std) at
+each group's last step, so the figure shows the number the table reports even when that metric (test accuracy)
+has no per-step curve.
+
+A group whose runs belong to several tasks (a glob such as 'runs/smoke/table4_*') is split per task, with a
+warning, and each task gets its own table and figure: runs of different tasks are never averaged together.
 """
 
 from __future__ import annotations
@@ -121,6 +126,42 @@ def load_wandb_group(arg: str, api=None) -> Group:
     return g
 
 
+def task_of(summary: dict) -> str | None:
+    """The task a run trained (its resolved config's task.name); None when the summary has no config (wandb)."""
+    task = ((summary.get("config") or {}).get("task") or {}).get("name")
+    return None if task is None else str(task)
+
+
+def split_by_task(groups: list[Group]) -> tuple[list[tuple[str | None, list[Group]]], list[str]]:
+    """[(task, groups)] and warnings. Groups stay as given (one table) unless some group's runs belong to several
+    tasks: then every group is split into one subgroup per task ("label [task]") and each task is a table of its own
+    (the first subgroup of a task is its reference)."""
+    warnings = []
+    for g in groups:
+        tasks = sorted({str(task_of(s)) for s in g.summaries})
+        if len(tasks) > 1:
+            counts = ", ".join(f"{t} ({sum(str(task_of(s)) == t for s in g.summaries)})" for t in tasks)
+            warnings.append(f"{g.label!r} matches runs of {len(tasks)} tasks: {counts}; compared per task, "
+                            "not averaged into one group")
+    if not warnings:
+        return [(None, groups)], []
+    by_task: dict[str | None, list[Group]] = {}
+    for g in groups:
+        parts: dict[str | None, Group] = {}
+        for run, summary, hist in zip(g.runs, g.summaries, g.histories):
+            t = task_of(summary)
+            sub = parts.setdefault(t, Group(f"{g.label} [{t}]"))
+            sub.runs.append(run)
+            sub.summaries.append(summary)
+            sub.histories.append(hist)
+        if len(parts) == 1:  # a group of one task keeps its label
+            (t, sub), = parts.items()
+            sub.label = g.label
+        for t, sub in parts.items():
+            by_task.setdefault(t, []).append(sub)
+    return list(by_task.items()), warnings
+
+
 def _default_metric(groups: list[Group]) -> str:
     sums = [s for g in groups for s in g.summaries]
     for key in ("test_acc", "val_acc"):
@@ -159,13 +200,15 @@ def table(groups: list[Group], metric: str, level: float = 0.95) -> tuple[str, l
             delta = f"{ms[0] - mean_std(ref)[0]:+.2f} (no CI: needs ≥ 2 runs per group)"
         else:
             delta = "–"
+        spread = f"{ms[1]:.2f}" if len(vals) > 1 else "n/a"  # no spread from one run
         cells = [
-            g.label, str(len(vals)), f"{ms[0]:.2f} ± {ms[1]:.2f}" if ms else "no finished runs", delta,
+            g.label, str(len(vals)), f"{ms[0]:.2f} ± {spread}" if ms else "no finished runs", delta,
             ",".join(map(str, steps)) or "–", f"{mean_std(walls)[0]:.0f} s" if walls else "–",
             " ".join(_seed_tag(d) for d in g.runs) + (f" (+{len(g.unfinished)} unfinished)" if g.unfinished else ""),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-        rows.append({"group": g.label, "n": len(vals), "mean": ms[0] if ms else None, "std": ms[1] if ms else None,
+        rows.append({"group": g.label, "n": len(vals), "mean": ms[0] if ms else None,
+                     "std": ms[1] if len(vals) > 1 else None,
                      "diff": ci.diff if ci else None, "ci_low": ci.low if ci else None,
                      "ci_high": ci.high if ci else None, "values": vals, "steps": steps, "wall_time_s": walls})
     how = {"welch-t": "Welch t interval", "bootstrap": "bootstrap percentile interval (scipy not installed)"}
@@ -174,7 +217,23 @@ def table(groups: list[Group], metric: str, level: float = 0.95) -> tuple[str, l
     return "\n".join(lines) + "\n\n" + note + "\n", rows
 
 
-def plot(groups: list[Group], out: Path, split: str = "val", key: str = "acc") -> Path | None:
+def _mean_curve(curves: list[dict]) -> tuple[list, list]:
+    """The mean of the runs' curves on the union of their steps, each run linearly interpolated, over the steps
+    every run covers (runs evaluated at different steps still get a mean); empty when they do not overlap."""
+    import numpy as np
+
+    lo, hi = max(min(c) for c in curves), min(max(c) for c in curves)
+    grid = sorted({x for c in curves for x in c if lo <= x <= hi})
+    if not grid:
+        return [], []
+    ys = [np.interp(grid, sorted(c), [c[x] for x in sorted(c)]) for c in curves]
+    return grid, list(np.mean(ys, axis=0))
+
+
+def plot(groups: list[Group], out: Path, split: str = "val", key: str = "acc",
+         metric: str | None = None) -> Path | None:
+    """Per group: each run's split/key curve faint, their mean bold; and, when `metric` (the table's summary metric)
+    is given, its mean ± std over the group's runs as a marker at the group's last step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -182,6 +241,7 @@ def plot(groups: list[Group], out: Path, split: str = "val", key: str = "acc") -
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     drew = False
+    pct = key == "acc"
     for i, g in enumerate(groups):
         curves = []
         for hist in g.histories:
@@ -189,19 +249,29 @@ def plot(groups: list[Group], out: Path, split: str = "val", key: str = "acc") -
             if pts:
                 curves.append(pts)
                 xs = sorted(pts)
-                ax.plot(xs, [100 * pts[x] if key == "acc" else pts[x] for x in xs], color=f"C{i}", alpha=0.25, lw=1)
-        if curves:
-            common = sorted(set.intersection(*(set(c) for c in curves)))
-            mean = [mean_std([c[x] for c in curves])[0] for x in common]
-            ax.plot(common, [100 * m if key == "acc" else m for m in mean], color=f"C{i}", lw=2,
-                    label=f"{g.label} (n={len(curves)})")
-            drew = True
+                ax.plot(xs, [100 * pts[x] if pct else pts[x] for x in xs], color=f"C{i}", alpha=0.25, lw=1)
+        if not curves:
+            continue
+        drew = True
+        xs, mean = _mean_curve(curves)
+        ax.plot(xs, [100 * m if pct else m for m in mean], color=f"C{i}", lw=2.5,
+                label=f"{g.label} (mean of {len(curves)})")
+        vals = [float(s["metrics"][metric]) for s in g.summaries if metric and metric in s["metrics"]]
+        if vals:
+            m, sd = mean_std(vals)
+            f = 100 if metric.endswith("acc") else 1
+            ax.errorbar([max(max(c) for c in curves)], [f * m], yerr=[f * sd] if len(vals) > 1 else None,
+                        color=f"C{i}", marker="D", ms=6, capsize=3, lw=1.5, zorder=3)
     if not drew:
         plt.close(fig)
         return None
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel(f"{split} {key}" + (" (%)" if key == "acc" else ""))
-    ax.set_title(f"{split} {key}: mean per group (bold), each run (faint)", fontsize=10)
+    ax.set_ylabel(f"{split} {key}" + (" (%)" if pct else ""))
+    title = f"{split} {key} per step: group mean (bold), each run (faint)"
+    if metric:
+        title += (f"\n◆ the table's {metric}" + (" (×100)" if metric.endswith("acc") else "")
+                  + ", mean ± std, drawn at each group's last step")
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -250,16 +320,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[compare] metric {metric!r} is missing in runs of {', '.join(sorted(set(missing)))}; "
               f"known metrics: {', '.join(known)}", file=sys.stderr)
         return 2
-    md, _ = table(groups, metric, args.level)
-    print(md)
-    for g in groups:
-        for d in g.unfinished:
-            print(f"[compare] {g.label}: {d} has no finished summary; left out")
+    tables, warnings = split_by_task(groups)
+    for w in warnings:
+        print(f"[compare] warning: {w}", file=sys.stderr)
     split, _, key = args.curve.partition(":")
     digest = hashlib.sha1("\n".join(args.groups).encode()).hexdigest()[:8]
     out = Path(args.out) if args.out else Path("results") / "compare" / f"compare_{digest}.png"
-    fig = plot(groups, out, split or "val", key or "acc")
-    print(f"[compare] figure: {fig}" if fig else f"[compare] no {args.curve} rows in metrics.jsonl: no figure")
+    for task, task_groups in tables:
+        if len(tables) > 1:
+            print(f"### task {task}\n")
+        md, _ = table(task_groups, metric, args.level)
+        print(md)
+        path = out if len(tables) == 1 else out.with_name(f"{out.stem}_{task}{out.suffix}")
+        fig = plot(task_groups, path, split or "val", key or "acc", metric)
+        print(f"[compare] figure: {fig} ({split or 'val'} {key or 'acc'} curves; markers: the table's {metric})" if fig
+              else f"[compare] no {args.curve} rows in metrics.jsonl: no figure")
+    for g in groups:
+        for d in g.unfinished:
+            print(f"[compare] {g.label}: {d} has no finished summary; left out")
     return 0
 
 

@@ -88,7 +88,7 @@ def _problem_report(problems: dict[str, list[str]], n_cells: int) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m condattn.reproduce", description=__doc__.splitlines()[0])
     p.add_argument("experiment", help="experiments/tableN_*.yaml")
-    p.add_argument("--scale", default="smoke", help="smoke | small | paper")
+    p.add_argument("--scale", default="smoke", help="smoke | small | medium | paper")
     p.add_argument("--seeds", help='e.g. "0 1 2" or 0,1,2; default: the experiment\'s seeds for this scale')
     p.add_argument("--launcher", default="local", help=f"one of {', '.join(LAUNCHERS)}")
     p.add_argument("--dry-run", action="store_true",

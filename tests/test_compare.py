@@ -16,13 +16,15 @@ A = [0.30, 0.32, 0.31]  # test_acc of a baseline over 3 seeds
 B = [0.36, 0.38, 0.35]
 
 
-def fake_run(root: Path, name: str, acc: float, steps: int = 120, wall: float = 30.0, finished: bool = True) -> Path:
+def fake_run(root: Path, name: str, acc: float, steps: int = 120, wall: float = 30.0, finished: bool = True,
+             task: str | None = None, evals: tuple[int, ...] = (40, 80, 120)) -> Path:
     d = root / "smoke" / name
     d.mkdir(parents=True)
     summary = {"status": "finished" if finished else "failed", "run_dir": str(d), "steps": steps,
-               "wall_time_s": wall, "metrics": {"test_acc": acc, "val_acc": acc + 0.01}}
+               "wall_time_s": wall, "metrics": {"test_acc": acc, "val_acc": acc + 0.01},
+               **({"config": {"task": {"name": task}}} if task else {})}
     (d / "summary.json").write_text(json.dumps(summary))
-    rows = [{"step": s, "split": "val", "acc": acc * s / steps, "loss": 2.0} for s in (40, 80, 120)]
+    rows = [{"step": s, "split": "val", "acc": acc * s / steps, "loss": 2.0} for s in evals]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return d
 
@@ -76,7 +78,7 @@ def test_compare_cli_table_and_figure(runs, tmp_path, capsys):
     ci = welch_ci([100 * a for a in A], [100 * b for b in B])
     assert lines[2] == "| t4_listops_none_smoke | 3 | 31.00 ± 1.00 | – | 120 | 30 s | s0 s1 s2 |"
     assert lines[3] == (f"| t4_listops_embedded_smoke_s* | 3 | 36.33 ± 1.53 | {ci.text()} | 120 | 40 s | s0 s1 s2 |")
-    assert lines[4] == ("| t4_listops_spectral | 1 | 20.00 ± 0.00 | -11.00 (no CI: needs ≥ 2 runs per group) | 120 | "
+    assert lines[4] == ("| t4_listops_spectral | 1 | 20.00 ± n/a | -11.00 (no CI: needs ≥ 2 runs per group) | 120 | "
                         "30 s | s0 (+1 unfinished) |")
     assert "Δ: mean difference to the first group with its 95% CI (Welch t interval)." in out
     assert "t4_listops_spectral_smoke_s1 has no finished summary; left out" in out
@@ -161,3 +163,59 @@ def test_compare_reads_wandb_groups(runs, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(wandb, "Api", unreachable)
     assert main(["wandb:me/condattn/t4"]) == 2
     assert "could not read the wandb groups (ConnectionError: no route to api.wandb.ai)" in capsys.readouterr().err
+
+
+def test_a_glob_over_several_tasks_is_split_per_task(tmp_path, capsys):
+    """A glob matching runs of several tasks: one table (and figure) per task with a warning, never one average."""
+    root = tmp_path / "runs"
+    for task, accs in (("lra_listops", (0.30, 0.34)), ("lra_text", (0.60, 0.64)), ("lra_image", (0.40,))):
+        for i, a in enumerate(accs):
+            fake_run(root, f"table4_{task}_none_smoke_s{i}", a, task=task)
+    for i, a in enumerate((0.36, 0.38)):
+        fake_run(root, f"table4_lra_listops_embedded_smoke_s{i}", a, task="lra_listops")
+    out_png = tmp_path / "cmp.png"
+    assert main(["table4_*_none_smoke_s*", "table4_lra_listops_embedded_smoke", "--runs-root", str(root),
+                 "--out", str(out_png)]) == 0
+    captured = capsys.readouterr()
+    assert ("warning: 'table4_*_none_smoke_s*' matches runs of 3 tasks: lra_image (1), lra_listops (2), lra_text (2); "
+            "compared per task, not averaged into one group") in captured.err
+    out = captured.out
+    assert "| table4_*_none_smoke_s* [lra_listops] | 2 | 32.00 ± 2.83 | – |" in out
+    assert "| table4_lra_listops_embedded_smoke | 2 | 37.00 ± 1.41 | " in out  # against the listops baseline only
+    assert "| table4_*_none_smoke_s* [lra_text] | 2 | 62.00 ± 2.83 | – |" in out
+    assert "| table4_*_none_smoke_s* [lra_image] | 1 | 40.00 ± n/a | – |" in out
+    assert "### task lra_listops" in out and "### task lra_image" in out
+    assert not any(f"| {n} | " in out for n in ("5", "7"))  # no group of all tasks' runs
+    for task in ("lra_listops", "lra_text", "lra_image"):
+        assert (tmp_path / f"cmp_{task}.png").stat().st_size > 10_000
+    # one task: a single table, no warning
+    assert main(["table4_lra_listops_none_smoke", "--runs-root", str(root), "--out", str(out_png)]) == 0
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err and "### task" not in captured.out
+
+
+def test_figure_shows_the_tables_metric_and_draws_the_bold_mean(tmp_path, monkeypatch):
+    """The figure plots the val curves, each group's bold mean (also when its runs were evaluated at different
+    steps), and the table's metric (test_acc) as a marker with the table's mean ± std at the last step."""
+    from matplotlib.figure import Figure
+
+    from condattn import compare
+
+    root = tmp_path / "runs"
+    fake_run(root, "a_s0", 0.30, evals=(40, 80, 120))
+    fake_run(root, "a_s1", 0.34, evals=(50, 100, 120))  # different eval steps: no step common to both but 120
+    fake_run(root, "b_s0", 0.50)
+    figs = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figs.append(self))
+    groups = [compare.load_group("a_s", root), compare.load_group("b_s", root)]
+    compare.plot(groups, tmp_path / "f.png", "val", "acc", metric="test_acc")
+    (ax,) = figs[0].axes
+    bold = [ln for ln in ax.lines if ln.get_linewidth() == 2.5]
+    assert [ln.get_label() for ln in bold] == ["a_s (mean of 2)", "b_s (mean of 1)"]
+    assert list(bold[0].get_xdata()) == [50, 80, 100, 120]  # interpolated on the union of steps both runs cover
+    assert bold[0].get_ydata()[-1] == pytest.approx(100 * (0.30 + 0.34) / 2)
+    markers = [ln for ln in ax.lines if ln.get_marker() == "D"]
+    assert [(float(m.get_xdata()[0]), float(m.get_ydata()[0])) for m in markers] == \
+        [(120.0, pytest.approx(32.0)), (120.0, pytest.approx(50.0))]  # the table's test_acc means
+    assert "the table's test_acc" in ax.get_title()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a_s (mean of 2)", "b_s (mean of 1)"]

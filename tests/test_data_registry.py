@@ -49,7 +49,7 @@ def test_every_config_builder_is_registered():
 def test_each_dataset_carries_its_paper_data_check():
     expected = {"listops": listops.check_paper_data, "lm_text": lm_text.check_paper_data,
                 "mlm_text": mlm_text.check_paper_data, "coco": coco.check_paper_data, "glue": glue.check_paper_data,
-                "images": images.check_paper_data, "lra_text": lra_text.check_paper_data,
+                "images": images._data_check, "lra_text": lra_text.check_paper_data,
                 "lra_retrieval": lra_retrieval.check_paper_data, "lra_image": lra_image.check_paper_data,
                 "lra_pathfinder": pathfinder.check_paper_data}
     for name in BUILDERS:

@@ -50,9 +50,9 @@ def test_every_cell_composes_and_preflights(path, scale, tmp_path, monkeypatch, 
         composed[rest] = name
         cfg = compose_cell(overrides)
         assert cfg.run.name == name and cfg.scale.name == scale and cfg.run.table == exp["table"]
-        # only missing data may be reported (paper scale: the data is not here), naming where it looked
+        # only missing data may be reported (paper and medium scale: the data is not here), naming where it looked
         for p in preflight(cfg, planned_world(cfg), check_data=True, check_run_dir=False):
-            assert p.kind == "data" and scale == "paper", f"{name}: {p.kind}: {p.message}"
+            assert p.kind == "data" and scale in ("paper", "medium"), f"{name}: {p.kind}: {p.message}"
             assert str(tmp_path) in p.message or "run" in p.message or "cache" in p.message, p.message
         model = OmegaConf.to_container(cfg.model, resolve=True)
         for weights in ("init_from", "backbone_checkpoint"):  # earlier runs' weights: checked by the preflight above

@@ -11,6 +11,7 @@ remove_conditioning restores the model's outputs. A registered layout without a 
 from __future__ import annotations
 
 import copy
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ import pytest
 import torch
 
 import condattn
-from condattn.conditioning import ATTENTION_LAYOUTS, ROLES, TOKEN_LAYOUTS, find_attention, find_tokens
+from condattn.conditioning import ATTENTION_LAYOUTS, ROLES, TOKEN_LAYOUTS, find_attention, find_tokens, polar_correction
+from condattn.conditioning.sites import stored_weight
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.py)
 
@@ -30,13 +32,17 @@ class Case:
     inputs: Callable[[], dict]
     run: Callable[[torch.nn.Module, dict], torch.Tensor]  # one output tensor of the model
     attention: dict[str, int]  # attention sites per layout, from the architecture's definition
-    token: str  # the token layout
+    token: str | None  # the token layout (None: a family with attention layouts only, e.g. nn.MultiheadAttention)
     keep: Callable[[dict], torch.Tensor | None] = lambda inputs: None  # (B, N) real tokens at the first block
     raw_kappa_min: float = 2.5  # the first block's raw tokens are worse conditioned than this (CET has work to do)
 
     @property
     def attention_layers(self) -> int:
         return sum(self.attention.values())
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return ("spectral", "embedded", "spectral+embedded") if self.token else ("spectral",)
 
 
 def _seeded(fn):
@@ -123,6 +129,53 @@ def _mask(inputs):
     return inputs["attention_mask"].bool()
 
 
+def _eva(**kw):
+    from timm.models.eva import Eva
+
+    return _seeded(lambda: Eva(img_size=32, patch_size=8, embed_dim=64, depth=2, num_classes=10, **kw))
+
+
+def _hf_vit():
+    from transformers import ViTConfig, ViTModel
+
+    return ViTModel(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=64))
+
+
+def _pixels(model, inputs):
+    return model(pixel_values=inputs["x"]).last_hidden_state
+
+
+def _llama():
+    """A tiny Llama with grouped-query attention (4 query heads, 2 key/value heads)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64))
+
+
+class UserMHAModel(torch.nn.Module):
+    """A user's model built from torch.nn: a 2-layer nn.TransformerEncoder (packed in_proj_weight; its fused
+    inference path would bypass nn.MultiheadAttention.forward) and a cross-attention with kdim/vdim != embed_dim
+    (separate q/k/v_proj_weight)."""
+
+    def __init__(self):
+        super().__init__()
+        layer = torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.cross = torch.nn.MultiheadAttention(32, 2, kdim=16, vdim=24, batch_first=True)
+
+    def forward(self, x, k, v):
+        h = self.encoder(x)
+        return h + self.cross(h, k, v, need_weights=False)[0]
+
+
+def _mha_inputs() -> dict:
+    g = torch.Generator().manual_seed(3)
+    return {"x": torch.randn(3, 10, 32, generator=g), "k": torch.randn(3, 5, 16, generator=g),
+            "v": torch.randn(3, 5, 24, generator=g)}
+
+
 CASES = {
     "vit": Case(_timm("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=64, num_heads=2, depth=2),
                 _images, _kw, {"timm_fused_qkv": 2}, "timm_vit"),
@@ -147,6 +200,20 @@ CASES = {
                           encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
                           encoder_ffn_dim=128, decoder_ffn_dim=128, num_queries=20, num_classes=3),
                  _detr_inputs, _detr_out, {"hf_detr": 1 + 2 * 2}, "hf_detr", keep=_detr_keep, raw_kappa_min=0.0),
+    # EVA-02 style: EvaAttention, fused qkv with q/v biases passed to F.linear (SCA folds into qkv.weight)
+    "eva02": Case(_eva(num_heads=2, use_rot_pos_emb=True, qkv_fused=True), _images, _kw, {"timm_eva": 2}, "timm_eva"),
+    # RoPE ViT with timm's AttentionRope, separate projections and grouped-query attention (2 k/v heads of 4)
+    "rope_vit_gqa": Case(_eva(num_heads=4, use_rot_pos_emb=True, attn_type="rope", qkv_fused=False, num_kv_heads=2),
+                         _images, _kw, {"timm_eva": 2}, "timm_eva"),
+    "rope_vit": Case(_timm("vit_small_patch16_rope_224", img_size=32, patch_size=8, embed_dim=64, depth=2,
+                           num_heads=2, init_values=None),
+                     _images, _kw, {"timm_eva": 2}, "timm_eva"),
+    "beit": Case(_timm("beit_base_patch16_224", img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
+                       init_values=None),
+                 _images, _kw, {"timm_beit": 2}, "timm_beit"),
+    "hf_vit": Case(_seeded(_hf_vit), _images, _pixels, {"hf_vit": 2}, "hf_vit"),
+    "llama": Case(_seeded(_llama), lambda: _tokens(61), _lm_logits, {"hf_llama": 2}, "hf_llama", keep=_mask),
+    "torch_mha": Case(_seeded(UserMHAModel), _mha_inputs, _kw, {"torch_mha": 2 + 1}, None),
 }
 NAMES = list(CASES)
 
@@ -158,7 +225,7 @@ def output(case: Case, model, inputs) -> torch.Tensor:
 
 def test_every_registered_layout_has_a_case():
     assert {n for c in CASES.values() for n in c.attention} == set(ATTENTION_LAYOUTS)
-    assert {c.token for c in CASES.values()} == set(TOKEN_LAYOUTS)
+    assert {c.token for c in CASES.values()} - {None} == set(TOKEN_LAYOUTS)
 
 
 # ---------------------------------------------------------------- sites and patch counts
@@ -170,11 +237,14 @@ def test_sites_and_patch_counts_match_the_architecture(name):
     model = case.build()
     sites = find_attention(model)
     assert Counter(s.layout for s in sites) == case.attention
-    for s in sites:  # each role's columns hold all heads
-        assert all(p.cols.stop - p.cols.start == s.num_heads * s.head_dim for p in s.proj.values()), s.name
-    assert find_tokens(model).layout == case.token
-    rep = condattn.apply_conditioning(model, "spectral+embedded")
-    assert rep.counts == {**{f"spectral:{k}": v for k, v in case.attention.items()}, f"embedded:{case.token}": 1}
+    for s in sites:  # each role's columns hold all its heads (k/v: fewer under grouped-query attention)
+        assert s.proj["q"].out_features == s.num_heads * s.head_dim, s.name
+        assert all(p.out_features % s.head_dim == 0 and p.out_features <= s.num_heads * s.head_dim
+                   for p in s.proj.values()), s.name
+    assert (find_tokens(model) and find_tokens(model).layout) == case.token
+    rep = condattn.apply_conditioning(model, case.methods[-1])
+    embedded = {f"embedded:{case.token}": 1} if case.token else {}
+    assert rep.counts == {**{f"spectral:{k}": v for k, v in case.attention.items()}, **embedded}
     rep.check(attention_layers=case.attention_layers)
     with pytest.raises(RuntimeError, match=f"expects {case.attention_layers + 1}"):
         rep.check(attention_layers=case.attention_layers + 1)
@@ -192,7 +262,7 @@ def test_none_is_bit_identical_and_remove_restores(name):
     assert condattn.apply_conditioning(plain, "none").counts == {}
     assert torch.equal(output(case, plain, inputs), ref)
     params = {n: p.shape for n, p in base.named_parameters()}
-    for method in ("spectral", "embedded", "spectral+embedded"):
+    for method in case.methods:
         model = case.build()
         condattn.apply_conditioning(model, method, lam=2.0)
         assert {n: p.shape for n, p in model.named_parameters()} == params  # no new parameters
@@ -209,22 +279,23 @@ def test_none_is_bit_identical_and_remove_restores(name):
 
 
 def _torch_weight(p) -> torch.Tensor:
-    w = p.linear.weight.detach().clone()
+    w = stored_weight(p).detach().clone()
     return w.T.contiguous() if p.transposed else w
 
 
-def _explicit(site, targets, lam: float, identity: str) -> dict[int, torch.Tensor]:
-    """Per projection module: its torch-layout (out, in) weight with λI added by hand on each target role's output
-    columns (all of the block for `full`, the same λI_{d×D} in every head for `per_head`)."""
-    out: dict[int, torch.Tensor] = {}
+def _explicit(site, targets, lam: float, identity: str) -> dict[tuple[int, str], torch.Tensor]:
+    """Per projection weight (module, parameter name): its torch-layout (out, in) weight with λI added by hand on
+    each target role's output columns (all of the block for `full`, the same λI_{d×D} in every head for
+    `per_head`)."""
+    out: dict[tuple[int, str], torch.Tensor] = {}
     for role in targets:
         p = site.proj[role]
-        w = out.setdefault(id(p.linear), _torch_weight(p))
+        w = out.setdefault((id(p.linear), p.param), _torch_weight(p))
         start, d_in = p.cols.start, w.shape[1]
         if identity == "full":
             w[p.cols] += lam * torch.eye(p.cols.stop - start, d_in)
-        else:
-            for h in range(site.num_heads):
+        else:  # the role's own heads (k/v of grouped-query attention have fewer)
+            for h in range(p.out_features // site.head_dim):
                 rows = slice(start + h * site.head_dim, start + (h + 1) * site.head_dim)
                 w[rows] += lam * torch.eye(site.head_dim, d_in)
     return out
@@ -234,41 +305,43 @@ def _explicit(site, targets, lam: float, identity: str) -> dict[int, torch.Tenso
 @pytest.mark.parametrize(("identity", "targets"), [("full", ("q", "k", "v")), ("per_head", ("q", "k", "v")),
                                                    ("full", ("v",)), ("per_head", ("q", "k"))])
 def test_sca_is_the_explicit_formula(name, identity, targets):
-    """site.weight (what diagnostics read), every projection's output and the whole model's output equal those of
-    W + λI built by hand; the stored parameters never hold λI."""
+    """site.weight (what diagnostics read), every called projection's output and the whole model's output equal those
+    of W + λI built by hand; the stored parameters never hold λI."""
     lam, case = 3.0, CASES[name]
     model, inputs = case.build(), case.inputs()
     explicit = copy.deepcopy(model)
     stored = {k: v.clone() for k, v in model.state_dict().items()}
     condattn.apply_conditioning(model, "spectral", lam=lam, identity=identity, targets=list(targets))
     sites = find_attention(model)
-    seen: dict[int, tuple] = {}
+    seen: dict[tuple[int, str], tuple] = {}
     handles = []
     for site in sites:
         want = _explicit(site, targets, lam, identity)
         for role in ROLES:
             p = site.proj[role]
-            w = want.get(id(p.linear), _torch_weight(p))
+            w = want.get((id(p.linear), p.param), _torch_weight(p))
             torch.testing.assert_close(site.weight(role, effective=True), w[p.cols])
             torch.testing.assert_close(site.weight(role, effective=False), _torch_weight(p)[p.cols])
             lin = p.linear
-            if id(lin) not in seen:
+            if (id(lin), p.param) not in seen:
                 calls: list = []
-                seen[id(lin)] = (lin, w, p.transposed, calls)
-                handles.append(lin.register_forward_hook(lambda m, a, o, calls=calls: calls.append((a[0], o))))
+                seen[(id(lin), p.param)] = (lin, w, p, calls)
+                if p.called:  # (a module that reads the weight itself has no projection call to capture)
+                    handles.append(lin.register_forward_hook(lambda m, a, o, calls=calls: calls.append((a[0], o))))
     out = output(case, model, inputs)
     for h in handles:
         h.remove()
-    for lin, w, _, captured in seen.values():
-        bias = lin.bias.detach() if lin.bias is not None else 0.0
+    for lin, w, p, captured in seen.values():
+        assert captured or not p.called
+        bias = lin.bias.detach() if p.called and lin.bias is not None else 0.0
         for x, y in captured:
             torch.testing.assert_close(y, x @ w.T + bias, rtol=1e-5, atol=1e-5)
     # the whole model with W + λI written into its weights computes the same function
     by_name = {id(m): n for n, m in model.named_modules()}
     explicit_modules = dict(explicit.named_modules())
     with torch.no_grad():
-        for lin, w, transposed, _ in seen.values():  # (Conv1D stores the paper's W: the transpose)
-            explicit_modules[by_name[id(lin)]].weight.copy_(w.T if transposed else w)
+        for lin, w, p, _ in seen.values():  # (Conv1D stores the paper's W: the transpose)
+            getattr(explicit_modules[by_name[id(lin)]], p.param).copy_(w.T if p.transposed else w)
     torch.testing.assert_close(out, output(case, explicit, inputs), rtol=1e-4, atol=1e-4)
     assert all(torch.equal(v, stored[k]) for k, v in model.state_dict().items())  # parameters never hold λI
 
@@ -297,7 +370,7 @@ def _kappa(x: torch.Tensor) -> float:
     return float(s[0] / s[-1])
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if CASES[n].token])
 @pytest.mark.parametrize(("solver", "bound"), [("svd", 2.0 + 1e-4), ("newton_schulz", 2.05)])
 def test_cet_bounds_kappa_and_leaves_padding_untouched(name, solver, bound):
     """κ(X + C) ≤ 2 (exact SVD) or the fast solver's documented 2.05 (conditioning/embedded.py) for every sample's
@@ -347,3 +420,139 @@ def test_priority_not_registration_order_decides(monkeypatch):
         assert [s.layout for s in sites.find_attention(lin)] == ["a"]
     with pytest.raises(ValueError, match="registered twice"):
         sites.attention_layout("a")(finder("a"))
+
+
+# ---------------------------------------------------------------- weights read by their module (Projection.called)
+
+
+@pytest.mark.parametrize("name", ["eva02", "beit", "torch_mha"])
+def test_sca_fold_trains_the_stored_weight(name):
+    """timm Eva / BEiT with q/v biases and nn.MultiheadAttention read their projection weights themselves: in
+    training, the loss and the gradient on each stored weight equal those of the model with W + λI written into
+    its weights, and no folded weight is left on a module after a forward, also after one that raised."""
+    case = CASES[name]
+    model, inputs = case.build().train(), case.inputs()
+    explicit = copy.deepcopy(model)
+    condattn.apply_conditioning(model, "spectral", lam=2.0)
+    sites = find_attention(model)
+    folded = {(id(p.linear), p.param): p for s in sites for p in s.proj.values() if not p.called}
+    assert folded
+    by_name = {id(m): n for n, m in model.named_modules()}
+    explicit_modules = dict(explicit.named_modules())
+    with torch.no_grad():
+        for s in sites:
+            for role, p in s.proj.items():
+                getattr(explicit_modules[by_name[id(p.linear)]], p.param)[p.cols] = s.weight(role)
+    loss, ref = case.run(model, inputs).square().mean(), case.run(explicit, inputs).square().mean()
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    loss.backward()
+    ref.backward()
+    for p in folded.values():
+        assert p.param not in vars(p.linear)
+        grad = stored_weight(p).grad
+        want = getattr(explicit_modules[by_name[id(p.linear)]], p.param).grad
+        assert grad is not None and grad.abs().sum() > 0
+        torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-6)
+    clone = copy.deepcopy(model)  # the copy's hooks fold into the copy's own weights
+    with torch.no_grad():
+        for p in folded.values():
+            stored_weight(p).mul_(0.5)  # (changes the original only)
+        torch.testing.assert_close(case.run(clone, inputs).square().mean(), ref.detach(), rtol=1e-5, atol=1e-6)
+    module = next(s.module for s in sites if not s.proj["q"].called)
+    x = torch.randn(2, 5, 7)  # a width no projection accepts: the forward raises after the fold
+    with pytest.raises((RuntimeError, AssertionError)):
+        module(x, x, x) if isinstance(module, torch.nn.MultiheadAttention) else module(x)
+    assert not any(p.param in vars(p.linear) for p in folded.values())
+
+
+# ---------------------------------------------------------------- a user's own layout (README)
+
+
+def test_readme_registers_a_layout_for_a_users_model(monkeypatch):
+    """The README's "your own model" example runs as written: it registers an attention and a token layout from
+    user code (no library edit), and SCA, CET and removal act on the user's model."""
+    from pathlib import Path
+
+    from condattn.conditioning import sites
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = [b.split("\n", 1)[1] for b in readme.split("```")[1::2] if b.startswith("python\n")]
+    (code,) = [b for b in blocks if "@attention_layout(" in b]
+    monkeypatch.setattr(sites, "ATTENTION_LAYOUTS", dict(sites.ATTENTION_LAYOUTS))  # registrations end with the test
+    monkeypatch.setattr(sites, "TOKEN_LAYOUTS", dict(sites.TOKEN_LAYOUTS))
+    monkeypatch.setattr(sites, "PRIORITY", dict(sites.PRIORITY))
+    ns: dict = {}
+    exec(compile(code, "README.md", "exec"), ns)
+    report, model = ns["report"], ns["model"]
+    assert report.counts == {"spectral:my_attention": 2, "embedded:my_model": 1}
+    assert "my_attention" in sites.ATTENTION_LAYOUTS and "my_model" in sites.TOKEN_LAYOUTS
+    x = torch.randn(2, 10, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(x)
+        condattn.remove_conditioning(model)
+        plain = model(x)
+        assert not torch.equal(out, plain)
+        # SCA on the user's layout is W + λI: the same model with λI written into W_Q, W_K, W_V
+        for blk in model.blocks:
+            for lin in (blk.q, blk.k, blk.v):
+                lin.weight += 10.0 * torch.eye(*lin.weight.shape)
+        site = find_tokens(model)
+        seen = []
+        h = site.first_block.register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+        model(x)
+        h.remove()
+        want = polar_correction(seen[0], solver="newton_schulz")  # CET at the first block's input
+        y = want
+        for blk in model.blocks:
+            y = blk(y)
+        torch.testing.assert_close(out, y, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- the report lists the options that act on the model
+
+
+@pytest.mark.parametrize("name", ["vit", "nystromformer", "detr"])
+def test_patch_report_lists_only_the_options_that_apply(name):
+    """`detr_attention` only for a model whose attention sites carry kinds (DETR), not for ViT or the LRA
+    Nyströmformer; the newton_schulz iteration counts only with that solver; each method's own options only."""
+    case = CASES[name]
+    grouped = any(s.group is not None for s in find_attention(case.build()))
+    assert grouped == (name == "detr")
+    rep = condattn.apply_conditioning(case.build(), "spectral+embedded", lam=2.0)
+    assert ("detr_attention" in rep.options) == grouped
+    assert ("detr_attention" in str(rep)) == grouped and ("detr_attention" in str(rep.to_dict())) == grouped
+    assert {"lam", "targets", "identity", "position", "solver", "lift_iters", "ns_iters", "power_iters"} <= set(
+        rep.options)
+    svd = condattn.apply_conditioning(case.build(), "embedded", solver="svd")
+    assert set(svd.options) == {"position", "tokens", "gradient", "solver"}
+    spectral = condattn.apply_conditioning(case.build(), "spectral")
+    assert set(spectral.options) == {"lam", "targets", "identity"} | ({"detr_attention"} if grouped else set())
+
+
+# ---------------------------------------------------------------- diagnostics on the new families
+
+
+@pytest.mark.parametrize("name", ["eva02", "rope_vit_gqa", "beit", "hf_vit", "llama", "torch_mha"])
+def test_cheap_diagnostics_on_the_new_layouts(name):
+    """Weight κ (per head too: k/v of grouped-query attention have fewer heads) and attention entropy of an SCA
+    model. Entropy is read from projection calls: finite where the projections are called, NaN (documented in
+    diagnostics/attention.py) where the module reads its weights itself."""
+    from condattn.diagnostics import cheap_diagnostics
+
+    case = CASES[name]
+    model, inputs = case.build(), case.inputs()
+    condattn.apply_conditioning(model, "spectral", lam=2.0)
+    mask = case.keep(inputs)
+    diag = cheap_diagnostics(model, case.run, inputs, mask)
+    sites = find_attention(model)
+    assert len(diag["weights"]) == len(sites) == case.attention_layers
+    for entry, site in zip(diag["weights"], sites):
+        for role in ROLES:
+            heads = site.proj[role].out_features // site.head_dim
+            assert len(entry[role]["kappa_heads"]) == heads
+            assert 1.0 <= entry[role]["kappa"] < 10.0  # W + 2I of a small random init is well conditioned
+    for entry, site in zip(diag["attention"], sites):
+        called = site.proj["q"].called and site.proj["k"].called
+        assert math.isfinite(entry["entropy"]) == called, (site.name, entry["entropy"])
+        if called:
+            assert 0.0 <= entry["entropy"] <= entry["entropy_uniform"] + 1e-6

@@ -28,6 +28,8 @@ from .sites import (
     attention_layout,
     find_attention,
     find_tokens,
+    separate,
+    stacked,
     token_layout,
 )
 
@@ -52,5 +54,7 @@ __all__ = [
     "polar_correction",
     "remove_conditioning",
     "resolve_options",
+    "separate",
+    "stacked",
     "token_layout",
 ]

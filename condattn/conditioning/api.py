@@ -35,6 +35,7 @@ EMBEDDED_DEFAULTS: dict[str, Any] = {
     "ns_iters": 4,  # newton_schulz only: cubic Newton–Schulz steps that converge them to 1
     "power_iters": 20,  # newton_schulz only: power iterations for σ_1
 }
+NEWTON_SCHULZ_ONLY = ("lift_iters", "ns_iters", "power_iters")
 CHOICES = {
     "identity": IDENTITY_PLACEMENTS,
     "position": POSITIONS,
@@ -108,7 +109,11 @@ def apply_conditioning(model: nn.Module, method: str = "none", **options: Any) -
             "stack the corrections. Call condattn.remove_conditioning(model) first, or build a fresh model."
         )
     opts = resolve_options(method, options)
-    report = PatchReport(method=method, options=opts)
+    # the report (printed, patch_report.json, summary.json) lists only the options that act on this model
+    report = PatchReport(method=method, options=dict(opts))
+    if opts.get("solver") == "svd":  # the iteration counts belong to the newton_schulz solver
+        for key in NEWTON_SCHULZ_ONLY:
+            report.options.pop(key, None)
     state = _State(report)
 
     if "spectral" in method:
@@ -118,6 +123,8 @@ def apply_conditioning(model: nn.Module, method: str = "none", **options: Any) -
                 f"spectral: no attention module of {type(model).__name__} matches a known layout "
                 f"({', '.join(ATTENTION_LAYOUTS)}); add one in condattn/conditioning/layouts/"
             )
+        if all(s.group is None for s in sites):  # no attention kinds to select (every model but DETR)
+            report.options.pop("detr_attention", None)
         kinds = opts["detr_attention"]
         skipped = [s for s in sites if s.group is not None and s.group not in kinds]
         sites = [s for s in sites if s.group is None or s.group in kinds]

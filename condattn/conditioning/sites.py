@@ -33,6 +33,31 @@ class Projection:
     # True when `linear.weight` is stored (in, out), i.e. already the paper's W, instead of torch Linear's (out, in):
     # transformers' `Conv1D` (GPT-2). AttentionSite.weight/.grad transpose it back to the torch layout they return.
     transposed: bool = False
+    # Which parameter of `linear` holds the weight ("weight" for Linear / Conv1D). `called` is False when the owner
+    # module never calls `linear` but reads that parameter itself: timm Eva / BEiT pass `qkv.weight` to F.linear
+    # with their q/v biases, nn.MultiheadAttention passes its `in_proj_weight` (or q/k/v_proj_weight) to
+    # F.multi_head_attention_forward. SCA then folds W + λI into that attribute for the duration of the site
+    # module's forward (spectral.py); the parameter itself is never changed.
+    param: str = "weight"
+    called: bool = True
+
+    @property
+    def out_features(self) -> int:
+        return self.cols.stop - (self.cols.start or 0)
+
+
+def stored_weight(p: Projection) -> torch.Tensor:
+    """The parameter that holds a projection's weight (never the W + λI an SCA fold puts in its place during a
+    forward of a module that reads the weight itself)."""
+    params = p.linear._parameters
+    return params[p.param] if p.param in params else getattr(p.linear, p.param)
+
+
+def shift_of(p: Projection):
+    """The SCA shift (spectral.SpectralShift) attached to a projection's weight, or None."""
+    if p.param == "weight":
+        return getattr(p.linear, "_condattn_shift", None)
+    return getattr(p.linear, "_condattn_shifts", {}).get(p.param)
 
 
 @dataclass
@@ -56,10 +81,10 @@ class AttentionSite:
     def weight(self, role: str, effective: bool = True) -> torch.Tensor:
         """torch-layout weight (heads*head_dim, D_in) of one role; `effective` includes an SCA shift (W + λI)."""
         p = self.proj[role]
-        w = p.linear.weight.detach()
+        w = stored_weight(p).detach()
         if p.transposed:  # Conv1D stores (in, out): back to torch layout, where delta_weight() lives
             w = w.T
-        shift = getattr(p.linear, "_condattn_shift", None)
+        shift = shift_of(p)
         if effective and shift is not None:
             w = w + shift.delta_weight().to(w)
         return w[p.cols]
@@ -70,7 +95,7 @@ class AttentionSite:
 
     def grad(self, role: str) -> torch.Tensor | None:
         p = self.proj[role]
-        g = p.linear.weight.grad
+        g = stored_weight(p).grad
         if g is not None and p.transposed:
             g = g.T
         return None if g is None else g[p.cols]

@@ -12,11 +12,13 @@ torch.compile see an ordinary linear op.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .sites import AttentionSite
+from .sites import AttentionSite, Projection, stored_weight
 
 IDENTITY_PLACEMENTS = ("full", "per_head")
 
@@ -109,30 +111,75 @@ class ShiftedLinear(nn.Linear):
 def patch_spectral(
     sites: list[AttentionSite], lam: float, targets: tuple[str, ...], identity: str
 ) -> tuple[list[torch.utils.hooks.RemovableHandle], dict[str, list[str]]]:
-    """Register one SpectralShift per projection Linear. Returns the hook handles and, per site name,
-    the roles that were shifted."""
-    shifts: dict[int, tuple[nn.Linear, SpectralShift]] = {}
+    """Register one SpectralShift per projection weight. Returns the hook handles and, per site name,
+    the roles that were shifted. A role's identity spans its own heads (fewer than the site's for the K/V of
+    grouped-query attention: out_features // head_dim)."""
+    shifts: dict[tuple[int, str], tuple[Projection, SpectralShift]] = {}
+    folds: dict[int, tuple[nn.Module, dict]] = {}  # owner -> the weights it reads itself (Projection.called False)
     patched: dict[str, list[str]] = {}
     for site in sites:
         for role in targets:
             p = site.proj[role]
-            if id(p.linear) not in shifts:
-                shifts[id(p.linear)] = (p.linear, SpectralShift(p.linear, lam))
-            shifts[id(p.linear)][1].add_block(p.cols, site.num_heads, site.head_dim, identity)
+            key = (id(p.linear), p.param)
+            if key not in shifts:
+                shifts[key] = (p, SpectralShift(_sizes(p), lam))
+            shifts[key][1].add_block(p.cols, p.out_features // site.head_dim, site.head_dim, identity)
+            if not p.called:
+                folds.setdefault(id(site.module), (site.module, {}))[1][key] = shifts[key]
         patched[site.name] = list(targets)
     handles = []
-    for linear, shift in shifts.values():
+    for p, shift in shifts.values():
+        linear = p.linear
+        if p.param != "weight":
+            linear.__dict__.setdefault("_condattn_shifts", {})[p.param] = shift
+            continue
         linear._condattn_shift = shift
+        if not p.called:
+            continue
         if type(linear) is nn.Linear:
             linear.__class__ = ShiftedLinear
         else:  # a subclass with its own forward (quantised, LoRA, ...): keep it, add λ·x to its output
             handles.append(linear.register_forward_hook(shift))
+    for owner, entries in folds.values():
+        handles += FoldWhileCalled([(p.linear, p.param, shift) for p, shift in entries.values()]).attach(owner)
     return handles, patched
+
+
+def _sizes(p: Projection) -> nn.Module:
+    """What SpectralShift reads of a projection: in_features / out_features of the whole weight."""
+    if p.param == "weight" and hasattr(p.linear, "in_features"):
+        return p.linear
+    out_f, in_f = stored_weight(p).shape[:: -1 if p.transposed else 1]
+    return SimpleNamespace(in_features=int(in_f), out_features=int(out_f))
+
+
+class FoldWhileCalled:
+    """For a module that reads projection weights itself (F.linear(x, self.qkv.weight, ...), nn.MultiheadAttention):
+    during each of its forwards the attribute it reads is W + λI (built out of place from the parameter, so
+    gradients reach W), put in the holder's instance __dict__, where attribute lookup finds it before
+    nn.Module's parameters; removed when the forward ends, also on an exception. parameters() and state_dict()
+    read the registered parameters and never see it. A class with bound-method hooks (not closures), so deepcopy
+    and pickling of a patched model carry hooks that act on the copy's own modules."""
+
+    def __init__(self, entries: list[tuple[nn.Module, str, SpectralShift]]):
+        self.entries = entries
+
+    def fold(self, module: nn.Module, args: tuple) -> None:
+        for holder, param, shift in self.entries:
+            holder.__dict__[param] = shift.weight(holder._parameters[param])
+
+    def unfold(self, module: nn.Module, args: tuple, output) -> None:
+        for holder, param, _ in self.entries:
+            holder.__dict__.pop(param, None)
+
+    def attach(self, owner: nn.Module) -> list[torch.utils.hooks.RemovableHandle]:
+        return [owner.register_forward_pre_hook(self.fold), owner.register_forward_hook(self.unfold, always_call=True)]
 
 
 def unpatch_spectral(model: nn.Module) -> None:
     for m in model.modules():
         if type(m) is ShiftedLinear:
             m.__class__ = nn.Linear
-        if hasattr(m, "_condattn_shift"):
-            del m._condattn_shift
+        for attr in ("_condattn_shift", "_condattn_shifts"):
+            if attr in m.__dict__:
+                del m.__dict__[attr]

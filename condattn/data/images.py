@@ -26,11 +26,12 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import Dataset, Sampler
 
+from . import cifar
 from .registry import DataBundle, register_dataset
 from .sampler import EpochSampler
 from .standins import digits
 
-SOURCES = ("auto", "imagefolder", "hf_disk", "hf_cache", "mnist", "digits")
+SOURCES = ("auto", "imagefolder", "hf_disk", "hf_cache", "mnist", "digits", "cifar")  # cifar: the medium scale
 IMAGENET_LAYOUT = (
     "an ImageFolder tree ROOT/train/<class>/*.JPEG and ROOT/val/<class>/*.JPEG (val sorted into the same class "
     "folders, e.g. with the usual valprep.sh), or a Hugging Face `imagenet-1k` copy saved with "
@@ -121,6 +122,15 @@ def _offline_source(d: Any) -> tuple[dict, str, dict]:
     items = {"train": ArrayImages(images[train_idx], y[train_idx]), "val": ArrayImages(images[held_idx], y[held_idx])}
     info = {"origin": origin, "holdout_per_class": int(d.holdout_per_class), "split_seed": int(d.split_seed)}
     return items, _arrays_checksum(images, y, held_idx), info
+
+
+def _cifar_source(d: Any) -> tuple[dict, str, dict]:
+    """CIFAR-10/100 python release (condattn/data/cifar.py): train = the 50k training images, val = the test set."""
+    arrays, checksum, info = cifar.load(d.root, int(d.classes))
+    if int(d.num_classes) != int(d.classes):
+        raise ValueError(f"data.num_classes={d.num_classes} but data.classes={d.classes} (CIFAR-{d.classes}); "
+                         "leave data.num_classes at its default ${data.classes}")
+    return {s: ArrayImages(*arrays[s]) for s in arrays}, checksum, info
 
 
 def _missing(root: Path, what: str) -> FileNotFoundError:
@@ -264,6 +274,8 @@ def check_paper_data(cfg: Any) -> None:
     FileNotFoundError naming the path and the expected layouts (or how to sort a flat val/), ValueError when the
     class count is not data.num_classes. Lists the split folders, never the 1.3M files."""
     d = cfg.data
+    if d.source == "cifar":
+        return cifar.check(d.root, int(d.classes))
     if d.source in ("mnist", "digits", "hf_cache"):
         return  # offline stand-ins ship with packages; the HF cache is checked when the run opens it
     root = Path(str(d.root)).expanduser()
@@ -334,14 +346,28 @@ def build_transforms(d: Any, aug: Any) -> tuple[Callable, Callable]:
     return train, evaluate
 
 
-@register_dataset("images", check=check_paper_data)
+def _data_check(cfg: Any) -> None:
+    """Preflight's data check: CIFAR's release files (medium scale); otherwise ImageNet's layout and class count
+    (check_paper_data)."""
+    if cfg.data.source == "cifar":
+        cifar.check(cfg.data.root, int(cfg.data.classes))
+    else:
+        check_paper_data(cfg)
+
+
+@register_dataset("images", check=_data_check)
 def build_image_bundle(cfg: Any) -> DataBundle:
     """DataBundle for `data.builder: images` (ImageNet or its offline stand-ins; see configs/data/)."""
     d, aug = cfg.data, cfg.task.augment
     if d.source not in SOURCES:
         raise ValueError(f"data.source={d.source!r} is not one of {list(SOURCES)}")
     stand_in = d.source in ("mnist", "digits")
-    items, checksum, info = _offline_source(d) if stand_in else _imagenet_source(d)
+    if stand_in:
+        items, checksum, info = _offline_source(d)
+    elif d.source == "cifar":
+        items, checksum, info = _cifar_source(d)
+    else:
+        items, checksum, info = _imagenet_source(d)
     train_tf, eval_tf = build_transforms(d, aug)
     n_cls = int(d.num_classes)
     splits = {s: ImageClassification(items[s], train_tf if s == "train" else eval_tf, n_cls) for s in items}

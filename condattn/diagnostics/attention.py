@@ -10,7 +10,11 @@ its landmark (Nyström) attention approximates, not the approximation itself.
 The scores are the site's own formula (`AttentionSite.form.scores`, conditioning/forms.py): token softmax as
 above, or, for sites that attend over channels (AttentionSite.attends_over == "channels"), e.g. XCiT's XCA
 softmax(q̂ᵀk̂ · τ) or DaViT's channel attention, a d_h × d_h softmax whose "queries" are the d_h channels.
-Class attention (queries == "first") has one query, the class token.
+Class attention (queries == "first") has one query, the class token. Under grouped-query attention (Llama-style,
+timm AttentionRope) each query head is scored against its shared key head. A site whose module reads its projection
+weights itself (sites.Projection.called False: timm Eva / BEiT with q/v biases, nn.MultiheadAttention) has no
+projection call to read q and k from: its entropy and max probability are NaN (its weight, gradient and κ(J)
+diagnostics are measured as for any site).
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ def _heads(t: torch.Tensor, site: AttentionSite) -> torch.Tensor:
     if t.dim() == 2:  # (B, C): class attention's single query (the class token)
         t = t.unsqueeze(1)
     b, n = t.shape[0], t.shape[-2]
-    return t.reshape(b, n, site.num_heads, site.head_dim).transpose(1, 2)  # (B, H, N, d)
+    t = t.reshape(b, n, -1, site.head_dim).transpose(1, 2)  # (B, heads of this role, N, d)
+    if t.shape[1] != site.num_heads:  # grouped-query attention: query head h reads k/v head h // (H / H_kv)
+        t = t.repeat_interleave(site.num_heads // t.shape[1], dim=1)
+    return t
 
 
 def _roles(site: AttentionSite) -> tuple[str, str]:
@@ -72,6 +79,8 @@ class AttentionProbe:
     def __enter__(self) -> AttentionProbe:
         self._handles += track_model_mask(self.token_site, lambda m: setattr(self, "mask", m))
         for i, site in enumerate(self.sites):
+            if not all(site.proj[r].called for r in _roles(site)):  # no projection call to read q, k from: NaN
+                continue
             groups: dict[int, tuple[nn.Linear, list[str]]] = {}
             for role in _roles(site):
                 lin = site.proj[role].linear

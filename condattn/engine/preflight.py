@@ -154,13 +154,13 @@ def data_problems(cfg: Any) -> list[str]:
 
     out: list[str] = []
     entry = dataset_entry(cfg.data.get("builder"))
-    if not cfg.data.get("generate") and cfg.scale.name == "paper":
+    if not cfg.data.get("generate") and cfg.scale.get("real_data", cfg.scale.name == "paper"):  # paper, medium
         try:  # each dataset registers its check (data/registry.py); unknown builders get the data.root one
             (entry.check if entry is not None else data_root_exists)(cfg)
         except FileNotFoundError as e:
-            out.append(f"paper-scale data missing: {e}")
+            out.append(f"{cfg.scale.name}-scale data missing: {e}")
         except (ImportError, ValueError) as e:  # there but not usable as configured (a reader, num_classes, ...)
-            out.append(f"paper-scale data unusable: {e}")
+            out.append(f"{cfg.scale.name}-scale data unusable: {e}")
     timm_weights = {"maskrcnn_xcit": "pretrained", "detr": "use_pretrained_backbone"}.get(cfg.model.get("builder"))
     if timm_weights and cfg.model.get(timm_weights):
         from ..models.detection import cached_timm_weights

@@ -15,8 +15,13 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("condattn", "torch", "timm", "transformers", "accelerate", "hydra-core", "datasets", "wandb")
 
 
+# Tracked paths whose edits do not change what a run computes: the committed tables and figures that `make
+# reproduce-*` regenerates. Rebuilding a table must not mark every later run +dirty.
+NOT_CODE = ("results",)
+
+
 def git_commit() -> str:
-    """HEAD's short hash, with '+dirty' when tracked files differ from it; 'unknown' outside git."""
+    """HEAD's short hash, with '+dirty' when tracked files outside NOT_CODE differ from it; 'unknown' outside git."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short=10", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
@@ -24,8 +29,8 @@ def git_commit() -> str:
         if head.returncode != 0:
             return "unknown"
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True,
-            timeout=10,
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+             *(f":(exclude){p}" for p in NOT_CODE)], cwd=REPO, capture_output=True, text=True, timeout=10,
         ).stdout.strip()
         return head.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.TimeoutExpired):

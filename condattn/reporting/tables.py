@@ -88,8 +88,14 @@ def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | Non
     return cells
 
 
+def paper_row(exp: dict, row: str) -> str:
+    """The paper row whose numbers a row is shown beside: `paper_row:` when the row names one (e.g. table 1's medium
+    CIFAR-10 rows show the ImageNet row of the same family, for orientation), else the row itself."""
+    return (exp["rows"].get(row) or {}).get("paper_row", row)
+
+
 def _paper(exp: dict, row: str, key: str) -> str:
-    v = (exp.get("paper") or {}).get(row, {}).get(key)
+    v = (exp.get("paper") or {}).get(paper_row(exp, row), {}).get(key)
     return "–" if v is None else f"{v:.{int(exp.get('paper_digits', 1))}f}"
 
 
@@ -103,13 +109,24 @@ def provenance_line(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> str
         data = "no finished runs yet"
     elif stand_in:
         data = "offline stand-in data (not comparable with the papers)"
+    elif scale == "medium":
+        data = ("real data at reduced size (medium scale: it tests the sign of an effect, not the papers' absolute "
+                "values; the papers' numbers are shown for orientation)")
     else:
         data = "the papers' datasets"
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"Ours: scale={scale}, {data}, seeds {seeds}, commit {', '.join(commits)}, hardware {', '.join(hardware)}, "
-        f"{len(sums)} finished runs; written {when}."
+        f"{len(sums)} finished runs{device_hours(sums)}; written {when}."
     )
+
+
+def device_hours(summaries: list[dict]) -> str:
+    """", N GPU-hours used" over the finished runs (wall time × processes of the runs on CUDA devices), "" if none."""
+    hours = sum(float(s.get("wall_time_s") or 0) * int((s.get("hardware") or {}).get("num_processes") or 1)
+                for s in summaries if (s.get("hardware") or {}).get("device_type") == "cuda") / 3600
+    gpu_runs = [s for s in summaries if (s.get("hardware") or {}).get("device_type") == "cuda"]
+    return f", {hours:.1f} GPU-hours used ({len(gpu_runs)} runs on GPUs)" if gpu_runs else ""
 
 
 def _times(exp: dict) -> str:
@@ -157,8 +174,8 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> tuple[str, l
                 "std": f"{ms[1]:.4f}" if len(c.values) > 1 else "",
                 "values": " ".join(f"{v:.4f}" for v in c.values), "missing_seeds": " ".join(map(str, c.missing)),
                 "steps": " ".join(map(str, c.steps)), "wall_time_s": " ".join(f"{w:.1f}" for w in c.wall),
-                "paper_value": (exp.get("paper") or {}).get(row, {}).get(pk, "") if pk else "",
-                "paper_baseline": (exp.get("paper") or {}).get(row, {}).get("cet_baseline", ""),
+                "paper_value": (exp.get("paper") or {}).get(paper_row(exp, row), {}).get(pk, "") if pk else "",
+                "paper_baseline": (exp.get("paper") or {}).get(paper_row(exp, row), {}).get("cet_baseline", ""),
                 "commit": " ".join(sorted({s.get("commit", "") for s in c.summaries})),
                 "diff_vs_baseline": f"{ci.diff:.4f}" if ci else "",
                 "diff_ci95_low": f"{ci.low:.4f}" if ci else "",

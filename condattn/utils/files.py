@@ -6,9 +6,11 @@ mid-write never leaves a half-written summary, checkpoint, split file or generat
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -17,13 +19,32 @@ from typing import Any
 PathLike = str | os.PathLike[str]
 
 
+@functools.cache
+def _umask() -> int:
+    """The process umask (read once: os.umask can only be read by setting it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _mode_for(path: Path) -> int:
+    """The permissions `open(path, "w")` would give: an existing file's own, else 0o666 less the umask (0644 under
+    the usual 022). mkstemp creates its temp file 0600, which the rename would otherwise carry over."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 def write_bytes_atomic(path: PathLike, data: bytes, *, fsync: bool = False) -> None:
-    """Write `data` to a temp file next to `path`, then rename it over `path` (parents are created).
-    `fsync` also flushes it to disk before the rename (run records; generated data can be redone)."""
+    """Write `data` to a temp file next to `path`, then rename it over `path` (parents are created), with the
+    permissions a plain write would give (`_mode_for`). `fsync` also flushes it to disk before the rename (run
+    records; generated data can be redone)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             if fsync:

@@ -10,6 +10,11 @@
 | gpt2            | hf_gpt2                                    | hf_gpt2       |
 | detr            | hf_detr                                    | hf_detr       |
 | crammed_bert    | crammed_bert (condattn.models.crammed_bert) | crammed_bert  |
+| timm_eva        | timm_eva (EVA-02, RoPE ViT: EvaAttention, AttentionRope) | timm_eva |
+| timm_beit       | timm_beit (BEiT)                           | timm_beit     |
+| hf_vit          | hf_vit (transformers ViTModel)             | hf_vit        |
+| hf_llama        | hf_llama (Llama, Mistral, Qwen2)           | hf_llama      |
+| torch_mha       | torch_mha (nn.MultiheadAttention)          | (none: SCA only) |
 
 timm and transformers are imported inside the finders, after a cheap attribute test where one exists, so a model
 of one library never imports the other and both stay optional.
@@ -18,12 +23,32 @@ Expected PatchReport counts follow from each architecture's definition (asserted
 model zoo's tests): ViT / DeiT: `depth` timm_fused_qkv; Swin: sum(depths) timm_swin_window; XCiT: `depth` timm_xca
 + `cls_attn_layers` timm_class_attn; DaViT: sum(depths) timm_davit_window + sum(depths) timm_davit_channel; BERT /
 Nyströmformer: num_hidden_layers hf_separate_qkv; GPT-2: n_layer hf_gpt2 (2 × n_layer with cross-attention);
-crammed BERT: num_layers crammed_bert; DETR: E + 2·D hf_detr (encoder self, decoder self, decoder cross).
+crammed BERT: num_layers crammed_bert; DETR: E + 2·D hf_detr (encoder self, decoder self, decoder cross); Eva /
+BEiT: `depth` timm_eva / timm_beit; HF ViT and Llama-style decoders: num_hidden_layers hf_vit / hf_llama;
+nn.MultiheadAttention: one torch_mha each.
+
+A user's own model needs no edit here: `condattn.conditioning.attention_layout` / `token_layout` register a finder
+from user code (README, "your own model").
 """
 
-from . import crammed_bert, davit, detr, gpt2, hf_encoder, swin, timm_vit, xcit
+from . import (
+                                                        crammed_bert,
+                                                        davit,
+                                                        detr,
+                                                        gpt2,
+                                                        hf_encoder,
+                                                        hf_llama,
+                                                        hf_vit,
+                                                        swin,
+                                                        timm_beit,
+                                                        timm_eva,
+                                                        timm_vit,
+                                                        torch_mha,
+                                                        xcit,
+)
 
 FAMILIES = {m.__name__.rpartition(".")[2]: m for m in (timm_vit, swin, xcit, davit, hf_encoder, gpt2, detr,
-                                                        crammed_bert)}
+                                                        crammed_bert, timm_eva, timm_beit, hf_vit, hf_llama,
+                                                        torch_mha)}
 
 __all__ = ["FAMILIES"]
