@@ -24,6 +24,7 @@ from torch import nn
 from . import apply_conditioning
 from .engine import provenance
 from .engine.flops import mfu, peak_flops, training_step_flops
+from .engine.precision import resolve_execution
 
 ARMS = {
     "baseline": ("none", {}),
@@ -213,8 +214,14 @@ def trainer_vs_reference(overrides: list[str], steps: int, out_runs: str, repeat
     def plain() -> float:  # timm's train.py step for vision (mixup + soft-target CE when the recipe mixes)
         torch.manual_seed(int(cfg.seed))
         data = build_datasets(cfg)
-        model = build_model(cfg.model).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=float(cfg.optim.lr))
+        # the device, mixed precision and AdamW kernel the trainer resolves for this config (engine/precision.py)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        ex = resolve_execution(cfg.impl, device.type)
+        model = build_model(cfg.model).to(device).train()
+        fused = {"fused": True} if ex.fused_adamw else {}
+        opt = torch.optim.AdamW(model.parameters(), lr=float(cfg.optim.lr), **fused)
+        model = torch.compile(model) if ex.compile else model
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(ex.precision)
         mix, smoothing = cfg.task.get("mixup"), float(cfg.task.get("label_smoothing") or 0.0)
         mixup, criterion = None, F.cross_entropy
         if mix:
@@ -229,7 +236,9 @@ def trainer_vs_reference(overrides: list[str], steps: int, out_runs: str, repeat
             from timm.loss import LabelSmoothingCrossEntropy
 
             criterion = LabelSmoothingCrossEntropy(smoothing=smoothing)
-        loader = DataLoader(data.train, batch_size=int(cfg.task.batch_size), shuffle=True, drop_last=True)
+        workers = int(cfg.impl.num_workers)
+        loader = DataLoader(data.train, batch_size=int(cfg.task.batch_size), shuffle=True, drop_last=True,
+                            num_workers=workers, pin_memory=bool(cfg.impl.pin_memory), persistent_workers=workers > 0)
         done, elapsed = 0, 0.0
         while done < steps:
             it = iter(loader)
@@ -238,13 +247,17 @@ def trainer_vs_reference(overrides: list[str], steps: int, out_runs: str, repeat
                 batch = next(it, None)
                 if batch is None:
                     break
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
                 inputs, target = model_inputs(batch), batch["labels"]
                 if mixup is not None:
                     inputs["pixel_values"], target = mixup(inputs["pixel_values"], target)
-                logits = model(inputs["pixel_values"]) if "pixel_values" in inputs else model(**inputs)
-                criterion(logits, target).backward()
+                with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                    logits = model(inputs["pixel_values"]) if "pixel_values" in inputs else model(**inputs)
+                criterion(logits.float(), target).backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
                 elapsed += time.perf_counter() - t
                 done += 1
         return int(cfg.task.batch_size) * steps / elapsed
