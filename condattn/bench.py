@@ -290,23 +290,24 @@ def bench_loader(which: str, seconds: float, n: int) -> dict:
             loader_bench.write_coco_replica(root, n=max(n // 3, 8))
         cfg = compose([LOADER_TASKS[which], "scale=paper", f"data.root={root}"])
         options = (loader_bench.imagenet_options if which == "imagenet" else loader_bench.coco_options)(cfg)
-        rows = {}
-        for name, ds in options.items():
-            rate, count = loader_bench.samples_per_s(ds, seconds)
-            rows[name] = {"samples_per_s_per_worker": round(rate, 1), "samples": count}
-            print(f"  {which} {name}: {rate:.1f} samples/s per worker ({count} samples)", flush=True)
+        rows = loader_bench.samples_per_s(options, seconds)
+        for name, v in rows.items():
+            print(f"  {which} {name}: {v['samples_per_s_per_worker']} samples/s per worker, "
+                  f"× {v['ratio_to_first']} the first option ({v['samples']} samples)", flush=True)
     return {"loader": which, "replica_images": n if which == "imagenet" else max(n // 3, 8),
             "task": LOADER_TASKS[which], "options": rows}
 
 
 def render_loader(results: list[dict], header: str) -> str:
     lines = [header, "", "One worker = one process on one core (torch threads 1), `dataset[i]` in a loop: decoded and "
-             "augmented training samples as the DataLoader worker hands them over.", "",
-             "| data | replica | option | samples/s per worker |", "|---|---|---|---|"]
+             "augmented training samples as the DataLoader worker hands them over. Options interleaved in rounds; "
+             "medians over rounds (samples/s, and the per-round ratio to the first option).", "",
+             "| data | replica | option | samples/s per worker | × first option | rounds |",
+             "|---|---|---|---|---|---|"]
     for r in results:
         for name, v in r["options"].items():
             lines.append(f"| {r['loader']} ({r['task']}) | {r['replica_images']} images | {name} | "
-                         f"{v['samples_per_s_per_worker']} |")
+                         f"{v['samples_per_s_per_worker']} | {v['ratio_to_first']:.3f} | {v['rounds']} |")
     return "\n".join(lines) + "\n"
 
 

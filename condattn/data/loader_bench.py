@@ -96,13 +96,16 @@ def imagenet_options(cfg: Any) -> dict[str, Any]:
     from timm.data import create_transform
     from torchvision.datasets import ImageFolder
 
+    from .images import _fix_posterize, build_transforms
+
     d, aug = cfg.data, cfg.task.augment
     size = int(d.img_size)
-    common = dict(input_size=size, is_training=True, scale=tuple(aug.scale), ratio=tuple(aug.ratio),
-                  hflip=float(d.hflip), color_jitter=float(aug.color_jitter), auto_augment=aug.auto_augment or None,
-                  interpolation=aug.interpolation, mean=tuple(d.mean), std=tuple(d.std))
-    full = create_transform(**common, re_prob=float(aug.re_prob), re_mode=aug.re_mode, re_count=int(aug.re_count))
-    prefetch = create_transform(**common, use_prefetcher=True)  # uint8 out; normalise + erase on the GPU
+    full, _ = build_transforms(d, aug)  # exactly the trainer's training transform
+    prefetch = create_transform(  # the same, handing uint8 to timm's PrefetchLoader (normalise + erase on the GPU)
+        input_size=size, is_training=True, scale=tuple(aug.scale), ratio=tuple(aug.ratio), hflip=float(d.hflip),
+        color_jitter=float(aug.color_jitter), auto_augment=aug.auto_augment or None, interpolation=aug.interpolation,
+        mean=tuple(d.mean), std=tuple(d.std), use_prefetcher=True)
+    _fix_posterize(prefetch)
     # the smallest crop side at full resolution is sqrt(min area) × the short side: keep that ≥ the output size
     min_side = math.ceil(size / math.sqrt(float(aug.scale[0])))
     root = Path(str(d.root)) / "train"
@@ -122,14 +125,28 @@ def coco_options(cfg: Any) -> dict[str, Any]:
                                             masks=bool(cfg.data.masks))}
 
 
-def samples_per_s(dataset: Any, seconds: float = 10.0, min_samples: int = 8) -> tuple[float, int]:
-    """Samples/s of one worker: `dataset[i]` in the calling process (one core), cycling over the replica."""
+def samples_per_s(options: dict[str, Any], seconds: float = 10.0, per_round: int = 6) -> dict[str, dict[str, float]]:
+    """Samples/s of one worker per option: `dataset[i]` in the calling process (one core, torch threads 1), the
+    options interleaved in rounds of `per_round` samples each (so a shared machine's drift hits all of them alike)
+    until `seconds` × the number of options have passed; the median over rounds of each option's rate, and the
+    median of its ratio to the first option in the same round."""
+    import statistics
+
     import torch
 
     torch.set_num_threads(1)  # one worker = one core, as a DataLoader worker
-    dataset[0]  # warm-up (file cache, imports)
-    n, t0 = 0, time.perf_counter()
-    while n < min_samples or time.perf_counter() - t0 < seconds:
-        dataset[(n + 1) % len(dataset)]
-        n += 1
-    return n / (time.perf_counter() - t0), n
+    for ds in options.values():
+        ds[0]  # warm-up (file cache, imports)
+    rates: dict[str, list[float]] = {k: [] for k in options}
+    pos, t_end = 0, time.perf_counter() + seconds * len(options)
+    while time.perf_counter() < t_end or len(rates[next(iter(options))]) < 3:
+        for name, ds in options.items():
+            t0 = time.perf_counter()
+            for j in range(per_round):
+                ds[(pos + j) % len(ds)]
+            rates[name].append(per_round / (time.perf_counter() - t0))
+        pos += per_round
+    first = rates[next(iter(options))]
+    return {name: {"samples_per_s_per_worker": round(statistics.median(r), 1),
+                   "ratio_to_first": round(statistics.median(a / b for a, b in zip(r, first)), 3),
+                   "rounds": len(r), "samples": len(r) * per_round} for name, r in rates.items()}
