@@ -149,3 +149,24 @@ def test_bf16_autocast_fused_adamw_and_mfu_on_cuda(tmp_path):
     assert s["execution"]["device_type"] == "cuda" and s["execution"]["precision"] == "bf16"
     assert s["execution"]["fused_adamw"] is True
     assert s["performance"]["train_flops_per_sample"] > 0 and s["performance"]["mfu"] is not None
+
+
+@pytest.mark.slow
+def test_cpu_run_is_fp32_records_execution_and_logs_throughput(tmp_path):
+    """A recipe asking for bf16 + compile still runs fp32, uncompiled, on CPU; summary.json says what was used and
+    metrics.jsonl gets `perf` rows (samples/s; no MFU on CPU), never in the train/val rows."""
+    from condattn.engine.trainer import train
+    from condattn.utils.io import read_jsonl
+
+    s = train(compose(["scale=smoke", "logger=none", f"paths.runs={tmp_path}", f"paths.cache={tmp_path / 'c'}",
+                       "data.generate.train=64", "data.generate.val=16", "data.generate.test=16",
+                       "data.generate.max_length=60", "data.max_length=64", "data.seq_len=64", "task.batch_size=8",
+                       "task.steps=4", "task.eval_every=4", "task.log_every=2", "impl.precision=bf16",
+                       "impl.compile=true"]))
+    assert s["execution"] == {"device_type": "cpu", "precision": "no", "requested_precision": "bf16",
+                              "compile": False, "compile_mode": None, "fused_adamw": False}
+    assert s["performance"]["train_samples_per_s"] > 0 and "mfu" not in s["performance"]
+    rows = read_jsonl(Path(s["run_dir"]) / "metrics.jsonl")
+    perf = [r for r in rows if r["split"] == "perf"]
+    assert [r["step"] for r in perf] == [2, 4] and all(r["samples_per_s"] > 0 and "mfu" not in r for r in perf)
+    assert not any("samples_per_s" in r for r in rows if r["split"] in ("train", "val"))
