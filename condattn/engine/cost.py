@@ -222,10 +222,12 @@ def describe_cost(table: str, cells: list[tuple[str, Any]]) -> list[str]:
     missing = f" ({len(costs) - len(known)} cell(s) not estimated)" if len(known) < len(costs) else ""
     lines.append(f"[reproduce] {table}: {len(costs)} runs, {_fmt(flops, 'FLOP')}, ≈ {total:,.0f} GPU-hours on {gpu} "
                  f"at {mfu:.0%} MFU{missing}")
-    warned: set[str] = set()
+    fastest: dict[str, tuple[str, Any, float]] = {}  # per model: the cell that trains most samples/s (fewest FLOPs)
     for (name, cfg), c in zip(cells, costs):
-        w = loader_warning(cfg, c.flops_per_sample)
-        if w and w not in warned:
-            warned.add(w)
-            lines.append(f"[reproduce] warning: {w} [{name}]")
+        model = str(cfg.model.get("name"))
+        if c.flops_per_sample and (model not in fastest or c.flops_per_sample < fastest[model][2]):
+            fastest[model] = (name, cfg, c.flops_per_sample)
+    for model, (name, cfg, fps) in fastest.items():
+        if w := loader_warning(cfg, fps):
+            lines.append(f"[reproduce] warning: {model}: {w} [{name}]")
     return lines
