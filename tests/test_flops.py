@@ -111,7 +111,8 @@ def test_loader_warning_when_cpus_cannot_feed_the_gpu():
     w = loader_warning(compose([*ov, "launcher.cpus_per_task=8"]), fps)
     assert w is not None and "launcher.cpus_per_task=8" in w and "set launcher.cpus_per_task=39 or more" in w
     assert loader_warning(compose([*ov, "launcher.cpus_per_task=48"]), fps) is None
-    assert loader_warning(compose(ov[:-1] + ["launcher.cpus_per_task=8"]), fps) is None  # no measured rate: silent
+    no_rate = [*ov[:-1], "impl.worker_samples_per_s.images=null", "launcher.cpus_per_task=8"]
+    assert loader_warning(compose(no_rate), fps) is None  # no measured rate: silent
 
 
 def test_loader_bench_measures_every_option_on_a_replica(tmp_path):
@@ -170,3 +171,22 @@ def test_cpu_run_is_fp32_records_execution_and_logs_throughput(tmp_path):
     perf = [r for r in rows if r["split"] == "perf"]
     assert [r["step"] for r in perf] == [2, 4] and all(r["samples_per_s"] > 0 and "mfu" not in r for r in perf)
     assert not any("samples_per_s" in r for r in rows if r["split"] in ("train", "val"))
+
+
+def test_reproduce_dry_run_prints_the_cost_and_one_loader_warning_per_model(tmp_path, capsys):
+    from condattn.reproduce import main
+
+    args = ["experiments/table1_imagenet.yaml", "--scale", "paper", "--launcher", "slurm", "--dry-run",
+            f"paths.runs={tmp_path}", "launcher.gpu_type=H200", "launcher.assumed_mfu=0.45", "impl.precision=bf16"]
+    with pytest.MonkeyPatch.context() as mp:  # two rows are enough: ViT-B and Swin-B
+        import condattn.reproduce as rep
+
+        rows = rep.rows_for
+        mp.setattr(rep, "rows_for", lambda exp, scale: [r for r in rows(exp, scale) if r in ("vit_base", "swin_base")])
+        assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "cost estimate (H200 at 45% MFU" in out
+    assert "table1_imagenet_vit_base_spectral_paper_s0: 105 GFLOP/sample × 384,307,200 samples" in out
+    assert "table1_imagenet: 6 runs," in out and "GPU-hours on H200 at 45% MFU" in out
+    warnings = [ln for ln in out.splitlines() if ln.startswith("[reproduce] warning: ")]
+    assert len(warnings) == 2 and warnings[0].startswith("[reproduce] warning: vit_base_patch16_224: launcher.cpus_per")
