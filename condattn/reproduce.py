@@ -204,7 +204,7 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
               file=sys.stderr)
         return 2
 
-    if args.dry_run:  # what the cells to run will cost, before anything is queued (engine/cost.py)
+    if args.dry_run and pending:  # what the cells to run will cost, before anything is queued (engine/cost.py)
         from .engine.cost import describe_cost
 
         print("\n".join(describe_cost(exp["table"], [(c.name, c.cfg) for c in pending])))
