@@ -23,6 +23,8 @@ from torch import nn
 
 from . import apply_conditioning
 from .engine import provenance
+from .engine.flops import mfu, peak_flops, training_step_flops
+from .engine.precision import resolve_execution
 
 ARMS = {
     "baseline": ("none", {}),
@@ -123,7 +125,7 @@ def _step(model: nn.Module, loss_fn: Callable, opt: torch.optim.Optimizer, devic
 
 
 def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters: int, precision: str,
-                arm_names: list[str] | None = None) -> dict:
+                arm_names: list[str] | None = None, compile_: bool = False) -> dict:
     factory = MODELS[name][0]
     torch.manual_seed(0)
     base, loss_fn = factory(batch, device)
@@ -134,6 +136,10 @@ def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters:
         model = copy.deepcopy(base).to(device).train()
         apply_conditioning(model, method, **opts)
         arms[arm] = (model, torch.optim.AdamW(model.parameters(), lr=1e-6))
+    # training FLOPs per sample of each arm: one forward + backward under torch.utils.flop_counter (engine/flops.py)
+    flops = {arm: training_step_flops(model, loss_fn) / batch for arm, (model, _) in arms.items()}
+    if compile_:  # after counting (the counter sees the eager ops); every arm alike
+        arms = {arm: (torch.compile(model), opt) for arm, (model, opt) in arms.items()}
     times: dict[str, list[float]] = {a: [] for a in arms}
     peak: dict[str, float | None] = {a: None for a in arms}
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
@@ -148,6 +154,7 @@ def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters:
                 if device.type == "cuda":
                     peak[arm] = max(peak[arm] or 0.0, torch.cuda.max_memory_allocated() / 2**20)
     rows = {}
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
     for arm, ts in times.items():
         med = statistics.median(ts)
         # paired by round (the arms of one round ran back to back), so slow drift of a shared machine cancels
@@ -160,8 +167,24 @@ def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters:
             "ratio_to_baseline": round(statistics.median(ratios), 3),
             "ratio_iqr": [round(q1, 3), round(q3, 3)],
             "peak_mem_mib": None if peak[arm] is None else round(peak[arm], 1),
+            "train_gflop_per_sample": round(flops[arm] / 1e9, 3),
+            "achieved_tflop_per_s": round(flops[arm] * batch / med / 1e12, 4),
+            "mfu": None if device.type != "cuda" else _round(mfu(flops[arm], batch / med, dev_name, precision)),
         }
-    return {"model": name, "batch": batch, "warmup": warmup, "iters": iters, "precision": precision, "arms": rows}
+    return {"model": name, "batch": batch, "warmup": warmup, "iters": iters, "precision": precision,
+            "compile": compile_, "arms": rows}
+
+
+def _peak_note(device: torch.device, precision: str) -> str:
+    if device.type != "cuda":
+        return " (CPU: achieved FLOP/s, no MFU)"
+    name = torch.cuda.get_device_name(device)
+    peak = peak_flops(name, precision)
+    return f", dense peak {peak / 1e12:.0f} TFLOP/s" if peak else f" (no peak known for {name}: no MFU)"
+
+
+def _round(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(x, digits)
 
 
 def trainer_vs_reference(overrides: list[str], steps: int, out_runs: str, repeats: int = 3) -> dict:
@@ -191,8 +214,14 @@ def trainer_vs_reference(overrides: list[str], steps: int, out_runs: str, repeat
     def plain() -> float:  # timm's train.py step for vision (mixup + soft-target CE when the recipe mixes)
         torch.manual_seed(int(cfg.seed))
         data = build_datasets(cfg)
-        model = build_model(cfg.model).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=float(cfg.optim.lr))
+        # the device, mixed precision and AdamW kernel the trainer resolves for this config (engine/precision.py)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        ex = resolve_execution(cfg.impl, device.type)
+        model = build_model(cfg.model).to(device).train()
+        fused = {"fused": True} if ex.fused_adamw else {}
+        opt = torch.optim.AdamW(model.parameters(), lr=float(cfg.optim.lr), **fused)
+        model = torch.compile(model) if ex.compile else model
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(ex.precision)
         mix, smoothing = cfg.task.get("mixup"), float(cfg.task.get("label_smoothing") or 0.0)
         mixup, criterion = None, F.cross_entropy
         if mix:
@@ -207,7 +236,9 @@ def trainer_vs_reference(overrides: list[str], steps: int, out_runs: str, repeat
             from timm.loss import LabelSmoothingCrossEntropy
 
             criterion = LabelSmoothingCrossEntropy(smoothing=smoothing)
-        loader = DataLoader(data.train, batch_size=int(cfg.task.batch_size), shuffle=True, drop_last=True)
+        workers = int(cfg.impl.num_workers)
+        loader = DataLoader(data.train, batch_size=int(cfg.task.batch_size), shuffle=True, drop_last=True,
+                            num_workers=workers, pin_memory=bool(cfg.impl.pin_memory), persistent_workers=workers > 0)
         done, elapsed = 0, 0.0
         while done < steps:
             it = iter(loader)
@@ -216,13 +247,17 @@ def trainer_vs_reference(overrides: list[str], steps: int, out_runs: str, repeat
                 batch = next(it, None)
                 if batch is None:
                     break
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
                 inputs, target = model_inputs(batch), batch["labels"]
                 if mixup is not None:
                     inputs["pixel_values"], target = mixup(inputs["pixel_values"], target)
-                logits = model(inputs["pixel_values"]) if "pixel_values" in inputs else model(**inputs)
-                criterion(logits, target).backward()
+                with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                    logits = model(inputs["pixel_values"]) if "pixel_values" in inputs else model(**inputs)
+                criterion(logits.float(), target).backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
                 elapsed += time.perf_counter() - t
                 done += 1
         return int(cfg.task.batch_size) * steps / elapsed
@@ -236,17 +271,63 @@ def trainer_vs_reference(overrides: list[str], steps: int, out_runs: str, repeat
             "ratio": round(statistics.median(ratios), 3), "ratio_range": [round(ratios[0], 3), round(ratios[-1], 3)]}
 
 
+LOADER_TASKS = {"imagenet": "task=imagenet_vit", "coco": "task=coco_maskrcnn_xcit_medium"}
+
+
+def bench_loader(which: str, seconds: float, n: int) -> dict:
+    """Samples/s of one data worker per loader option, on a release-format replica written to a temporary folder
+    (condattn/data/loader_bench.py), with the paper recipe's training transform."""
+    import tempfile
+
+    from .config import compose
+    from .data import loader_bench
+
+    with tempfile.TemporaryDirectory(prefix=f"condattn_{which}_replica_") as tmp:
+        root = Path(tmp)
+        if which == "imagenet":
+            loader_bench.write_imagenet_replica(root, n=n)
+        else:
+            loader_bench.write_coco_replica(root, n=max(n // 3, 8))
+        cfg = compose([LOADER_TASKS[which], "scale=paper", f"data.root={root}"])
+        options = (loader_bench.imagenet_options if which == "imagenet" else loader_bench.coco_options)(cfg)
+        rows = loader_bench.samples_per_s(options, seconds)
+        for name, v in rows.items():
+            print(f"  {which} {name}: {v['samples_per_s_per_worker']} samples/s per worker, "
+                  f"× {v['ratio_to_first']} the first option ({v['samples']} samples)", flush=True)
+    return {"loader": which, "replica_images": n if which == "imagenet" else max(n // 3, 8),
+            "task": LOADER_TASKS[which], "options": rows}
+
+
+def render_loader(results: list[dict], header: str) -> str:
+    lines = [header, "", "One worker = one process on one core (torch threads 1), `dataset[i]` in a loop: decoded and "
+             "augmented training samples as the DataLoader worker hands them over. Options interleaved in rounds; "
+             "medians over rounds (samples/s, and the per-round ratio to the first option).", "",
+             "| data | replica | option | samples/s per worker | × first option | rounds |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        for name, v in r["options"].items():
+            lines.append(f"| {r['loader']} ({r['task']}) | {r['replica_images']} images | {name} | "
+                         f"{v['samples_per_s_per_worker']} | {v['ratio_to_first']:.3f} | {v['rounds']} |")
+    return "\n".join(lines) + "\n"
+
+
 def render(results: list[dict], header: str) -> str:
     lines = [header, "", "× baseline: median over rounds of the arm's step time / the baseline's step time in the same "
              "round, with the interquartile range of those per-round ratios (the machine's noise).", "",
-             "| model | batch | arm | step (ms, median) | samples/s | tokens/s | × baseline | IQR | peak mem (MiB) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "Training GFLOP/sample: forward + backward counted by torch.utils.flop_counter (matmuls, convolutions, "
+             "attention); achieved TFLOP/s = that × samples/s; MFU = achieved / the device's dense peak at the "
+             "precision (condattn/engine/flops.py; GPUs only).", "",
+             "| model | batch | arm | step (ms, median) | samples/s | tokens/s | × baseline | IQR | peak mem (MiB) "
+             "| train GFLOP/sample | achieved TFLOP/s | MFU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for arm, v in r["arms"].items():
             mem = "–" if v["peak_mem_mib"] is None else v["peak_mem_mib"]
+            util = "–" if v.get("mfu") is None else f"{100 * v['mfu']:.1f}%"
             lines.append(f"| {r['model']} | {r['batch']} | {arm} | {v['step_ms']} | {v['samples_per_s']} | "
                          f"{v.get('tokens_per_s', '–')} | {v['ratio_to_baseline']:.3f} | "
-                         f"{v['ratio_iqr'][0]:.3f}–{v['ratio_iqr'][1]:.3f} | {mem} |")
+                         f"{v['ratio_iqr'][0]:.3f}–{v['ratio_iqr'][1]:.3f} | {mem} | "
+                         f"{v.get('train_gflop_per_sample', '–')} | {v.get('achieved_tflop_per_s', '–')} | {util} |")
     return "\n".join(lines) + "\n"
 
 
@@ -260,12 +341,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=7)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--compile", action="store_true", help="torch.compile every arm (after counting its FLOPs)")
     p.add_argument("--out", default="results/bench")
     p.add_argument("--trainer", action="append", default=[], metavar="OVERRIDES",
                    help='also time our trainer against a plain loop on this config, e.g. "scale=smoke" (repeatable)')
     p.add_argument("--trainer-steps", type=int, default=100)
     p.add_argument("--trainer-repeats", type=int, default=3, help="alternating trainer / plain-loop pairs")
+    p.add_argument("--loader", action="append", choices=list(LOADER_TASKS), default=[],
+                   help="measure data-loader samples/s per worker on a replica instead of model steps (repeatable)")
+    p.add_argument("--loader-seconds", type=float, default=15.0, help="timed seconds per loader option")
+    p.add_argument("--loader-images", type=int, default=96, help="images in the ImageNet replica (COCO: a third)")
     args = p.parse_args(argv)
+    if args.loader:
+        return _main_loader(args)
     args.models = [m for name in args.models for m in (ZOO if name == "zoo" else [name])]
     bad_arms = [a for a in args.arms or [] if a not in ARMS]
     if bad_arms:
@@ -278,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     hw = provenance.hardware(device, 1)
     header = (
         f"# condattn bench: forward+backward+AdamW step, baseline vs SCA vs CET (measured)\n\n"
-        f"{provenance.describe(hw)}, torch threads {torch.get_num_threads()}, precision {args.precision}, "
+        f"{provenance.describe(hw)}, torch threads {torch.get_num_threads()}, precision {args.precision}"
+        f"{', compiled' if args.compile else ''}{_peak_note(device, args.precision)}, "
         f"commit {provenance.git_commit()}, torch {torch.__version__}, "
         f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; medians of {args.iters} interleaved "
         f"rounds after {args.warmup} warm-up rounds"
@@ -286,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.models:
         batch = args.batch or MODELS[name][1 if device.type == "cpu" else 2]
-        r = bench_model(name, device, batch, args.warmup, args.iters, args.precision, args.arms)
+        r = bench_model(name, device, batch, args.warmup, args.iters, args.precision, args.arms, args.compile)
         results.append(r)
         print(render([r], f"## {name}"), flush=True)
     md = render(results, header)
@@ -301,10 +390,27 @@ def main(argv: list[str] | None = None) -> int:
                       for r in trainer_rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{hw['host']}_{device.type}_{args.precision}"
+    stem = f"{hw['host']}_{device.type}_{args.precision}{'_compiled' if args.compile else ''}"
     (out / f"{stem}.md").write_text(md)
     (out / f"{stem}.json").write_text(json.dumps({"header": header, "hardware": hw, "versions": provenance.versions(),
                                                   "results": results, "trainer": trainer_rows}, indent=2))
+    print(md)
+    print(f"wrote {out / stem}.md and .json")
+    return 0
+
+
+def _main_loader(args: argparse.Namespace) -> int:
+    hw = provenance.hardware(torch.device("cpu"), 1)
+    header = (f"# condattn loader bench: decoded + augmented training samples/s per data worker (measured)\n\n"
+              f"{provenance.describe(hw)}, commit {provenance.git_commit()}, torch {torch.__version__}, "
+              f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; {args.loader_seconds:.0f} s per option")
+    results = [bench_loader(w, args.loader_seconds, args.loader_images) for w in args.loader]
+    md = render_loader(results, header)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{hw['host']}_loader_{'_'.join(args.loader)}"
+    (out / f"{stem}.md").write_text(md)
+    (out / f"{stem}.json").write_text(json.dumps({"header": header, "hardware": hw, "results": results}, indent=2))
     print(md)
     print(f"wrote {out / stem}.md and .json")
     return 0

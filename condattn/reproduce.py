@@ -204,6 +204,10 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
               file=sys.stderr)
         return 2
 
+    if args.dry_run and pending:  # what the cells to run will cost, before anything is queued (engine/cost.py)
+        from .engine.cost import describe_cost
+
+        print("\n".join(describe_cost(exp["table"], [(c.name, c.cfg) for c in pending])))
     launcher = first.launcher
     if launcher.name in SUBMITIT_LAUNCHERS:
         from .launch import submit

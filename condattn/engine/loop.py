@@ -23,6 +23,7 @@ from .parts import (
     Progress,
     StopSignals,
     TestProtocol,
+    Throughput,
 )
 from .setup import Run, start
 from .summary import build_summary, write_summary
@@ -33,6 +34,7 @@ class StepLoop:
         self.run = run
         self.tty = sys.stderr.isatty()  # a progress bar on a terminal; one line per evaluation in logs
         self.progress = Progress(run, self.tty)
+        self.throughput = Throughput(run)  # samples/s (and MFU on GPUs) rows; not checkpointed (timing only)
         self.best = BestModel(run)
         self.diagnostics = Diagnostics(run)
         self.budget = BudgetStop(run)
@@ -46,12 +48,12 @@ class StepLoop:
         # The divergence check precedes promoting the pending checkpoint to "good"; the signals part decides
         # whether to stop before the checkpointing part saves and raises after it.
         self.schedule: dict[str, list[Part]] = {
-            "before_train": [self.diagnostics, self.checkpoints, self.progress],
+            "before_train": [self.diagnostics, self.checkpoints, self.progress, self.throughput],
             "after_backward": [self.divergence, self.checkpoints, self.diagnostics],
             "after_optimizer_step": [self.budget],
-            "after_step": [self.progress, self.best, self.diagnostics, self.signals, self.checkpoints],
+            "after_step": [self.progress, self.throughput, self.best, self.diagnostics, self.signals, self.checkpoints],
             "end_of_step": [self.progress, self.signals, self.budget],
-            "after_train": [self.progress, self.checkpoints, self.test, self.diagnostics],
+            "after_train": [self.progress, self.checkpoints, self.test, self.diagnostics, self.throughput],
             "close": [self.progress],  # the run ends early (interrupted, diverged)
         }
         self.loss = self.acc = self.grad_norm = self.val = None

@@ -93,16 +93,17 @@ def schedule_problems(o: Any, total_steps: int) -> list[str]:
 
 
 def build_optimizer(model: nn.Module, cfg: Any, global_batch: int, total_steps: int,
-                    progress: Callable[[int], float] | None = None):
+                    progress: Callable[[int], float] | None = None, fused: bool = False):
     """AdamW over `param_groups` and the schedule `cfg.optim.schedule`. `progress(step) -> [0, 1]` drives the
-    PROGRESS_SCHEDULES (default step / total_steps); transformers' schedules count steps."""
+    PROGRESS_SCHEDULES (default step / total_steps); transformers' schedules count steps. `fused`: torch's fused
+    AdamW kernel (CUDA; the same update up to float rounding)."""
     o = cfg.optim
     if o.name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {o.name!r}; known: {', '.join(OPTIMIZERS)}")
     lr = scaled_lr(cfg, global_batch)
     mults = o.get("lr_multipliers")
     groups = param_groups(model, float(o.weight_decay), lr, dict(mults) if mults else None)
-    opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(o.betas), eps=o.eps)
+    opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(o.betas), eps=o.eps, **({"fused": True} if fused else {}))
     if o.schedule in STEP_SCHEDULES:
         problems = schedule_problems(o, total_steps)
         if problems:

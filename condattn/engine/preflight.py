@@ -142,9 +142,9 @@ def _optim_problems(cfg: Any) -> list[str]:
         v = OmegaConf.select(cfg, key)
         if not isinstance(v, int) or v < 1:
             out.append(f"{key}={v!r} must be a positive integer")
-    if str(cfg.impl.precision) not in ("no", "bf16", "fp16"):
-        out.append(f"impl.precision={cfg.impl.precision!r}: choose no, bf16 or fp16")
-    return out
+    from .precision import execution_problems
+
+    return out + execution_problems(cfg.impl)
 
 
 def data_problems(cfg: Any) -> list[str]:

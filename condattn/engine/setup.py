@@ -27,6 +27,7 @@ from .budget import Budget
 from .checkpoint import architecture_mismatch, load_checkpoint
 from .logging import RunLogger
 from .optim import build_optimizer
+from .precision import Execution, compile_model, resolve_execution
 from .preflight import PreflightError, batch_split, preflight
 from .state import TrainState
 
@@ -58,6 +59,8 @@ class Run:
     config: dict | None = None  # the resolved config (set by `start`)
     resumed_from: Path | None = None
     logger: RunLogger | None = None
+    execution: Execution | None = None  # precision, compile and fused AdamW as used on this device
+    performance: dict | None = None  # samples/s, FLOPs per sample and MFU (engine/parts/throughput.py)
 
     @property
     def world(self) -> int:
@@ -84,7 +87,8 @@ def loader(ds, batch_size: int, sampler=None, workers: int = 0, pin: bool = Fals
     )
 
 
-def _accelerator(cfg: Any, run_dir: Path, deterministic: bool) -> tuple[Accelerator, tuple[int, int, int]]:
+def _accelerator(cfg: Any, run_dir: Path, deterministic: bool,
+                 execution: Execution) -> tuple[Accelerator, tuple[int, int, int]]:
     """Process settings, accelerate, preflight, a fresh run directory (resume=never) and the seed."""
     if cfg.impl.threads:
         torch.set_num_threads(int(cfg.impl.threads))
@@ -92,7 +96,8 @@ def _accelerator(cfg: Any, run_dir: Path, deterministic: bool) -> tuple[Accelera
     # step_scheduler_with_optimizer=False: our schedule counts optimizer steps of the global batch; accelerate's
     # default steps a prepared scheduler num_processes times per step (it assumes per-process batches), which
     # ran the warmup and decay twice as fast with 2 processes
-    accelerator = Accelerator(mixed_precision=str(cfg.impl.precision), cpu=not torch.cuda.is_available(),
+    # the recipe's precision on CUDA, impl.cpu_precision (fp32) elsewhere (engine/precision.py)
+    accelerator = Accelerator(mixed_precision=execution.precision, cpu=execution.device_type != "cuda",
                               step_scheduler_with_optimizer=False)
     world = accelerator.num_processes
     problems = preflight(cfg, world, check_data=False, check_run_dir=False)  # the data loader names missing files
@@ -109,7 +114,8 @@ def _accelerator(cfg: Any, run_dir: Path, deterministic: bool) -> tuple[Accelera
 
 
 def build_run(cfg: Any, run_dir: Path, deterministic: bool) -> Run:
-    accelerator, (glob, micro, accum) = _accelerator(cfg, run_dir, deterministic)
+    execution = resolve_execution(cfg.impl, "cuda" if torch.cuda.is_available() else "cpu")
+    accelerator, (glob, micro, accum) = _accelerator(cfg, run_dir, deterministic, execution)
     world, rank = accelerator.num_processes, accelerator.process_index
     with accelerator.main_process_first():  # rank 0 generates/caches the data files, the others then read them
         data = build_datasets(cfg)
@@ -120,9 +126,9 @@ def build_run(cfg: Any, run_dir: Path, deterministic: bool) -> Run:
     task = build_task(cfg)
     steps = int(cfg.task.steps)
     budget = Budget.from_cfg(cfg.task, steps)  # wall-clock budget + batch ramp (engine/budget.py); off by default
-    optimizer, scheduler = build_optimizer(model, cfg, glob, steps, progress=budget.progress)
-    if cfg.impl.compile:
-        model = torch.compile(model)
+    optimizer, scheduler = build_optimizer(model, cfg, glob, steps, progress=budget.progress,
+                                           fused=execution.fused_adamw)
+    model = compile_model(model, execution)
 
     make_sampler = data.sampler_factory or EpochSampler  # e.g. repeated augmentation for ImageNet recipes
     sampler = make_sampler(len(data.train), int(cfg.seed), rank, world, block=micro)
@@ -140,7 +146,8 @@ def build_run(cfg: Any, run_dir: Path, deterministic: bool) -> Run:
     budget.bind(state)
     accelerator.register_for_checkpointing(state)
     return Run(cfg, run_dir, accelerator, glob, micro, accum, steps, data, model, accelerator.unwrap_model(model),
-               report, task, optimizer, scheduler, budget, sampler, train_loader, val_loader, test_loader, state)
+               report, task, optimizer, scheduler, budget, sampler, train_loader, val_loader, test_loader, state,
+               execution=execution)
 
 
 def start(run: Run) -> None:

@@ -70,6 +70,8 @@ def build_summary(run: Any, metrics: dict, budget: dict, diagnostics: dict) -> d
         "grad_accum": run.accum,
         "lr": scaled_lr(cfg, run.glob),
         **_throughput(run, bool(run.budget.ramp)),
+        "execution": run.execution.to_dict() if run.execution is not None else None,
+        **({"performance": run.performance} if run.performance else {}),
         "hardware": hw,
         "hardware_line": provenance.describe(hw),
         "launch": {**launch_info(cfg), "resumed_at_steps": list(state.resumes)},

@@ -9,6 +9,7 @@ from .evaluation import BestModel
 from .progress import Progress
 from .signals import StopSignals
 from .test_protocol import TestProtocol
+from .throughput import Throughput
 
 __all__ = ["BestModel", "BudgetStop", "Checkpointing", "Diagnostics", "Divergence", "Part", "Progress",
-           "StopSignals", "TestProtocol"]
+           "StopSignals", "TestProtocol", "Throughput"]

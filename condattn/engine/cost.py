@@ -1,0 +1,233 @@
+"""What a cell costs before it is queued: training FLOPs per sample (counted, engine/flops.py), × the samples its
+recipe trains on, → GPU-hours at an assumed MFU on the launcher's GPU type (`launcher.gpu_type`,
+`launcher.assumed_mfu`); and whether `launcher.cpus_per_task` data workers can decode images as fast as that GPU
+consumes them.
+
+FLOPs per sample are counted on one synthetic micro-batch of the cell's input shape (image size, sequence length)
+through the model the cell builds, conditioning included, on the meta device (no memory, no weights; CET's
+correction alone runs on a random CPU token matrix of its input's shape), else on the CPU with 2 samples.
+Only the training steps are counted (evaluation adds a forward pass over the validation split per evaluation);
+detection cells are not estimated (their FLOPs depend on each image's size and the number of proposals).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from .flops import peak_flops, training_step_flops
+from .precision import resolve_execution
+
+_COUNT_BATCH = 2
+_CACHE: dict[str, tuple[float | None, str]] = {}
+
+
+def _synthetic_batch(cfg: Any, n: int, device: torch.device) -> dict[str, torch.Tensor] | None:
+    """A micro-batch of n samples shaped as the cell's data (values do not change matmul FLOPs); None for detection."""
+    kind, data = str(cfg.task.kind), cfg.data
+    g = torch.Generator().manual_seed(0)
+    if kind == "detection":
+        return None
+    if data.get("builder") == "images":
+        s = int(data.img_size)
+        return {"pixel_values": torch.randn(n, 3, s, s, generator=g).to(device),
+                "labels": torch.zeros(n, dtype=torch.long, device=device)}
+    seq = int(data.seq_len)
+    ids = torch.randint(5, 100, (n, seq), generator=g).to(device)
+    mask = torch.ones_like(ids)
+    if data.get("builder") == "lra_retrieval":
+        return {"input_ids_0": ids, "attention_mask_0": mask, "input_ids_1": ids, "attention_mask_1": mask}
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if kind == "mlm":
+        p = float(cfg.task.get("mlm_probability", 0.25))
+        batch["labels"] = torch.where(torch.rand(n, seq, generator=g).to(device) < p, ids, torch.full_like(ids, -100))
+    return batch
+
+
+def _loss_fn(cfg: Any, batch: dict[str, torch.Tensor]) -> Callable[[torch.nn.Module], torch.Tensor]:
+    from ..tasks import TASKS
+
+    forward = TASKS[str(cfg.task.kind)].forward  # the task's own forward (static): the model as the trainer calls it
+
+    def loss(model: torch.nn.Module) -> torch.Tensor:
+        out = forward(model, batch)
+        out = out.logits if hasattr(out, "logits") else out
+        return out.float().sum()
+
+    return loss
+
+
+@contextmanager
+def _meta_friendly():
+    """What lets a conditioned model run on the meta device: SCA's identity index (`nonzero`, whose meta kernel
+    assumes every entry non-zero: true of an identity's pattern) and CET's correction, which reads values (its
+    convergence check) and so runs for real on a random CPU token matrix of the same shape; its FLOPs are counted
+    by the surrounding counter all the same (the correction's input is detached by default: no backward)."""
+    import torch.fx.experimental._config as fx_config
+
+    from ..conditioning import embedded
+
+    original = embedded.polar_correction
+
+    def correction(x: torch.Tensor, mask: torch.Tensor | None = None, **opts: Any) -> torch.Tensor:
+        if x.device.type != "meta":
+            return original(x, mask, **opts)
+        original(torch.randn(x.shape, generator=torch.Generator().manual_seed(0), device="cpu"), None, **opts)
+        return x
+
+    embedded.polar_correction = correction
+    try:
+        with fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+            yield
+    finally:
+        embedded.polar_correction = original
+
+
+def _count_on(cfg: Any, device: torch.device) -> float:
+    from ..conditioning import apply_conditioning
+    from ..models import build_model
+
+    mcfg = OmegaConf.to_container(cfg.model, resolve=True)
+    for key in ("pretrained", "use_pretrained_backbone"):
+        if key in mcfg:
+            mcfg[key] = False
+    mcfg.pop("init_from", None)
+    mcfg.pop("backbone_checkpoint", None)
+    with torch.random.fork_rng(devices=[]), torch.device(device):  # the caller's RNG stream is left as it was
+        model = build_model(mcfg).train()
+        cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
+        apply_conditioning(model, cond.pop("method"), **cond)
+        batch = _synthetic_batch(cfg, _COUNT_BATCH, device)
+        with _meta_friendly() if device.type == "meta" else nullcontext():
+            return training_step_flops(model, _loss_fn(cfg, batch)) / _COUNT_BATCH
+
+
+def training_flops_per_sample(cfg: Any) -> tuple[float | None, str]:
+    """(forward + backward FLOPs per training sample, how it was counted) of the model a cell trains; None with the
+    reason when it cannot be counted."""
+    try:
+        if _synthetic_batch(cfg, 1, torch.device("meta")) is None:
+            return None, "detection: FLOPs depend on each image's size (not estimated)"
+        key = OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, ["model", "data", "conditioning", "task"]))
+    except Exception as e:  # noqa: BLE001 - an input shape this module does not know: no estimate, no failure
+        return None, f"could not count: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    if key not in _CACHE:
+        try:
+            _CACHE[key] = (_count_on(cfg, torch.device("meta")), "counted on the meta device")
+        except Exception:  # an op without a meta kernel, or one reading values (CET's convergence check)
+            try:
+                _CACHE[key] = (_count_on(cfg, torch.device("cpu")), f"counted on CPU at batch {_COUNT_BATCH}")
+            except Exception as e:  # noqa: BLE001 - an estimate must never stop a dry run
+                _CACHE[key] = (None, f"could not count: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+    return _CACHE[key]
+
+
+@dataclass
+class CellCost:
+    name: str
+    flops_per_sample: float | None
+    samples: int
+    precision: str  # matmul precision on CUDA (fp32 | bf16 | fp16)
+    gpus: int
+    gpu_hours: float | None
+    note: str = ""
+
+    @property
+    def total_flops(self) -> float | None:
+        return None if self.flops_per_sample is None else self.flops_per_sample * self.samples
+
+
+def launcher_gpu(cfg: Any) -> tuple[str, float]:
+    lc = cfg.get("launcher") or {}
+    return str(lc.get("gpu_type") or "H100"), float(lc.get("assumed_mfu") or 0.4)
+
+
+def cell_cost(name: str, cfg: Any) -> CellCost:
+    from .preflight import planned_world
+
+    gpu, mfu = launcher_gpu(cfg)
+    ex = resolve_execution(cfg.impl, "cuda")
+    fps, how = training_flops_per_sample(cfg)
+    samples = int(cfg.task.steps) * int(cfg.task.batch_size)
+    gpus = planned_world(cfg)
+    peak = peak_flops(gpu, ex.dtype_name)
+    hours = None
+    note = how
+    if fps is not None and peak:
+        hours = fps * samples / (peak * mfu) / 3600
+    elif fps is not None:
+        note += f"; no peak for {gpu} at {ex.dtype_name}"
+    budget = cfg.task.get("budget_hours")
+    if budget:  # a wall-clock budget ends the run first when it is shorter
+        cap = float(budget) * gpus
+        if hours is None or hours > cap:
+            hours, note = cap, f"{note}; the {budget} h wall-clock budget × {gpus} GPU(s) ends it first"
+    return CellCost(name, fps, samples, ex.dtype_name, gpus, hours, note)
+
+
+def _fmt(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "–"
+    for scale, suffix in ((1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {suffix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def loader_warning(cfg: Any, flops_per_sample: float | None) -> str | None:
+    """A line when `launcher.cpus_per_task` - 1 data workers decode fewer images per second than one GPU process
+    consumes at the assumed MFU (impl.worker_samples_per_s: one worker's measured rate, `make bench --loader`)."""
+    lc = cfg.get("launcher") or {}
+    rates = cfg.impl.get("worker_samples_per_s") or {}
+    rate = rates.get(str(cfg.data.get("builder")))
+    if not flops_per_sample or not rate or not lc.get("cpus_per_task"):
+        return None
+    gpu, mfu = launcher_gpu(cfg)
+    peak = peak_flops(gpu, resolve_execution(cfg.impl, "cuda").dtype_name)
+    if not peak:
+        return None
+    need = peak * mfu / flops_per_sample  # samples/s one GPU process trains at
+    workers = max(int(lc.cpus_per_task) - 1, 1)
+    have = workers * float(rate)
+    if have >= need:
+        return None
+    cpus = int(need / float(rate)) + 2
+    return (f"launcher.cpus_per_task={lc.cpus_per_task}: {workers} data worker(s) × {float(rate):.0f} samples/s "
+            f"(impl.worker_samples_per_s.{cfg.data.builder}) = {have:.0f} samples/s, but one {gpu} at "
+            f"{mfu:.0%} MFU trains {need:.0f} samples/s; set launcher.cpus_per_task={cpus} or more "
+            "(or a faster loader: make bench ARGS=\"--loader imagenet\")")
+
+
+def describe_cost(table: str, cells: list[tuple[str, Any]]) -> list[str]:
+    """The dry run's cost lines: one per cell, the total, and the loader warnings."""
+    if not cells:
+        return []
+    gpu, mfu = launcher_gpu(cells[0][1])
+    costs = [cell_cost(name, copy.deepcopy(cfg)) for name, cfg in cells]
+    lines = [f"[reproduce] cost estimate ({gpu} at {mfu:.0%} MFU, launcher.gpu_type / launcher.assumed_mfu; training "
+             "steps only, FLOPs counted with torch.utils.flop_counter):"]
+    for c in costs:
+        lines.append(f"  {c.name}: {_fmt(c.flops_per_sample, 'FLOP')}/sample × {c.samples:,} samples = "
+                     f"{_fmt(c.total_flops, 'FLOP')} at {c.precision} → "
+                     f"{'–' if c.gpu_hours is None else f'{c.gpu_hours:,.1f}'} GPU-hours ({c.note})")
+    known = [c for c in costs if c.gpu_hours is not None]
+    total = sum(c.gpu_hours for c in known)
+    flops = sum(c.total_flops or 0.0 for c in costs)
+    missing = f" ({len(costs) - len(known)} cell(s) not estimated)" if len(known) < len(costs) else ""
+    lines.append(f"[reproduce] {table}: {len(costs)} runs, {_fmt(flops, 'FLOP')}, ≈ {total:,.0f} GPU-hours on {gpu} "
+                 f"at {mfu:.0%} MFU{missing}")
+    fastest: dict[str, tuple[str, Any, float]] = {}  # per model: the cell that trains most samples/s (fewest FLOPs)
+    for (name, cfg), c in zip(cells, costs):
+        model = str(cfg.model.get("name"))
+        if c.flops_per_sample and (model not in fastest or c.flops_per_sample < fastest[model][2]):
+            fastest[model] = (name, cfg, c.flops_per_sample)
+    for model, (name, cfg, fps) in fastest.items():
+        if w := loader_warning(cfg, fps):
+            lines.append(f"[reproduce] warning: {model}: {w} [{name}]")
+    return lines
