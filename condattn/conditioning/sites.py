@@ -54,14 +54,14 @@ class AttentionSite:
     form: AttentionForm = field(default=TOKEN_SOFTMAX)
 
     def weight(self, role: str, effective: bool = True) -> torch.Tensor:
-        """torch-layout weight (heads*head_dim, D_in) of one role; `effective` includes an SCA shift (W + λI)."""
+        """torch-layout weight (heads*head_dim, D_in) of one role; `effective` includes an SCA correction (W + C)."""
         p = self.proj[role]
         w = p.linear.weight.detach()
         if p.transposed:  # Conv1D stores (in, out): back to torch layout, where delta_weight() lives
             w = w.T
         shift = getattr(p.linear, "_condattn_shift", None)
         if effective and shift is not None:
-            w = w + shift.delta_weight().to(w)
+            w = w + shift.delta_weight(w).to(w)
         return w[p.cols]
 
     def head_weight(self, role: str, head: int, effective: bool = True) -> torch.Tensor:
