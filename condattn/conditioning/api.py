@@ -177,6 +177,8 @@ def apply_conditioning(model: nn.Module, method: str = "none", **options: Any) -
         state.handles += hook.attach()
         where = site.first_block_name + " input" if opts["position"] == "after_pos_embed" else site.embed_name
         detail = f"prefix_tokens={site.num_prefix_tokens}" + (" scale=norm" if opts["scale"] == "norm" else "")
+        if opts["position"] == "before_pos_embed" and site.no_pos_embed:
+            report.notes.append(f"position=before_pos_embed is the same X as after_pos_embed here: {site.no_pos_embed}")
         report.entries.append(PatchEntry(where, f"embedded:{site.layout}", detail))
 
     model._condattn = state

@@ -89,6 +89,9 @@ class TokenSite:
     mask_owner: nn.Module | None = None  # forward receives the padding mask
     mask_arg: tuple[str, int] | None = None  # (kwarg name, positional index) of that mask
     channels_first: bool = False  # blocks receive (B, C, H, W) maps (DaViT): X = x.flatten(2).transpose(1, 2)
+    # why position=before_pos_embed is not a separate reading here (no absolute positions are added to the tokens
+    # before the first block, so it hooks the same X); empty where it is (ViT, XCiT, BERT, GPT-2, crammed BERT)
+    no_pos_embed: str = ""
 
 
 AttentionFinder = Callable[[str, nn.Module], "AttentionSite | None"]
