@@ -7,6 +7,7 @@ Flat keys (one value per layer i / block j, then the mean over layers/blocks und
     kappa_x/b{j}, kappa_x_max/b{j}                        κ(X) entering block j, mean / max over samples
     kappa_attn/l{i}                                       κ of attention output i, mean over samples
     entropy/l{i}, maxprob/l{i}                            attention entropy (nats) and max probability
+    entropy_uniform/l{i}                                  the entropy of uniform attention (mean log #keys)
     self_argmax/l{i}                                      share of queries whose attention argmax is themselves
     cls_self/l{i}                                         the class token's attention to itself (models with one)
     feature_spread                                        spread of the final pooled feature across the batch
@@ -54,6 +55,7 @@ def flat_metrics(nested: dict) -> dict[str, float]:
     att = nested.get("attention", [])
     _series(flat, "entropy", "l", [a["entropy"] for a in att])
     _series(flat, "maxprob", "l", [a["maxprob"] for a in att])
+    _series(flat, "entropy_uniform", "l", [a["entropy_uniform"] for a in att])
     _series(flat, "self_argmax", "l", [a.get("self_argmax") for a in att])
     _series(flat, "cls_self", "l", [a.get("cls_self") for a in att])
     spread = nested.get("features", {}).get("feature_spread")
