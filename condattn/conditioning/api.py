@@ -114,10 +114,12 @@ def resolve_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply_conditioning(model: nn.Module, method: str = "none", **options: Any) -> PatchReport:
-    """Patch `model` in place with SCA (`spectral`), CET (`embedded`), both, or nothing (`none`).
+    """Patch `model` in place with SCA (`spectral`), CET (`embedded`), both, the follow-up's `conditioned_init`, or
+    nothing (`none`). Options and the readings they select: configs/conditioning/_options.yaml.
 
     No parameters or buffers are added and `state_dict` keys are unchanged, so checkpoints load into a
-    patched or unpatched model alike. Returns a PatchReport listing every patched module.
+    patched or unpatched model alike. `spectral` with mode=init and `conditioned_init` change the weights' values
+    once (the report's notes say so) and attach nothing. Returns a PatchReport listing every patched module.
     """
     if getattr(model, "_condattn", None) is not None:
         raise RuntimeError(
