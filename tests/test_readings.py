@@ -54,7 +54,7 @@ def test_svd_correction_bounds_kappa_from_the_layers_map_and_keeps_attention_spr
     model = vit_small()
     rep = condattn.apply_conditioning(model, "spectral", correction="svd", identity=identity)
     assert rep.counts == {"spectral:timm_fused_qkv": 12} and any("correction=svd" in n for n in rep.notes)
-    x = natural_images()
+    x = natural_images(b=2)
     diag = cheap_diagnostics(model, lambda m, b: m(b), x)  # first forward computes C
     for site in find_attention(model):
         m = effective_map(site.proj["q"].linear)  # (3D, D): [W_Q + C_Q; W_K + C_K; W_V + C_V] in torch layout
