@@ -8,6 +8,7 @@
 #   make reproduce-table-3 SCALE=smoke    table 3 (crammed-BERT pretraining per method, then GLUE fine-tuning, medians)
 #   make reproduce-table-2 SCALE=smoke    table 2 (COCO, Mask R-CNN + XCiT-S12/M24: box and mask AP)
 #   make reproduce-table-7 SCALE=smoke    table 7 (COCO, DETR-R50: box AP beside the DETR paper's reference)
+#   make reproduce-table-9 SCALE=smoke    table 9 (readings of SCA and CET on ViT and ListOps, beside step-0 saturation)
 #   make reproduce-table-4 SCALE=paper LAUNCHER=slurm DRY_RUN=1   print the SLURM jobs without submitting
 #   make compare RUNS="runs/smoke/table4_lra_listops_none_smoke_s* runs/smoke/table4_lra_listops_embedded_smoke_s*"
 SHELL := /bin/bash

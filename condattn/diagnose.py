@@ -4,7 +4,9 @@ Measures one model the Hydra configs describe (the same config `python -m condat
 conditioned side by side. The model is built ONCE (seeded as the trainer seeds it),
 deep-copied, and `none` / the method applied to the two copies, so both arms have identical stored weights.
 On the first `--batch` validation samples it measures per layer κ(W_Q/W_K/W_V) and σ_min(W_Q) (effective
-weights, W + λI under SCA), κ(X) of each block's input, attention entropy and max probability (one forward),
+weights, W + C under SCA), κ(X) of each block's input, attention entropy and max probability, the share of queries
+whose attention argmax is themselves and the class token's self-attention (one forward; with the spread of the final
+pooled feature across the batch), the embedding's gradient norm,
 and ‖∇W_Q‖, ‖∇W_K‖ after one backward of the task loss (eval mode: no dropout, so both arms compute the
 same function of the same batch). `--jacobian` adds κ(J) of the first attention layer's head 0, with that layer's own
 attention formula (condattn.diagnostics.jacobian_kappa: token softmax, XCiT's cross-covariance attention, ...).
@@ -41,6 +43,8 @@ COLUMNS = (  # (header, flat diagnostics key; i = layer / block index)
     ("κ(X in)", "kappa_x/b{i}"),
     ("entropy", "entropy/l{i}"),
     ("max prob", "maxprob/l{i}"),
+    ("self-argmax", "self_argmax/l{i}"),
+    ("cls→cls", "cls_self/l{i}"),
     ("‖∇W_Q‖", "gradnorm_wq/l{i}"),
     ("‖∇W_K‖", "gradnorm_wk/l{i}"),
 )
@@ -247,6 +251,13 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
         f"entropy (nats; uniform = {', '.join(uniform)}) / max prob: exact softmax(q kᵀ) of the layer's q, k, mean "
         "over heads and queries; ‖∇W‖_F: one backward of the task loss, eval mode "
         f"(loss {arms['baseline']['loss']:.4g} → {arms['conditioned']['loss']:.4g}).",
+        "self-argmax: share of (query, head) pairs whose largest attention weight is on the query itself; cls→cls: "
+        "the class token's attention to itself (— without one).",
+        "saturation: ‖∇‖ of the patch/token embedding "
+        f"{_fmt(flat[0].get('gradnorm_embed'))}{ARROW}{_fmt(flat[1].get('gradnorm_embed'))}; spread of the final "
+        f"pooled feature across the batch (mean ‖f − f̄‖ / mean ‖f‖; 0 = input-independent) "
+        f"{_fmt(flat[0].get('feature_spread'))}{ARROW}{_fmt(flat[1].get('feature_spread'))}.",
+        *(f"patch note: {n}" for n in report.notes),
     ]
     lines = [*head, "", *table(flat, rows), *notes]
     if jacobian:

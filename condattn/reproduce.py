@@ -25,7 +25,7 @@ from .engine.preflight import preflight
 from .engine.signals import StopFlag
 from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, ConfigError, RunSpec, active_job, compose_cell, launcher_problems
 from .reporting import load_experiment, write_table
-from .reporting.tables import rows_for
+from .reporting.tables import methods_for, rows_for
 from .runs import RunId, RunRecord
 
 
@@ -48,7 +48,7 @@ def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
                                f"run.name={name}", *common, *extra]))
     for row in rows_for(exp, scale):
         spec = exp["rows"][row]
-        for method in exp["methods"]:
+        for method in methods_for(exp, row):
             init = [f"model.init_from={pre_names[method]}"] if pre else []
             # a row's own overrides at this scale, `{method}` / `{scale}` filled in (table 2: each method's backbone
             # starts from table 1's run of the same method)

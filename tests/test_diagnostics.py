@@ -365,7 +365,9 @@ def test_cheap_diagnostics_vit(images, training):
     assert flat["kappa_x_max/b0"] <= 2 + 1e-3  # CET active
     assert flat["kappa_wq/l0"] < 1.2  # SCA λ=10 active
     assert flat["entropy/mean"] == pytest.approx((flat["entropy/l0"] + flat["entropy/l1"]) / 2)
-    assert set(r) == {"weights", "blocks", "attn_out", "attention", "flat"}
+    assert set(r) == {"weights", "blocks", "attn_out", "attention", "features", "flat"}
+    for key in ("self_argmax/l0", "cls_self/l1", "entropy_uniform/mean", "feature_spread"):  # saturation
+        assert key in flat and 0 <= flat[key] <= flat.get("entropy_uniform/l0", 1e9), key
 
 
 def test_cheap_diagnostics_nystromformer(text):

@@ -524,9 +524,12 @@ def test_patch_report_lists_only_the_options_that_apply(name):
     assert {"lam", "targets", "identity", "position", "solver", "lift_iters", "ns_iters", "power_iters"} <= set(
         rep.options)
     svd = condattn.apply_conditioning(case.build(), "embedded", solver="svd")
-    assert set(svd.options) == {"position", "tokens", "gradient", "solver"}
+    assert set(svd.options) == {"position", "tokens", "gradient", "solver", "scale"}
     spectral = condattn.apply_conditioning(case.build(), "spectral")
-    assert set(spectral.options) == {"lam", "targets", "identity"} | ({"detr_attention"} if grouped else set())
+    detr = {"detr_attention"} if grouped else set()
+    assert set(spectral.options) == {"lam", "targets", "identity", "correction", "mode", "lam_unit"} | detr
+    exact = condattn.apply_conditioning(case.build(), "spectral", correction="svd")
+    assert set(exact.options) == {"targets", "identity", "correction", "mode", "refresh_every"} | detr
 
 
 # ---------------------------------------------------------------- diagnostics on the new families

@@ -18,6 +18,7 @@ POSITIONS = ("after_pos_embed", "before_pos_embed")
 TOKENS = ("all", "patches_only")
 GRADIENTS = ("detach", "through")
 SOLVERS = ("svd", "newton_schulz")
+SCALES = ("keep", "norm")  # keep: the paper's X + C; norm: X + C rescaled to ‖X‖_F per sample (κ unchanged)
 
 
 def _svd_polar(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,12 +108,36 @@ def polar_correction(
     ns_iters: int = 4,
     power_iters: int = 20,
     lift_iters: int = 8,
+    scale: str = "keep",
 ) -> torch.Tensor:
     """Return X + σ_1(X)·U V^T per sample for tokens x of shape (B, N, D).
 
     mask: (B, N) bool, True for rows that take part; other rows are returned unchanged.
+    scale: `keep` (the paper's formula) or `norm`: the corrected rows rescaled by ‖X‖_F / ‖X + C‖_F over the rows
+    that take part (per sample), so the first block sees tokens of the original size (X + C has ‖C‖_F ≈ 12‖X‖_F on
+    ViT-B's raw patch embeddings) with the same κ. The factor follows `gradient` (a constant under detach).
     Computed in fp32 with autocast off (an SVD in bf16 is not meaningful), then cast back to x.dtype.
     """
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r} is not one of {SCALES}")
+    out = _polar_correction(x, mask, solver, gradient, ns_iters, power_iters, lift_iters)
+    if scale == "keep":
+        return out
+    keep = None if mask is None else mask.to(device=x.device, dtype=torch.bool).unsqueeze(-1)
+    with torch.autocast(device_type=x.device.type, enabled=False), torch.set_grad_enabled(
+        gradient == "through" and torch.is_grad_enabled()
+    ):
+        xs, os_ = (x.detach(), out.detach()) if gradient == "detach" else (x, out)
+        xs, os_ = xs.float(), os_.float()
+        if keep is not None:
+            xs, os_ = xs * keep, os_ * keep
+        factor = xs.norm(dim=(-2, -1), keepdim=True) / os_.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-30)
+        if keep is not None:
+            factor = torch.where(keep, factor, torch.ones_like(factor))
+    return out * factor.to(out.dtype)
+
+
+def _polar_correction(x, mask, solver, gradient, ns_iters, power_iters, lift_iters) -> torch.Tensor:
     if x.dim() != 3:
         raise ValueError(f"expected tokens of shape (B, N, D), got {tuple(x.shape)}")
     keep = None if mask is None else mask.to(device=x.device, dtype=torch.bool)

@@ -21,6 +21,8 @@ class PatchReport:
     entries: list[PatchEntry] = field(default_factory=list)
     # attention layers found but left unpatched by an option that selects kinds (DETR's conditioning.detr_attention)
     skipped: list[PatchEntry] = field(default_factory=list)
+    # what the method did beyond the entries, in words (e.g. mode=init: the shift now lives in the weights)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -34,11 +36,13 @@ class PatchReport:
         """Raise if the patch does not cover the architecture: one spectral entry per attention layer and
         exactly one embedded-token entry, for the methods that ask for them."""
         problems = []
-        if "spectral" in self.method and attention_layers is not None:
-            n, skipped = self.count("spectral"), len(self.skipped)
+        per_layer = "spectral" if "spectral" in self.method else "conditioned_init" if \
+            self.method == "conditioned_init" else None
+        if per_layer and attention_layers is not None:
+            n, skipped = self.count(per_layer), len(self.skipped)
             if n + skipped != attention_layers:
                 found = f"{n} attention layers" + (f" (+ {skipped} skipped by an option)" if skipped else "")
-                problems.append(f"spectral patched {found}, the model config expects {attention_layers}")
+                problems.append(f"{per_layer} patched {found}, the model config expects {attention_layers}")
         if "embedded" in self.method and self.count("embedded") != 1:
             problems.append(f"embedded patched {self.count('embedded')} token inputs, expected exactly 1")
         if problems:
@@ -51,6 +55,7 @@ class PatchReport:
             "counts": self.counts,
             "modules": [f"{e.kind} {e.module} {e.detail}".strip() for e in self.entries],
             **({"skipped": [f"{e.kind} {e.module} {e.detail}".strip() for e in self.skipped]} if self.skipped else {}),
+            **({"notes": list(self.notes)} if self.notes else {}),
         }
 
     def __str__(self) -> str:
@@ -59,4 +64,5 @@ class PatchReport:
         lines += [f"  {k}: {v}" for k, v in sorted(self.counts.items())] or ["  (nothing patched)"]
         if self.skipped:
             lines.append(f"  skipped by an option: {len(self.skipped)}")
+        lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

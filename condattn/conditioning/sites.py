@@ -79,14 +79,14 @@ class AttentionSite:
     form: AttentionForm = field(default=TOKEN_SOFTMAX)
 
     def weight(self, role: str, effective: bool = True) -> torch.Tensor:
-        """torch-layout weight (heads*head_dim, D_in) of one role; `effective` includes an SCA shift (W + λI)."""
+        """torch-layout weight (heads*head_dim, D_in) of one role; `effective` includes an SCA correction (W + C)."""
         p = self.proj[role]
         w = stored_weight(p).detach()
         if p.transposed:  # Conv1D stores (in, out): back to torch layout, where delta_weight() lives
             w = w.T
         shift = shift_of(p)
         if effective and shift is not None:
-            w = w + shift.delta_weight().to(w)
+            w = w + shift.delta_weight(w).to(w)
         return w[p.cols]
 
     def head_weight(self, role: str, head: int, effective: bool = True) -> torch.Tensor:
@@ -114,6 +114,9 @@ class TokenSite:
     mask_owner: nn.Module | None = None  # forward receives the padding mask
     mask_arg: tuple[str, int] | None = None  # (kwarg name, positional index) of that mask
     channels_first: bool = False  # blocks receive (B, C, H, W) maps (DaViT): X = x.flatten(2).transpose(1, 2)
+    # why position=before_pos_embed is not a separate reading here (no absolute positions are added to the tokens
+    # before the first block, so it hooks the same X); empty where it is (ViT, XCiT, BERT, GPT-2, crammed BERT)
+    no_pos_embed: str = ""
 
 
 AttentionFinder = Callable[[str, nn.Module], "AttentionSite | None"]

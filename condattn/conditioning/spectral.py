@@ -1,13 +1,22 @@
-"""SCA (Saratchandran & Lucey, NeurIPS 2025): W_Q, W_K, W_V of every attention layer become W + λI.
+"""SCA (Saratchandran & Lucey, NeurIPS 2025): W_Q, W_K, W_V of every attention layer become W + C.
 
-Implemented by folding λI into the projection at call time: a patched `nn.Linear` becomes a
-`ShiftedLinear` (same parameters, same `state_dict`) whose forward is `F.linear(x, W + λI, b)`, with W + λI
-built out of place from the parameter (one weight-sized add per call, differentiable in W; cached while
-gradients are off, e.g. in eval). Adding λ·x to the output instead costs an extra pass over B·N·3D
-activations in forward and backward: 6% of a ViT-S CPU step, against ~0% for the fold (`make bench`).
-Linear subclasses with their own forward keep that forward and get the output-add as a forward hook.
-The parameter itself never holds λI, so weight decay never sees it, and fused attention / SDPA /
-torch.compile see an ordinary linear op.
+C is the paper's method by default, a fixed λI (`correction="identity"`), or its Theorem 3.5's exact correction
+(`correction="svd"`): C = σ_max(W)·UVᵀ from the SVD W = UΣVᵀ of each block, so κ(W + C) ≤ 2, recomputed from the
+current weights every `refresh_every` weight updates and held fixed (detached) in between.
+
+`mode="fixed"` (the paper: C never trained) folds C into the projection at call time: a patched `nn.Linear` becomes
+a `ShiftedLinear` (same parameters, same `state_dict`) whose forward is `F.linear(x, W + C, b)`, with W + C built
+out of place from the parameter (one weight-sized add per call, differentiable in W; cached while gradients are
+off, e.g. in eval). Adding C·x to the output instead costs an extra pass over B·N·3D activations in forward and
+backward: 6% of a ViT-S CPU step, against ~0% for the fold (`make bench`). Linear subclasses with their own forward
+keep that forward and get the output-add as a forward hook. The parameter never holds C, so weight decay never
+sees it, and fused attention / SDPA / torch.compile see an ordinary linear op.
+
+`mode="init"` (a reading the papers leave open) adds C to the parameter once, when the method is applied; from
+then on the module is a plain `nn.Linear` whose weight is trained and decayed like any other.
+
+`lam_unit` says what λ is measured in (identity correction only): `abs` (λ as given), `init_std` (λ times the std
+of the block's weights when the method is applied) or `sigma_max` (λ times the block's σ_max then).
 """
 
 from __future__ import annotations
@@ -21,25 +30,75 @@ from torch import nn
 from .sites import AttentionSite, Projection, stored_weight
 
 IDENTITY_PLACEMENTS = ("full", "per_head")
+CORRECTIONS = ("identity", "svd")
+MODES = ("fixed", "init")
+LAM_UNITS = ("abs", "init_std", "sigma_max")
+SVD_KAPPA_BOUND = 2.05  # Theorem 3.5 gives κ(W + C) ≤ 2 exactly; the margin covers fp32 rounding
+
+
+def torch_weight(linear: nn.Module, transposed: bool = False) -> torch.Tensor:
+    """The (out_features, in_features) weight of a projection (Conv1D's (in, out) transposed back), detached."""
+    w = linear.weight.detach()
+    return w.T if transposed else w
+
+
+def projection_weight(p: Projection) -> torch.Tensor:
+    """torch_weight of the parameter that holds a projection's weight (p.param: `weight`, or e.g. the
+    `in_proj_weight` of nn.MultiheadAttention), detached."""
+    w = stored_weight(p).detach()
+    return w.T if p.transposed else w
+
+
+def svd_correction(w: torch.Tensor) -> torch.Tensor:
+    """Theorem 3.5's C for a batch of blocks w (..., m, n): σ_max(w)·P with P = UVᵀ the polar factor of w, in fp32.
+    The transpose of a block has the transposed polar factor, so the torch layout (out, in) and the paper's
+    W = weightᵀ give the same C up to that transpose. w + C has singular values σ_i + σ_max: κ(w + C) ≤ 2."""
+    wf = w.detach().float()
+    u, s, vh = torch.linalg.svd(wf, full_matrices=False)
+    return s[..., :1, None] * (u @ vh)
+
+
+def block_kappa(w: torch.Tensor) -> torch.Tensor:
+    """κ over the nonzero singular values of each block (..., m, n): σ_max / σ_min of the min(m, n) values."""
+    s = torch.linalg.svdvals(w.detach().float())
+    return s[..., 0] / s[..., -1].clamp_min(torch.finfo(s.dtype).tiny)
 
 
 class SpectralShift:
-    """Forward hook: output[..., j] += lam * x[..., src[j]] for every column j with src[j] >= 0.
+    """The correction C of one projection Linear, in torch layout (out_features, in_features): weight + C.
 
-    `src` encodes the (rectangular) identity placed in the paper's W = weight^T: column j of the output
-    receives input channel src[j]. One shift per Linear, shared by the q/k/v roles it holds.
+    Blocks are ranges of output rows (one per role with `identity=full`, one per head with `per_head`), each over all
+    input channels. `identity`: C holds scale·I on each block's leading diagonal (a rectangular identity: output row
+    b0 + j receives input channel j); `svd`: C holds σ_max·UVᵀ of each block, recomputed when the weight has been
+    updated `refresh_every` times since the last computation (a weight update is seen as a new `_version` of the
+    parameter, so gradient accumulation and evaluation do not count). One shift per Linear, shared by its roles.
     """
 
-    def __init__(self, linear: nn.Linear, lam: float):
+    def __init__(self, linear: nn.Module, lam: float, correction: str = "identity", lam_unit: str = "abs",
+                 refresh_every: int = 1, transposed: bool = False):
+        if correction not in CORRECTIONS:
+            raise ValueError(f"correction={correction!r} is not one of {CORRECTIONS}")
+        if lam_unit not in LAM_UNITS:
+            raise ValueError(f"lam_unit={lam_unit!r} is not one of {LAM_UNITS}")
         self.lam = float(lam)
-        self.in_features = linear.in_features
-        self.src = torch.full((linear.out_features,), -1, dtype=torch.long)
-        self._runs: list[tuple[int, int, int]] | None = None
-        self._index: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.correction, self.lam_unit, self.refresh_every = correction, lam_unit, max(1, int(refresh_every))
+        self.transposed = transposed
+        self.in_features, self.out_features = int(linear.in_features), int(linear.out_features)
+        self.blocks: list[tuple[int, int]] = []  # (first output row, rows)
+        self.scales: list[float] = []  # identity: the absolute λ of each block
+        self._delta: torch.Tensor | None = None  # svd: C as last computed (out, in), fp32
+        self._seen: tuple | None = None  # (data_ptr, _version, device) of the weight C was last checked against
+        self.updates = 0  # weight updates seen since C was computed
+        self.refreshes = 0  # how many times C has been computed
+        self.kappa_max = float("nan")  # svd: the largest κ(W + C) over the blocks at the last refresh
+        self._index: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._cache: tuple[tuple, torch.Tensor] | None = None
 
-    def add_block(self, cols: slice, num_heads: int, head_dim: int, identity: str) -> None:
-        """Place the identity in one role's output columns (all heads of q, k or v)."""
+    # ---- building the blocks ------------------------------------------------------------------------------------
+    def add_block(self, cols: slice, num_heads: int, head_dim: int, identity: str,
+                  weight: torch.Tensor | None = None) -> None:
+        """Place the correction in one role's output rows (all heads of q, k or v). `weight` (torch layout) gives the
+        λ units init_std / sigma_max; it is required for those."""
         start = cols.start or 0
         width = num_heads * head_dim
         if identity == "full":  # λ I_{D×(H·d)}: head h receives λ·x[h·d:(h+1)·d]
@@ -48,88 +107,162 @@ class SpectralShift:
             blocks = [(start + h * head_dim, head_dim) for h in range(num_heads)]
         else:
             raise ValueError(f"identity={identity!r} is not one of {IDENTITY_PLACEMENTS}")
-        for b0, w in blocks:
-            n = min(w, self.in_features)  # rectangular identity: only the first min(D_in, width) diagonal
-            self.src[b0 : b0 + n] = torch.arange(n)
-        self._runs, self._index, self._cache = None, {}, None
+        for b0, n in blocks:
+            scale = self.lam
+            if self.correction == "identity" and self.lam_unit != "abs":
+                if weight is None:
+                    raise ValueError(f"lam_unit={self.lam_unit} needs the weight the correction is added to")
+                blk = weight[b0 : b0 + n].detach().float()
+                unit = blk.std() if self.lam_unit == "init_std" else torch.linalg.matrix_norm(blk, ord=2)
+                scale = self.lam * float(unit)
+            self.blocks.append((b0, n))
+            self.scales.append(scale)
+        self._index, self._cache, self._delta, self._seen = {}, None, None, None
+
+    # ---- the correction -----------------------------------------------------------------------------------------
+    def _identity_index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if device not in self._index:
+            rows, cols, vals = [], [], []
+            for (b0, n), s in zip(self.blocks, self.scales):
+                k = min(n, self.in_features)  # rectangular identity: only the first min(D_in, rows) diagonal
+                rows.append(torch.arange(b0, b0 + k))
+                cols.append(torch.arange(k))
+                vals.append(torch.full((k,), s))
+            self._index[device] = tuple(torch.cat(t).to(device) for t in (rows, cols, vals))
+        return self._index[device]
+
+    def _refresh(self, w: torch.Tensor) -> None:
+        """svd: recompute C from the current weight w (torch layout) when due; assert κ(W + C) ≤ 2.05."""
+        key = (w.data_ptr(), w._version, w.device)
+        if self._delta is not None and key == self._seen:
+            return
+        if self._delta is not None and self._seen is not None and key[0] == self._seen[0] and \
+                key[2] == self._seen[2]:
+            self.updates += 1  # the same storage, a new version: an optimizer step
+            if self.updates % self.refresh_every:
+                self._seen = key
+                return
+        wd = w.detach()
+        delta = torch.zeros(self.out_features, self.in_features, device=w.device, dtype=torch.float32)
+        shapes: dict[int, list[int]] = {}
+        for b0, n in self.blocks:
+            shapes.setdefault(n, []).append(b0)
+        worst = 0.0
+        for n, starts in shapes.items():  # one batched SVD per block size
+            blk = torch.stack([wd[b0 : b0 + n] for b0 in starts])
+            c = svd_correction(blk)
+            kappa = block_kappa(blk.float() + c)
+            worst = max(worst, float(kappa.max()))
+            for b0, cb in zip(starts, c):
+                delta[b0 : b0 + n] = cb
+        if not worst <= SVD_KAPPA_BOUND:
+            raise RuntimeError(f"spectral correction=svd: κ(W + C) = {worst:.4g} > {SVD_KAPPA_BOUND} for a "
+                               f"{self.out_features}×{self.in_features} projection (non-finite weights?)")
+        self._delta, self._seen, self.updates, self.kappa_max = delta, key, 0, worst
+        self.refreshes += 1
+        self._cache = None
+
+    def delta_weight(self, w: torch.Tensor | None = None) -> torch.Tensor:
+        """The explicit correction C in torch layout (out_features, in_features): weight + C = (W + C_paper)ᵀ.
+        svd: computed from `w` (the torch-layout weight) when given and due, else C as last computed."""
+        if self.correction == "svd":
+            if w is not None:
+                self._refresh(w)
+            if self._delta is None:
+                raise RuntimeError("spectral correction=svd: C has not been computed yet (pass the weight)")
+            return self._delta
+        rows, cols, vals = self._identity_index(torch.device("cpu"))
+        delta = torch.zeros(self.out_features, self.in_features)
+        delta[rows, cols] = vals
+        return delta
 
     def weight(self, w: torch.Tensor) -> torch.Tensor:
-        """W + λI in torch layout, out of place (gradients flow to `w` unchanged)."""
+        """W + C in torch layout, out of place (gradients flow to `w` unchanged; C is a constant)."""
+        if self.correction == "svd":
+            self._refresh(w)
         if (torch.is_grad_enabled() and w.requires_grad) or torch.compiler.is_compiling():
             return self._shifted(w)  # compiled graphs fuse the add themselves
-        key = (w.data_ptr(), w._version, w.dtype, w.device)
-        if self._cache is None or self._cache[0] != key:  # eval / no_grad: rebuilt only when w changes
+        key = (w.data_ptr(), w._version, w.dtype, w.device, self.refreshes)
+        if self._cache is None or self._cache[0] != key:  # eval / no_grad: rebuilt only when w or C changes
             self._cache = (key, self._shifted(w.detach()))
         return self._cache[1]
 
     def _shifted(self, w: torch.Tensor) -> torch.Tensor:
-        if w.device not in self._index:
-            rows = torch.nonzero(self.src >= 0).squeeze(1)
-            self._index[w.device] = (rows.to(w.device), self.src[rows].to(w.device))
-        rows, cols = self._index[w.device]
-        return w.index_put((rows, cols), torch.full_like(rows, self.lam, dtype=w.dtype), accumulate=True)
+        if self.correction == "svd":
+            return w + self._delta.to(device=w.device, dtype=w.dtype)
+        rows, cols, vals = self._identity_index(w.device)
+        return w.index_put((rows, cols), vals.to(w.dtype), accumulate=True)
 
-    def runs(self) -> list[tuple[int, int, int]]:
-        """`src` as contiguous (out_start, in_start, length) runs: 3 runs for a fused qkv with `full`."""
-        if self._runs is None:
-            runs: list[list[int]] = []
-            for j, i in enumerate(self.src.tolist()):
-                if i < 0:
-                    continue
-                if runs and runs[-1][0] + runs[-1][2] == j and runs[-1][1] + runs[-1][2] == i:
-                    runs[-1][2] += 1
-                else:
-                    runs.append([j, i, 1])
-            self._runs = [tuple(r) for r in runs]
-        return self._runs
+    def runs(self) -> list[tuple[int, int, int, float]]:
+        """identity: C as contiguous (out_start, in_start, length, scale) runs: 3 runs for a fused qkv with `full`."""
+        out = []
+        for (b0, n), s in zip(self.blocks, self.scales):
+            out.append((b0, 0, min(n, self.in_features), s))
+        return out
 
     def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        # Hook path (Linear subclasses only).
-        # In place on the Linear's fresh output (autograd does not save it), one slice add per run: no
-        # weight copy and no full-size temporary.
+        # Hook path (Linear subclasses and GPT-2's Conv1D): output += x Cᵀ, in place on the module's fresh output
+        # (autograd does not save it); identity: one slice add per run, no weight copy and no full-size temporary.
         x = args[0].to(output.dtype)
-        for o, i, n in self.runs():
-            output[..., o : o + n].add_(x[..., i : i + n], alpha=self.lam)
+        if self.correction == "svd":
+            delta = self.delta_weight(torch_weight(module, self.transposed))
+            return output + F.linear(x, delta.to(device=x.device, dtype=x.dtype))
+        for o, i, n, s in self.runs():
+            output[..., o : o + n].add_(x[..., i : i + n], alpha=s)
         return output
-
-    def delta_weight(self) -> torch.Tensor:
-        """The explicit correction in torch layout (out_features, in_features): weight + delta = (W + λI)^T."""
-        delta = torch.zeros(self.src.numel(), self.in_features)
-        rows = torch.nonzero(self.src >= 0).squeeze(1)
-        delta[rows, self.src[rows]] = self.lam
-        return delta
 
 
 class ShiftedLinear(nn.Linear):
-    """An `nn.Linear` whose forward uses W + λI (its `_condattn_shift`); parameters and state_dict unchanged.
+    """An `nn.Linear` whose forward uses W + C (its `_condattn_shift`); parameters and state_dict unchanged.
     Patched modules switch class in place, so deepcopy and pickling keep the shift."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self._condattn_shift.weight(self.weight), self.bias)
 
 
-def patch_spectral(
-    sites: list[AttentionSite], lam: float, targets: tuple[str, ...], identity: str
-) -> tuple[list[torch.utils.hooks.RemovableHandle], dict[str, list[str]]]:
-    """Register one SpectralShift per projection weight. Returns the hook handles and, per site name,
-    the roles that were shifted. A role's identity spans its own heads (fewer than the site's for the K/V of
-    grouped-query attention: out_features // head_dim)."""
+def _shifts(sites: list[AttentionSite], targets: tuple[str, ...], identity: str, **shift_opts
+            ) -> tuple[dict[tuple[int, str], tuple[Projection, SpectralShift]], dict[int, tuple[nn.Module, dict]],
+                       dict[str, list[str]]]:
+    """One SpectralShift per projection weight (keyed by module and parameter name), the modules that read weights
+    themselves (Projection.called False) with theirs, and per site name the roles shifted. A role's correction spans
+    its own heads (fewer than the site's for the K/V of grouped-query attention: out_features // head_dim)."""
     shifts: dict[tuple[int, str], tuple[Projection, SpectralShift]] = {}
-    folds: dict[int, tuple[nn.Module, dict]] = {}  # owner -> the weights it reads itself (Projection.called False)
+    folds: dict[int, tuple[nn.Module, dict]] = {}  # owner -> the weights it reads itself
     patched: dict[str, list[str]] = {}
     for site in sites:
         for role in targets:
             p = site.proj[role]
             key = (id(p.linear), p.param)
             if key not in shifts:
-                shifts[key] = (p, SpectralShift(_sizes(p), lam))
-            shifts[key][1].add_block(p.cols, p.out_features // site.head_dim, site.head_dim, identity)
+                shifts[key] = (p, SpectralShift(_sizes(p), transposed=p.transposed, **shift_opts))
+            shifts[key][1].add_block(p.cols, p.out_features // site.head_dim, site.head_dim, identity,
+                                     projection_weight(p))
             if not p.called:
                 folds.setdefault(id(site.module), (site.module, {}))[1][key] = shifts[key]
         patched[site.name] = list(targets)
+    return shifts, folds, patched
+
+
+def patch_spectral(
+    sites: list[AttentionSite], lam: float, targets: tuple[str, ...], identity: str, correction: str = "identity",
+    mode: str = "fixed", lam_unit: str = "abs", refresh_every: int = 1,
+) -> tuple[list[torch.utils.hooks.RemovableHandle], dict[str, list[str]]]:
+    """One SpectralShift per projection Linear. mode=fixed: attached (ShiftedLinear, or a forward hook for a
+    Linear subclass); mode=init: C added to the parameter once, nothing attached. Returns the hook handles and, per
+    site name, the roles that were shifted."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not one of {MODES}")
+    shifts, folds, patched = _shifts(sites, targets, identity, lam=lam, correction=correction, lam_unit=lam_unit,
+                                     refresh_every=refresh_every)
     handles = []
     for p, shift in shifts.values():
         linear = p.linear
+        if mode == "init":
+            delta = shift.delta_weight(projection_weight(p))
+            param = stored_weight(p)
+            with torch.no_grad():
+                param.add_((delta.T if p.transposed else delta).to(param))
+            continue
         if p.param != "weight":
             linear.__dict__.setdefault("_condattn_shifts", {})[p.param] = shift
             continue
@@ -138,9 +271,9 @@ def patch_spectral(
             continue
         if type(linear) is nn.Linear:
             linear.__class__ = ShiftedLinear
-        else:  # a subclass with its own forward (quantised, LoRA, ...): keep it, add λ·x to its output
+        else:  # a subclass with its own forward (quantised, LoRA, Conv1D, ...): keep it, add C·x to its output
             handles.append(linear.register_forward_hook(shift))
-    for owner, entries in folds.values():
+    for owner, entries in (folds.values() if mode == "fixed" else ()):
         handles += FoldWhileCalled([(p.linear, p.param, shift) for p, shift in entries.values()]).attach(owner)
     return handles, patched
 

@@ -17,18 +17,23 @@ from .jacobian import (
 )
 from .layer_jacobian import EXACT_MAX_ENTRIES, head_inputs, jacobian_diagnostics, jacobian_kappa
 from .linalg import batch_condition_numbers, condition_number, sigma_max, sigma_min, singular_values
+from .saturation import FeatureProbe, classifier_module, embed_grad_norm, feature_spread
 from .tokens import TokenProbe, token_conditioning
 from .weights import weight_conditioning
 
 __all__ = [
     "EXACT_MAX_ENTRIES",
     "AttentionProbe",
+    "FeatureProbe",
     "TokenProbe",
     "attention_entropy",
     "attention_head",
     "attention_jacobian",
     "batch_condition_numbers",
     "cheap_diagnostics",
+    "classifier_module",
+    "embed_grad_norm",
+    "feature_spread",
     "condition_number",
     "flat_metrics",
     "grad_diagnostics",

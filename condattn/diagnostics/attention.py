@@ -59,6 +59,14 @@ def softmax_entropy(logits: torch.Tensor, key_keep: torch.Tensor | None = None):
     return ent, p.amax(-1)
 
 
+def self_attention_sites(site: AttentionSite, nq: int, nk: int) -> tuple[bool, bool]:
+    """(whether "query i attends to key i" is defined: token softmax with every token querying its own keys, whether
+    the first query is the class token attending over keys that start with it: class attention, or a token site
+    of a model with prefix tokens — the caller decides the latter)."""
+    own = site.attends_over == "tokens" and site.queries == "all" and nq == nk and site.group != "decoder_cross"
+    return own, site.attends_over == "tokens" and site.group != "decoder_cross"
+
+
 class AttentionProbe:
     """Context manager: while active, every forward accumulates per-head attention entropy and max
     probability of every attention site. `mask` (B, N), 1/True = real token; models whose encoder
@@ -73,6 +81,12 @@ class AttentionProbe:
         self.maxp = [torch.zeros(n, dtype=torch.float64) for n in h]
         self.count = [0] * len(self.sites)
         self.uniform = [0.0] * len(self.sites)  # Σ over queries of log(#valid keys)
+        # saturation: queries whose argmax key is themselves, and the class token's attention to itself
+        self.has_cls = self.token_site is not None and self.token_site.num_prefix_tokens > 0
+        self.self_hits = [0.0] * len(self.sites)
+        self.self_count = [0.0] * len(self.sites)
+        self.cls_self = [0.0] * len(self.sites)
+        self.cls_count = [0] * len(self.sites)
         self._buf: list[dict] = [{} for _ in self.sites]
         self._handles: list = []
 
@@ -120,20 +134,33 @@ class AttentionProbe:
         kkeep = None if channels or not site.masked_keys else rows_kept(self.mask, b, nk, q.device)
         qw = torch.ones(b, nq, device=q.device) if qkeep is None else qkeep.float()
         nkeys = torch.full((b,), float(nk), device=q.device) if kkeep is None else kkeep.sum(1).float()
+        own, first = self_attention_sites(site, nq, nk)
+        cls = first and (site.queries == "first" or (self.has_cls and own))
         step = max(1, _CHUNK_ELEMENTS // (h * nq * nk))
         for s in range(0, b, step):
             sl = slice(s, s + step)
-            ent, maxp = softmax_entropy(site.form.scores(site, q[sl], k[sl]), None if kkeep is None else kkeep[sl])
+            logits = site.form.scores(site, q[sl], k[sl])
+            ent, maxp = softmax_entropy(logits, None if kkeep is None else kkeep[sl])
             w = qw[sl][:, None, :]
             self.ent[i] += (ent * w).sum((0, 2)).double().cpu()
             self.maxp[i] += (maxp * w).sum((0, 2)).double().cpu()
+            if own or cls:
+                if kkeep is not None:
+                    logits = logits.masked_fill(~kkeep[sl][:, None, None, :], float("-inf"))
+                if own:  # argmax over keys == the query's own index, over heads and valid queries
+                    hit = (logits.argmax(-1) == torch.arange(nq, device=logits.device)).float()
+                    self.self_hits[i] += float((hit * w).sum())
+                    self.self_count[i] += float(w.sum()) * h
+                if cls:  # query 0 (the class token) attending to key 0 (itself), mean over heads
+                    self.cls_self[i] += float(torch.softmax(logits[:, :, 0], dim=-1)[..., 0].mean(1).sum())
+                    self.cls_count[i] += logits.shape[0]
         self.count[i] += int(qw.sum())
         self.uniform[i] += float((qw.sum(1).double() * nkeys.double().log()).sum())
 
     def results(self) -> list[dict]:
         """Per layer: {"layer", "name", "entropy", "maxprob", "entropy_uniform", "entropy_heads": [...],
-        "maxprob_heads": [...]}; means over samples and valid queries (heads averaged for the layer
-        values). entropy_uniform = mean log(#valid keys), the entropy of uniform attention."""
+        "maxprob_heads": [...], "self_argmax", "cls_self"}; means over samples and valid queries (heads averaged
+        for the layer values). entropy_uniform = mean log(#valid keys), the entropy of uniform attention."""
         out = []
         for i, site in enumerate(self.sites):
             c = self.count[i]
@@ -148,6 +175,11 @@ class AttentionProbe:
                     "entropy_uniform": self.uniform[i] / c if c else math.nan,
                     "entropy_heads": ent,
                     "maxprob_heads": maxp,
+                    # share of (query, head) pairs whose largest attention weight is on the query itself (None: the
+                    # site's queries are not its keys, e.g. channel or cross-attention)
+                    "self_argmax": self.self_hits[i] / self.self_count[i] if self.self_count[i] else None,
+                    # the class token's attention to itself, mean over heads and samples (None: no class token)
+                    "cls_self": self.cls_self[i] / self.cls_count[i] if self.cls_count[i] else None,
                 }
             )
         return out

@@ -7,7 +7,12 @@ Flat keys (one value per layer i / block j, then the mean over layers/blocks und
     kappa_x/b{j}, kappa_x_max/b{j}                        κ(X) entering block j, mean / max over samples
     kappa_attn/l{i}                                       κ of attention output i, mean over samples
     entropy/l{i}, maxprob/l{i}                            attention entropy (nats) and max probability
+    entropy_uniform/l{i}                                  the entropy of uniform attention (mean log #keys)
+    self_argmax/l{i}                                      share of queries whose attention argmax is themselves
+    cls_self/l{i}                                         the class token's attention to itself (models with one)
+    feature_spread                                        spread of the final pooled feature across the batch
     gradnorm_wq/l{i}, gradnorm_wk/l{i}, gradnorm_wv/l{i}  (grad_diagnostics) ‖∇W‖_F
+    gradnorm_embed                                        (grad_diagnostics) ‖∇‖_F of the patch / token embedding
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from torch import nn
 from ..conditioning.sites import ROLES
 from .attention import AttentionProbe
 from .grads import qkv_grad_norms
+from .saturation import FeatureProbe, embed_grad_norm
 from .tokens import TokenProbe
 from .weights import weight_conditioning
 
@@ -49,6 +55,12 @@ def flat_metrics(nested: dict) -> dict[str, float]:
     att = nested.get("attention", [])
     _series(flat, "entropy", "l", [a["entropy"] for a in att])
     _series(flat, "maxprob", "l", [a["maxprob"] for a in att])
+    _series(flat, "entropy_uniform", "l", [a["entropy_uniform"] for a in att])
+    _series(flat, "self_argmax", "l", [a.get("self_argmax") for a in att])
+    _series(flat, "cls_self", "l", [a.get("cls_self") for a in att])
+    spread = nested.get("features", {}).get("feature_spread")
+    if spread is not None:
+        flat["feature_spread"] = float(spread)
     return flat
 
 
@@ -63,17 +75,19 @@ def cheap_diagnostics(model: nn.Module, forward: Callable, batch, mask: torch.Te
 
     Returns a JSON-serialisable dict:
         {"weights": weight_conditioning(model), "blocks": [...], "attn_out": [...] (TokenProbe.results()),
-         "attention": AttentionProbe.results(), "flat": flat_metrics(...)}
+         "attention": AttentionProbe.results(), "features": FeatureProbe.results(), "flat": flat_metrics(...)}
     """
     modes = _modes(model)
     model.eval()
     try:
-        with torch.no_grad(), TokenProbe(model, mask) as tok, AttentionProbe(model, mask) as att:
+        with torch.no_grad(), TokenProbe(model, mask) as tok, AttentionProbe(model, mask) as att, \
+                FeatureProbe(model) as feat:
             forward(model, batch)
         nested = {
             "weights": weight_conditioning(model, effective=True),
             **tok.results(),
             "attention": att.results(),
+            "features": feat.results(),
         }
     finally:
         for m, training in modes:
@@ -83,10 +97,13 @@ def cheap_diagnostics(model: nn.Module, forward: Callable, batch, mask: torch.Te
 
 
 def grad_diagnostics(model: nn.Module) -> dict[str, float]:
-    """Flat {gradnorm_wq/l{i}, gradnorm_wk/l{i}, gradnorm_wv/l{i}, gradnorm_w*/mean} from the current .grad;
-    layers without a gradient are left out (empty dict before the first backward)."""
+    """Flat {gradnorm_wq/l{i}, gradnorm_wk/l{i}, gradnorm_wv/l{i}, gradnorm_w*/mean, gradnorm_embed} from the
+    current .grad; layers without a gradient are left out (empty dict before the first backward)."""
     flat: dict[str, float] = {}
     norms = qkv_grad_norms(model)
     for r in ROLES:
         _series(flat, f"gradnorm_w{r}", "l", [e[r] for e in norms])
+    g = embed_grad_norm(model)
+    if g is not None:
+        flat["gradnorm_embed"] = g
     return flat

@@ -42,6 +42,18 @@ def rows_for(exp: dict, scale: str) -> list[str]:
     return list(rows)
 
 
+def methods_for(exp: dict, row: str) -> list[str]:
+    """The methods a row trains: its own `method:` when the row names one (table 9: each row is one reading, a
+    method with its options), else every method of the experiment."""
+    own = exp["rows"][row].get("method")
+    if own is None:
+        return list(exp["methods"])
+    if own not in exp["methods"]:
+        raise ValueError(f"row {row!r} has method {own!r}, which is not among the experiment's methods "
+                         f"({', '.join(exp['methods'])})")
+    return [own]
+
+
 def multiplier(exp: dict) -> float:
     """What the table multiplies the metric by: 100 (accuracies shown in %) unless the experiment sets
     `metric_multiplier` (e.g. 1 for a validation loss)."""
@@ -73,7 +85,7 @@ def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | Non
     seeds = list(seeds if seeds is not None else exp["scales"][scale]["seeds"])
     cells = {}
     for row in rows_for(exp, scale):
-        for method in exp["methods"]:
+        for method in methods_for(exp, row):
             cell = TableCell(row, method, seeds)
             for seed in seeds:
                 s = RunRecord.of(runs_root, RunId(exp["table"], row, method, scale, seed)).summary

@@ -73,4 +73,5 @@ def timm_davit(name: str, m: nn.Module) -> TokenSite | None:
         num_prefix_tokens=0,
         blocks=blocks,
         channels_first=True,
+        no_pos_embed="DaViT adds no positions before its blocks (a depthwise-conv ConvPosEnc inside each block)",
     )

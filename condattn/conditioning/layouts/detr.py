@@ -65,4 +65,5 @@ def hf_detr_tokens(name: str, m: nn.Module) -> TokenSite | None:
         blocks=[(join(name, f"encoder.layers.{i}"), b) for i, b in enumerate(m.encoder.layers)],
         mask_owner=m.encoder,
         mask_arg=("attention_mask", 1),
+        no_pos_embed="DETR adds its sine positions to q and k inside every attention layer, never to the tokens",
     )

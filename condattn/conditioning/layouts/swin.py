@@ -43,4 +43,5 @@ def timm_swin(name: str, m: nn.Module) -> TokenSite | None:
         embed_name=join(name, "patch_embed"),
         num_prefix_tokens=0,
         blocks=blocks,
+        no_pos_embed="Swin v1 adds no absolute positions (a relative bias inside each window attention)",
     )

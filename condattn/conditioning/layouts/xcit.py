@@ -59,7 +59,8 @@ def timm_xcit(name: str, m: nn.Module) -> TokenSite | None:
     encoding (after pos_drop). The class token is only prepended later, before the class-attention layers, so
     X has no prefix tokens (the model's own `num_prefix_tokens` = 1 describes the class-attention stage).
     `blocks` lists the XCA blocks and then the class-attention blocks (whose input includes the class token).
-    Only position=after_pos_embed applies: XCiT's patch embedding returns a tuple (tokens, (Hp, Wp))."""
+    position=before_pos_embed hooks the convolutional patch embedding's output, before the Fourier positional
+    encoding (the patch embedding returns a tuple (tokens, (Hp, Wp)); CET corrects its tokens)."""
     if not hasattr(m, "blocks"):
         return None
     from timm.models.xcit import Xcit

@@ -1,0 +1,67 @@
+"""Conditioned initialisation (the same authors' follow-up, "Conditioned Initialization for Attention"): at
+initialisation only, each head's W_Q and W_K are semi-orthogonal matrices drawn independently (κ = 1 per head) and
+W_V is the rectangular identity; training then proceeds as usual, nothing is attached to the model.
+
+W_V's placement follows the `identity` option, as SCA's λI does (the follow-up does not say which, for a fused
+projection of all heads): `full` makes the whole D × (H·d) block of W_V the identity, so head h's W_V is the
+rectangular identity that selects its own channels x[h·d:(h+1)·d]; `per_head` gives every head the same
+top-left I_{D×d}, so every head's values are x[0:d]. Biases are left as built (zero in timm and transformers).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .sites import AttentionSite, Projection, stored_weight
+
+
+def _head_rows(p: Projection, site: AttentionSite) -> list[slice]:
+    """Each head's output rows of this role (its own head count: fewer K/V heads under grouped-query attention)."""
+    start = p.cols.start or 0
+    heads = p.out_features // site.head_dim
+    return [slice(start + h * site.head_dim, start + (h + 1) * site.head_dim) for h in range(heads)]
+
+
+def _write(p: Projection, rows: slice, block: torch.Tensor) -> None:
+    """Write a torch-layout (rows, in) block into the projection's weight (Conv1D stores it transposed)."""
+    w = stored_weight(p)  # the parameter holding the weight (e.g. nn.MultiheadAttention's in_proj_weight)
+    if p.transposed:
+        w[:, rows] = block.T.to(w)
+    else:
+        w[rows] = block.to(w)
+
+
+@torch.no_grad()
+def conditioned_init(sites: list[AttentionSite], targets: tuple[str, ...], identity: str = "full",
+                     generator: torch.Generator | None = None) -> dict[str, list[str]]:
+    """Overwrite W_Q, W_K (semi-orthogonal per head, independent draws) and W_V (rectangular identity) of every
+    site, for the roles in `targets`. Draws from `generator` (default: torch's global RNG, which the trainer seeds).
+    Returns, per site name, the roles that were set."""
+    done: dict[str, list[str]] = {}
+    for site in sites:
+        for role in targets:
+            p = site.proj[role]
+            w = stored_weight(p)
+            d_in = w.shape[0] if p.transposed else w.shape[1]
+            if role in ("q", "k"):
+                for rows in _head_rows(p, site):
+                    # torch layout d × D with orthonormal rows = the paper's D × d W with orthonormal columns
+                    block = torch.empty(site.head_dim, d_in)
+                    if generator is None:
+                        nn.init.orthogonal_(block)
+                    else:
+                        q, r = torch.linalg.qr(torch.randn(max(site.head_dim, d_in), min(site.head_dim, d_in),
+                                                           generator=generator))
+                        q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)
+                        block = q.T if site.head_dim <= d_in else q
+                    _write(p, rows, block)
+            else:
+                width = p.out_features
+                start = p.cols.start or 0
+                blocks = [slice(start, start + width)] if identity == "full" else _head_rows(p, site)
+                for rows in blocks:
+                    n = rows.stop - rows.start
+                    _write(p, rows, torch.eye(n, d_in))
+        done[site.name] = list(targets)
+    return done
