@@ -78,8 +78,8 @@ PROGRESS_SCHEDULES = ("budget_triangle",)  # cramming bert-o4's `budget-triangle
 # from lr/25 up over the warmup steps (pct_start = warmup / steps), then down (optim.anneal: linear | cos) to
 # lr/25/1e4, cycling AdamW's beta1 between 0.95 and 0.85 inversely (torch's defaults, which that code keeps).
 # `timm_cosine` = timm's CosineLRScheduler as the DeiT / Swin / XCiT / DaViT code builds it: linear warmup from
-# optim.warmup_lr over the warmup steps, cosine to optim.min_lr over optim.cosine_steps (default task.steps; the
-# rest of the run, e.g. DaViT's cooldown epochs, stays at min_lr); optim.warmup_prefix (Swin: the cosine starts after
+# optim.warmup_lr over the warmup steps, cosine to optim.min_lr, then optim.cooldown_steps at min_lr (DaViT's cooldown
+# epochs; default 0); optim.warmup_prefix (Swin: the cosine starts after
 # the warmup); optim.steps_per_epoch set = the schedule steps once per epoch (DeiT, XCiT, DaViT: timm's
 # scheduler.step(epoch)), null = every optimizer step (Swin's step_update); optim.scale_floors = warmup_lr and min_lr
 # are at lr_ref_batch and scale with the batch like lr (Swin's linear scaling of all three). When the warmup or the
@@ -108,6 +108,10 @@ def schedule_problems(o: Any, total_steps: int) -> list[str]:
     if o.get("schedule") == "timm_cosine":
         if o.get("min_lr") is None or o.get("warmup_lr") is None:
             return ["the timm_cosine schedule needs optim.min_lr and optim.warmup_lr (e.g. 1e-5 and 1e-6, DeiT's)"]
+        cool = int(o.get("cooldown_steps") or 0)
+        if not 0 <= cool < total_steps - _warmup(o, total_steps):
+            return [f"optim.cooldown_steps={cool}: must leave room for the warmup and the cosine within "
+                    f"task.steps={total_steps}"]
         spe = o.get("steps_per_epoch")
         if spe is not None and int(spe) < 1:
             return [f"optim.steps_per_epoch={spe!r}: a positive number of optimizer steps, or null (every step)"]
@@ -195,7 +199,7 @@ def timm_cosine(opt: torch.optim.Optimizer, o: Any, total_steps: int, batch_scal
 
     spe = int(o.steps_per_epoch) if o.get("steps_per_epoch") else None
     floors = batch_scale if o.get("scale_floors") else 1.0
-    warm, cosine = _warmup(o, total_steps), int(o.get("cosine_steps") or total_steps)
+    warm, cosine = _warmup(o, total_steps), total_steps - int(o.get("cooldown_steps") or 0)
     if spe and (warm % spe or cosine % spe):  # shortened recipes (smoke/small): not whole epochs, update every step
         spe = None
     unit = spe or 1  # timm counts epochs when it steps per epoch
