@@ -80,9 +80,9 @@ def torchvision_backbone_weights(spec: str) -> str:
     path = Path(torch.hub.get_dir()) / "checkpoints" / TORCHVISION_RESNET50
     if not path.is_file():
         raise FileNotFoundError(
-            f"model.backbone_weights=torchvision: {path} is missing (offline: nothing is downloaded). Copy torchvision's "
-            f"ImageNet ResNet-50 weights ({TORCHVISION_RESNET50}, torchvision ResNet50_Weights.IMAGENET1K_V1) there, "
-            "or pass model.backbone_weights=<file>, or model.backbone_weights=null for random init.")
+            f"model.backbone_weights=torchvision: {path} is missing (offline: nothing is downloaded). Copy "
+            f"torchvision's ImageNet ResNet-50 weights ({TORCHVISION_RESNET50}, ResNet50_Weights.IMAGENET1K_V1) "
+            "there, or pass model.backbone_weights=<file>, or model.backbone_weights=null for random init.")
     return str(path)
 
 
