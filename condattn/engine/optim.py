@@ -99,9 +99,8 @@ def multistep_factor(step: int, milestones: list[int], gamma: float = 0.1, warmu
 def schedule_problems(o: Any, total_steps: int) -> list[str]:
     """What is wrong with the `multistep` / `onecycle` / `timm_cosine` keys of `cfg.optim` (empty for others)."""
     if o.get("schedule") == "onecycle":
-        warm = _warmup(o, total_steps)
-        if not 0 < warm < total_steps:
-            return [f"optim.warmup_steps={warm}: the onecycle schedule needs 0 < warmup < task.steps={total_steps}"]
+        if total_steps < 2:
+            return [f"task.steps={total_steps}: the onecycle schedule needs at least 2 steps"]
         if o.get("anneal", "linear") not in ("linear", "cos"):
             return [f"optim.anneal={o.get('anneal')!r}: choose linear or cos"]
         return []
@@ -156,7 +155,8 @@ def build_optimizer(model: nn.Module, cfg: Any, global_batch: int, total_steps: 
             raise ValueError(problems[0])
         sched = torch.optim.lr_scheduler.OneCycleLR(
             opt, max_lr=[g["lr"] for g in opt.param_groups], total_steps=total_steps,
-            pct_start=_warmup(o, total_steps) / total_steps, anneal_strategy=str(o.get("anneal", "linear")))
+            pct_start=_onecycle_pct(_warmup(o, total_steps), total_steps),
+            anneal_strategy=str(o.get("anneal", "linear")))
         return opt, sched
     if o.schedule == "timm_cosine":
         problems = schedule_problems(o, total_steps)
@@ -185,6 +185,12 @@ def build_optimizer(model: nn.Module, cfg: Any, global_batch: int, total_steps: 
     warmup = _warmup(o, total_steps)
     sched = get_scheduler(o.schedule, opt, num_warmup_steps=warmup, num_training_steps=total_steps)
     return opt, sched
+
+
+def _onecycle_pct(warmup: int, total_steps: int) -> float:
+    """OneCycleLR's pct_start = warmup / steps, kept within (0, 1) so a run shorter than the warmup (tests, smoke
+    overrides) still has one step up and one down."""
+    return min(max(warmup, 1), total_steps - 1) / total_steps
 
 
 def _warmup(o: Any, total_steps: int) -> int:
