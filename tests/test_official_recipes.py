@@ -4,6 +4,8 @@ DETR's torchvision ResNet weights and TinyStories' tokenizer fallback."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -151,3 +153,31 @@ def test_tinystories_tokenizer_fallback_is_recorded(tmp_path):
     assert _tokenizer_choice(d) == (str(tmp_path / "gpt2"), "")
     stop = OmegaConf.create({"tokenizer": str(tmp_path / "none"), "tokenizer_if_missing": "stop"})
     assert _tokenizer_choice(stop) == (str(tmp_path / "none"), "")  # the builder then names the missing files
+
+
+def test_crammed_data_trash_removal_and_sentence_length_curriculum(tmp_path):
+    import numpy as np
+
+    from condattn.config import compose
+    from condattn.data.build import build_datasets
+    from condattn.data.mlm_text import curriculum_order
+
+    base = ["task=mlm_crammed", "scale=smoke", "logger=none", f"paths.runs={tmp_path / 'runs'}",
+            f"paths.cache={tmp_path / 'cache'}", "data.vocab_size=512", "data.val_max_blocks=4"]
+    plain = build_datasets(compose(base))
+    assert plain.info["ordering"] == "randomized" and plain.info["trash_removal"] is None
+    assert plain.sampler_factory is None
+    cur = build_datasets(compose([*base, "data.trash_cutoff=0.4", "data.ordering=sentence-length-curriculum"]))
+    kept, dropped = cur.info["docs"]["train"], cur.info["trash_removal"]["docs_dropped"]["train"]
+    assert kept + dropped == plain.info["docs"]["train"]  # tokens < cutoff × chars (0.32-0.42 here)
+    strict = build_datasets(compose([*base, "data.trash_cutoff=0.37"]))
+    assert strict.info["trash_removal"]["docs_dropped"]["train"] > dropped
+    from tokenizers import Tokenizer
+
+    period = Tokenizer.from_file(str(Path(cur.info["cache"]) / "tokenizer.json")).token_to_id(".")
+    counts = [int((cur.train[i]["input_ids"] == period).sum()) for i in range(len(cur.train))]
+    assert counts == sorted(counts, reverse=True) and counts[0] > counts[-1]
+    sampler = cur.sampler_factory(len(cur.train), 0, 0, 1, block=4)
+    assert list(sampler)[:8] == list(range(8))  # read in curriculum order, not shuffled
+    toy = np.array([5, 1, 1, 1, 5, 5, 1, 1, 5, 5, 5, 1, 2], dtype=np.uint16)
+    assert curriculum_order(toy, 4, 5).tolist() == [2, 1, 0]
