@@ -108,7 +108,7 @@ def schedule_problems(o: Any, total_steps: int) -> list[str]:
         if o.get("min_lr") is None or o.get("warmup_lr") is None:
             return ["the timm_cosine schedule needs optim.min_lr and optim.warmup_lr (e.g. 1e-5 and 1e-6, DeiT's)"]
         cool = int(o.get("cooldown_steps") or 0)
-        if not 0 <= cool < total_steps - _warmup(o, total_steps):
+        if cool and not 0 < cool < total_steps - _warmup(o, total_steps):
             return [f"optim.cooldown_steps={cool}: must leave room for the warmup and the cosine within "
                     f"task.steps={total_steps}"]
         spe = o.get("steps_per_epoch")
