@@ -56,7 +56,8 @@ def test_every_cell_composes_and_preflights(path, scale, tmp_path, monkeypatch, 
             assert p.kind == "data" and scale in ("paper", "medium"), f"{name}: {p.kind}: {p.message}"
             assert str(tmp_path) in p.message or "run" in p.message or "cache" in p.message, p.message
         model = OmegaConf.to_container(cfg.model, resolve=True)
-        for weights in ("init_from", "backbone_checkpoint"):  # earlier runs' weights: checked by the preflight above
+        # earlier runs' weights and DETR's torchvision file: checked by the preflight above
+        for weights in ("init_from", "backbone_checkpoint", "backbone_weights"):
             model.pop(weights, None)
         for flag in ("pretrained", "use_pretrained_backbone"):  # timm's cached weights: likewise
             if flag in model:

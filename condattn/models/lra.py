@@ -1,12 +1,30 @@
 """The LRA classifiers: transformers' Nyströmformer with the Nyströmformer authors' LRA configuration
 (mlpen/Nystromformer, LRA/code/lra_config.py) and a mean-pooled classification head; for Retrieval the
-same encoder applied to both documents of a pair (LRA/code/model_wrapper.py, ModelForSCDual)."""
+same encoder applied to both documents of a pair (LRA/code/model_wrapper.py, ModelForSCDual).
+
+`pre_norm=True` (the default) arranges the blocks as the authors' LRA model (LRA/code/model.py): no LayerNorm on the
+embeddings, x + Drop(Attn(LN(x))) then x + MLP(LN(x)) in each block, and a final LayerNorm before pooling.
+transformers' Nyströmformer is post-LN (BERT's arrangement); `pre_norm=False` keeps it."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 from transformers import NystromformerConfig, NystromformerModel
+from transformers.models.nystromformer.modeling_nystromformer import NystromformerLayer
+
+
+class PreNormNystromformerLayer(NystromformerLayer):
+    """A transformers Nyströmformer layer run pre-LN with the same modules (so conditioning hooks and checkpoints see
+    the same names): attention.output.LayerNorm normalises the block input, output.LayerNorm the MLP input."""
+
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        a = self.attention
+        attn = a.self(a.output.LayerNorm(hidden_states), attention_mask, output_attentions)
+        x = hidden_states + a.output.dropout(a.output.dense(attn[0]))
+        # the LRA MLP: Linear, GELU, Dropout, Linear, Dropout
+        h = self.output.dropout(self.output.dense(self.output.dropout(self.intermediate(self.output.LayerNorm(x)))))
+        return (x + h, *attn[1:])
 
 
 class NystromformerClassifier(nn.Module):
@@ -26,6 +44,7 @@ class NystromformerClassifier(nn.Module):
         conv_kernel_size: int | None = 35,
         dropout: float = 0.1,
         head_hidden: int = 128,
+        pre_norm: bool = True,
     ):
         super().__init__()
         if seq_len % num_landmarks:
@@ -50,6 +69,15 @@ class NystromformerClassifier(nn.Module):
             pad_token_id=0,
         )
         self.backbone = NystromformerModel(config)
+        self.pre_norm = bool(pre_norm)
+        if self.pre_norm:
+            layers = self.backbone.encoder.layer
+            for i, old in enumerate(layers):
+                new = PreNormNystromformerLayer(config)
+                new.load_state_dict(old.state_dict())  # transformers' initialisation, unchanged
+                layers[i] = new
+            self.backbone.embeddings.LayerNorm = nn.Identity()  # the LRA model adds token + position, no norm
+            self.final_norm = nn.LayerNorm(hidden_size)
         # LRA's classifier: Linear -> ReLU -> Linear on the pooled encoding
         self.head = nn.Sequential(
             nn.Linear(hidden_size * self.head_inputs, head_hidden), nn.ReLU(), nn.Linear(head_hidden, num_classes)
@@ -63,6 +91,8 @@ class NystromformerClassifier(nn.Module):
         keys = attention_mask[:, None, None, :].to(torch.float32)
         additive = (1.0 - keys) * torch.finfo(torch.float32).min
         hidden = self.backbone(input_ids=input_ids, attention_mask=additive).last_hidden_state
+        if self.pre_norm:
+            hidden = self.final_norm(hidden)
         m = attention_mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
 

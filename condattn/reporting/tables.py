@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from ..runs import RunId, RunRecord
+from .notes import table_notes, tokenizer_notes
 from .stats import diff_ci, mean_std
 
 METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET"}
@@ -194,6 +195,7 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> tuple[str, l
                 "diff_ci95_high": f"{ci.high:.4f}" if ci else "",
                 "ci_method": ci.method if ci else "",
             })
+    lines += tokenizer_notes([s for c in cells.values() for s in c.summaries])
     lines += ["", provenance_line(exp, scale, cells)]
     return "\n".join(lines) + "\n", csv_rows
 
@@ -244,6 +246,9 @@ def save_outputs(exp: dict, scale: str, results_root: str | Path, md: str, csv_r
     the Markdown then embeds under `caption`. Returns (md path, md text). Every table renderer ends here."""
     out_dir = Path(results_root) / scale
     out_dir.mkdir(parents=True, exist_ok=True)
+    notes = table_notes(exp, scale, rows_for(exp, scale))
+    if notes:
+        md = md.rstrip("\n") + "\n" + "\n".join(notes) + "\n"
     png = plot(out_dir / f"{exp['table']}.png")
     if png is not None:
         md += f"\n![{caption}]({png.name})\n"
