@@ -145,8 +145,8 @@ def test_reproduce_refuses_bad_input(tmp_path, capsys):
     assert "[all 3 cells]" in err
     # a global batch that does not split over the launcher's GPUs
     assert main([exp, "--seeds", "0", "--launcher", "slurm", "launcher.gpus_per_node=3", *tiny(tmp_path)]) == 2
-    assert ("global batch task.batch_size=8 is not divisible by impl.micro_batch_size=2 × 3 processes; choose a "
-            "micro-batch that divides 2, or another GPU count  [all 3 cells]") in capsys.readouterr().err
+    assert ("global batch task.batch_size=8 does not split over 3 processes; use a process count that divides it "
+            "(1, 2, 4, 8, …) or another global batch  [all 3 cells]") in capsys.readouterr().err
     # an override that would put every cell into one run dir
     assert main([exp, "--seeds", "0", "run.name=mine", *tiny(tmp_path)]) == 2
     assert "3 cells (table4_lra_listops_none_smoke_s0, table4_lra_listops_spectral_smoke_s0, " \

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from condattn.config import compose
-from condattn.engine.preflight import PreflightError, preflight
+from condattn.engine.preflight import PreflightError, batch_split, preflight
 from condattn.engine.trainer import TrainingDiverged, TrainingInterrupted, train
 from condattn.launch import ConfigError, compose_cell
 from condattn.utils.io import read_json, read_jsonl
@@ -140,14 +140,37 @@ def test_bad_conditioning_value_stops_before_training(tmp_path, cache):
 
 
 def test_inconsistent_batch_is_refused(tmp_path, cache):
-    with pytest.raises(PreflightError, match="not divisible by impl.micro_batch_size=5"):
-        train(compose(tiny(tmp_path, cache, "impl.micro_batch_size=5")))
+    with pytest.raises(PreflightError, match=r"task.batch_size=0 must be a positive integer"):
+        train(compose(tiny(tmp_path, cache, "task.batch_size=0")))
     # the planned process count of a launcher counts: 32 over 3 GPUs cannot split
     cfg = compose(tiny(tmp_path, cache, "launcher=slurm", "launcher.gpus_per_node=3"))
     assert [str(p) for p in preflight(cfg)] == [
-        "global batch task.batch_size=32 is not divisible by impl.micro_batch_size=10 × 3 processes; choose a "
-        "micro-batch that divides 10, or another GPU count"
+        "global batch task.batch_size=32 does not split over 3 processes; use a process count that divides it "
+        "(1, 2, 4, 8, 16, 32, …) or another global batch"
     ]
+
+
+def test_micro_batch_is_derived_from_the_global_batch_and_the_processes():
+    """impl.micro_batch_size is a cap: the largest divisor of the per-process share under it, the rest accumulated;
+    every process count that divides the global batch works."""
+    from omegaconf import OmegaConf
+
+    def split(glob, cap, world):
+        return batch_split(OmegaConf.create({"task": {"batch_size": glob}, "impl": {"micro_batch_size": cap}}), world)
+
+    assert split(256, 128, 1) == (256, 128, 2)  # LRA image/pathfinder at paper scale on one GPU
+    assert split(256, 128, 4) == (256, 64, 1)  # the README's gpus_per_node=4
+    assert split(256, 128, 8) == (256, 32, 1)
+    assert split(96, 64, 1) == (96, 48, 2)
+    assert split(32, 5, 1) == (32, 4, 8)
+    assert split(32, None, 2) == (32, 16, 1)
+    for world in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        glob, micro, accum = split(256, 128, world)
+        assert micro * accum * world == glob and micro <= 128
+    for bad, msg in [((32, 8, 3), "does not split over 3 processes"), ((0, None, 1), "task.batch_size=0 must be"),
+                     ((32, 0, 1), "impl.micro_batch_size=0 must be")]:
+        with pytest.raises(ValueError, match=msg):
+            split(*bad)
 
 
 def test_paper_scale_without_data_names_the_path(tmp_path):
