@@ -106,11 +106,16 @@ def config_problems(cfg: Any) -> list[str]:
     if cfg.model.get("builder") not in MODEL_BUILDERS:
         out.append(f"unknown model builder {cfg.model.get('builder')!r} (model={cfg.model.get('name')!r}); "
                    f"known: {', '.join(MODEL_BUILDERS)}")
+    seed = cfg.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        out.append(f"seed={seed!r} must be an integer (e.g. seed=1)")
     cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
     for key in ("lam",):
         if cond.get(key) is not None:
             try:
-                float(cond[key])
+                if not 0 <= float(cond[key]) < float("inf"):
+                    out.append(f"conditioning.{key}={cond.pop(key)!r} must be a finite number ≥ 0 (λ = 0 adds "
+                               "nothing; the SCA paper's default is 10)")
             except (TypeError, ValueError):
                 out.append(f"conditioning.{key}={cond.pop(key)!r} must be a number")
     try:
@@ -186,9 +191,13 @@ def data_problems(cfg: Any) -> list[str]:
 
 
 def run_dir_problems(cfg: Any) -> list[str]:
-    """A checkpoint in the run dir that the config's model cannot load (another architecture)."""
+    """A run dir that records another science config (engine/identity.py), or a checkpoint in it that the config's
+    model cannot load (another architecture)."""
     from ..models import MODEL_BUILDERS
+    from .identity import config_mismatch
 
+    if why := config_mismatch(cfg, cfg.run.dir):
+        return [why]
     record = RunRecord(Path(cfg.run.dir))
     ckpt = None if record.finished else record.latest_checkpoint()
     if ckpt is None or cfg.model.get("builder") not in MODEL_BUILDERS:
