@@ -121,7 +121,11 @@ class RunRecord:
         self.dir = Path(run_dir)
 
     @classmethod
-    def of(cls, runs_root: str | Path, run_id: RunId) -> RunRecord:
+    def of(cls, runs_root: str | Path, run_id: RunId, variants: dict[str, str] | None = None) -> RunRecord:
+        """The record of `run_id`; `variants` ({readable name: variant}, as `reproduce` passes a table's renderer in
+        `exp["variants"]`) gives the variant of a cell run with extra overrides."""
+        if variants and not run_id.variant and run_id.name in variants:
+            run_id = RunId(run_id.table, run_id.row, run_id.method, run_id.scale, run_id.seed, variants[run_id.name])
         return cls(run_id.dir(runs_root))
 
     def __repr__(self) -> str:

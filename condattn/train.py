@@ -43,7 +43,8 @@ def _split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
         a = argv[i]
         if a.startswith("-"):
             flags.append(a)
-            if a in _FLAGS_WITH_VALUE and i + 1 < len(argv) and not argv[i + 1].startswith("-") and "=" not in argv[i + 1]:
+            nxt = argv[i + 1] if i + 1 < len(argv) else "-"
+            if a in _FLAGS_WITH_VALUE and not nxt.startswith("-") and "=" not in nxt:
                 flags.append(argv[i + 1])
                 i += 1
         else:
@@ -122,7 +123,7 @@ def main(cfg: DictConfig) -> None:
         for p in e.problems:
             print(f"[condattn] {p}", file=sys.stderr)
         sys.exit(2)
-    except (TrainingDiverged, FileNotFoundError, CheckpointUnreadable) as e:  # a diverged run, missing data: no traceback
+    except (TrainingDiverged, FileNotFoundError, CheckpointUnreadable) as e:  # diverged, missing data: no traceback
         print(f"[condattn] {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(2)
     m = s["metrics"]
