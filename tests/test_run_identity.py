@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -100,13 +99,14 @@ def test_a_run_dir_of_another_config_is_never_resumed_or_reused(tmp_path):
 def test_cli_lam2_then_lam10_and_a_sweep_give_one_run_per_value(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
-    def cli(*args):
-        out = subprocess.run([sys.executable, "-m", "condattn.train", *mini(tmp_path), "conditioning=spectral", *args],
+    def cli(*args, flags=()):
+        out = subprocess.run([sys.executable, "-m", "condattn.train", *flags, *mini(tmp_path), "conditioning=spectral",
+                              *args],
                              cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
         assert out.returncode == 0, out.stderr
         return out.stdout
 
-    cli("-m", "conditioning.lam=2,10")
+    cli("conditioning.lam=2,10", flags=["-m"])
     runs = sorted((tmp_path / "runs" / "smoke").glob("lra_listops_spectral_smoke_s0-*"))
     lams = {json.loads((d / "summary.json").read_text())["config"]["conditioning"]["lam"] for d in runs}
     assert len(runs) == 2 and lams == {2.0, 10.0}
@@ -131,19 +131,17 @@ def test_run_lock_says_who_holds_it(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_on_one_run_train_it_once(tmp_path):
-    """The second process waits for the first (naming it), then finds the run finished: one set of metrics rows."""
+    """Two processes started together on one run: one trains, the other waits for it (naming it), then finds the
+    run finished; every training row is written once."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     args = [sys.executable, "-m", "condattn.train", *mini(tmp_path, "run.name=shared", "task.steps=8")]
-    first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    lock = tmp_path / "runs" / "smoke" / ".locks" / "shared.lock"
-    deadline = time.time() + 300
-    while not (lock.exists() and f"pid {first.pid} " in lock.read_text()):
-        assert time.time() < deadline and first.poll() is None, first.communicate()
-        time.sleep(0.2)
-    second = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
-    out1, err1 = first.communicate(timeout=600)
-    assert first.returncode == 0 and second.returncode == 0, (err1, second.stderr)
-    assert f"is being trained by pid {first.pid} on " in second.stderr
-    assert "already finished; nothing to do" in second.stdout
+    procs = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
+    waited = [i for i, (out, err) in enumerate(outs) if "already finished; nothing to do" in out]
+    assert len(waited) == 1, outs
+    other = procs[1 - waited[0]].pid
+    assert f"is being trained by pid {other} on " in outs[waited[0]][1]
     steps = [r["step"] for r in RunRecord(tmp_path / "runs" / "smoke" / "shared").metrics_rows("train")]
     assert steps == sorted(set(steps)) and steps[-1] == 8  # every training row once

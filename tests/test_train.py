@@ -178,14 +178,35 @@ def test_paper_scale_without_data_names_the_path(tmp_path):
         train(compose(["scale=paper", "logger=none", f"paths.runs={tmp_path}", f"data.root={tmp_path / 'nowhere'}"]))
 
 
-def test_corrupt_checkpoint_is_reported(tmp_path, cache):
+def test_unreadable_checkpoints_are_set_aside(tmp_path, cache):
+    """The only checkpoint is unreadable: it is set aside as step_N.corrupt, and the error says a rerun starts over."""
+    from condattn.engine.checkpoint import CheckpointUnreadable
+
     cfg = compose(tiny(tmp_path, cache, "task.steps=2"))
     ck = Path(cfg.run.dir) / "checkpoints" / "step_0000001"
     ck.mkdir(parents=True)
     (ck / "COMPLETE").write_text("1")
     (ck / "model.safetensors").write_bytes(b"garbage")
-    with pytest.raises(RuntimeError, match="cannot resume from checkpoint .*step_0000001"):
+    with pytest.raises(CheckpointUnreadable, match="no checkpoint of .* can be read .*start this run from step 0"):
         train(cfg)
+    assert not ck.exists() and (ck.parent / "step_0000001.corrupt").is_dir()
+
+
+@pytest.mark.slow
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, cache, capsys):
+    with pytest.raises(TrainingInterrupted):
+        train(compose(mini(tmp_path, cache, "impl.checkpoint_every=1", "debug.interrupt_at_step=3")))
+    cfg = compose(mini(tmp_path, cache, "impl.checkpoint_every=1"))
+    ckpts = Path(cfg.run.dir) / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_0000002", "step_0000003"]
+    (ckpts / "step_0000003" / "model.safetensors").write_bytes(b"truncated")
+    s = train(cfg)
+    err = capsys.readouterr().err
+    assert "warning: cannot resume from checkpoint" in err and "set it aside as step_0000003.corrupt" in err
+    assert s["steps"] == 4 and s["launch"]["resumed_at_steps"] == [2]
+    assert (ckpts / "step_0000003.corrupt").is_dir()
+    steps = [r["step"] for r in read_jsonl(Path(cfg.run.dir) / "metrics.jsonl") if r["split"] == "train"]
+    assert steps == [1, 2, 3, 4]  # step 3's row of the first session was dropped with its checkpoint
 
 
 @pytest.mark.slow
