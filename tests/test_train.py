@@ -1,6 +1,7 @@
 """The trainer end to end on tiny generated ListOps: CLI, summary, resume after SIGTERM, determinism, bad input."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -216,6 +217,13 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path, cache):
     with pytest.raises(TrainingInterrupted):
         train(compose(mini(tmp_path, cache, "debug.interrupt_at_step=1")))  # leaves checkpoints/step_0000001
     other = compose(mini(tmp_path, cache, "model.hidden_size=32"))  # same run dir, narrower model
+    # the run dir records its config: the differing key is named first
+    mismatch = r"holds a run of another config: model.hidden_size is 64 there and 32 here"
+    assert re.search(mismatch, "\n".join(map(str, preflight(other))))
+    with pytest.raises(PreflightError, match=mismatch):
+        train(other)
+    # a checkpoint without its config (copied in, or from a run dir of an older version): the tensors tell
+    (Path(other.run.dir) / "config.yaml").unlink()
     msg = (r"checkpoint .*step_0000001 was written by a different architecture: .* is \[\d+, 64\] there and "
            r"\[\d+, 32\] here .*choose another run.name, or resume=never")
     problems = preflight(other)  # before any job starts (the model is built on the meta device)
