@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -43,3 +45,49 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "tra
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return hydra_compose(config_name=config_name, overrides=list(overrides))
+
+
+class ConfigError(ValueError):
+    """A bad override or config, explained in one line."""
+
+
+def _did_you_mean(key: str, overrides: list[str]) -> str:
+    parent, _, last = key.rpartition(".")
+    try:
+        groups = [o for o in overrides if "=" in o and "." not in o.split("=", 1)[0]]  # group choices only
+        base = compose(groups)
+        node = OmegaConf.select(base, parent) if parent else base
+        keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+    except Exception:
+        return ""
+    close = difflib.get_close_matches(last, keys, n=1, cutoff=0.6)
+    return f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+
+
+def explain_override_error(overrides: list[str], exc: Exception) -> str:
+    """One line saying which override is wrong and what would be right."""
+    msg = str(exc)
+    if m := re.search(r"Could not find '([^/']+)/([^']+)'", msg):
+        group, option = m.groups()
+        avail = re.findall(r"^\t(\S+)$", msg.split("Config search path")[0], flags=re.M)
+        close = difflib.get_close_matches(option, avail, n=1, cutoff=0.5)
+        hint = f"did you mean {group}={close[0]}? " if close else ""
+        return f"override '{group}={option}': there is no configs/{group}/{option}.yaml; {hint}available: " + \
+            ", ".join(avail)
+    if m := re.search(r"Could not override '([^']+)'", msg):
+        key = m.group(1)
+        given = next((o for o in overrides if o.split("=", 1)[0].lstrip("+~") == key), key)
+        return f"override '{given}' names no key of the config{_did_you_mean(key, overrides)}"
+    first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
+    return f"overrides {' '.join(overrides)}: {first}"
+
+
+def compose_cell(overrides: list[str]) -> DictConfig:
+    """`compose(overrides)` with a one-line ConfigError naming the bad override."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return compose(overrides)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        raise ConfigError(explain_override_error(overrides, e)) from e

@@ -63,13 +63,14 @@ def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
 
 
 def needs(exp: dict, name: str, scale: str) -> str | None:
-    """The pretraining cell a fine-tuning cell starts from (None without a pretrain stage)."""
+    """The pretraining cell a fine-tuning cell starts from (None without a pretrain stage), with its variant."""
     if not exp.get("pretrain") or "_pretrain_" in name:
         return None
     run = RunId.parse(name, exp["table"], exp["rows"], exp["methods"], scale)
     if run is None:
         return None
-    return RunId(exp["table"], "pretrain", run.method, scale, int(exp["pretrain"].get("seed", 0))).name
+    pre = RunId(exp["table"], "pretrain", run.method, scale, int(exp["pretrain"].get("seed", 0)))
+    return RunId(**{**vars(pre), "variant": (exp.get("variants") or {}).get(pre.name, "")}).name
 
 
 def _problem_report(problems: dict[str, list[str]], n_cells: int) -> list[str]:
@@ -121,6 +122,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _name_variants(todo: list[RunSpec], n_extra: int) -> dict[str, str]:
+    """Give every cell whose extra overrides (the command's, after the cell's own) change its science config its
+    variant name `<cell name>-<8 hex>` (engine/identity.py), so `ARGS="conditioning.lam=2"` trains its own runs
+    beside the table's; a cell they do not change (λ on a baseline) keeps its name and its finished run. A pretraining
+    run's new name follows into the `model.init_from` of its fine-tuning cells. Returns {cell name: variant}."""
+    from .engine.identity import variant
+
+    if not n_extra:
+        return {}
+    out: dict[str, str] = {}
+    renamed: dict[str, str] = {}
+    for c in todo:
+        own = c.overrides[:-n_extra]  # cells() puts the command's overrides last
+        if any(o.startswith("model.init_from=") and o.split("=", 1)[1] in renamed for o in c.overrides):
+            c.overrides = [f"model.init_from={renamed[o.split('=', 1)[1]]}"
+                           if o.startswith("model.init_from=") and o.split("=", 1)[1] in renamed else o
+                           for o in c.overrides]
+            c.cfg = compose_cell(c.overrides)
+        v = variant(c.cfg, compose_cell(own))
+        if v:
+            out[c.name] = v
+            renamed[c.name] = new = f"{c.name}-{v}"
+            c.overrides = [f"run.name={new}" if o.startswith("run.name=") else o for o in c.overrides]
+            c.cfg.run.name, c.name = new, new
+    return out
+
+
 def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
     todo = [RunSpec(name, ov) for name, ov in cells(exp, args.scale, seeds, list(args.overrides), args.launcher)]
     # 1. every override of every cell composes (one message per distinct bad override)
@@ -132,6 +160,8 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
             errors.setdefault(str(e), []).append(c.name)
     if errors:
         raise ConfigError("\n" + "\n".join(_problem_report(errors, len(todo))))
+    variants = _name_variants(todo, len(args.overrides))
+    exp = {**exp, "variants": variants} if variants else exp  # the renderers read these cells' runs
     first = todo[0].cfg
     runs_root, results_root = Path(first.paths.runs), Path(first.paths.results)
     by_dir: dict[str, list[str]] = {}

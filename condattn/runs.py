@@ -1,7 +1,8 @@
 """The run directory, read and written in one place.
 
 A run is named by its identity (`RunId`: table, row, method, scale, seed -> `<table>_<row>_<method>_<scale>_s<seed>`,
-under `<runs root>/<scale>/`) and recorded in its directory (`RunRecord`):
+with `-<8 hex>` for a variant whose options the readable name does not carry, under `<runs root>/<scale>/`) and
+recorded in its directory (`RunRecord`); `RunLock` lets one process at a time train it:
 
     config.yaml         the resolved config (written at start)
     metrics.jsonl       one row per log / eval / diagnostics step ({"step", "split", ...})
@@ -37,17 +38,21 @@ TOKENIZER = "tokenizer.json"
 
 @dataclass(frozen=True)
 class RunId:
-    """Who a run is: one cell (row × method × seed) of a table at a scale."""
+    """Who a run is: one cell (row × method × seed) of a table at a scale, and its variant: '' for the config the
+    cell's own overrides compose, else 8 hex digits of the hash of its science config (engine/identity.py), for a run
+    whose options its readable name does not carry (e.g. an extra `conditioning.lam=2`)."""
 
     table: str
     row: str
     method: str
     scale: str
     seed: int
+    variant: str = ""
 
     @property
     def name(self) -> str:
-        return f"{self.table}_{self.row}_{self.method}_{self.scale}_s{self.seed}"
+        return f"{self.table}_{self.row}_{self.method}_{self.scale}_s{self.seed}" + \
+            (f"-{self.variant}" if self.variant else "")
 
     def dir(self, runs_root: str | Path) -> Path:
         return Path(runs_root) / self.scale / self.name
@@ -56,13 +61,16 @@ class RunId:
     def parse(cls, name: str, table: str, rows, methods, scale: str) -> RunId | None:
         """The RunId whose name is `name`, given the table's rows and methods (names alone are ambiguous: rows and
         methods may hold underscores), or None. Longer methods are tried first ("spectral+embedded" before
-        "embedded")."""
+        "embedded"). Names without a variant (every run before variants existed) parse with variant ''."""
         for method in sorted(methods, key=len, reverse=True):
             for row in rows:
                 prefix = f"{table}_{row}_{method}_{scale}_s"
-                if name.startswith(prefix) and re.fullmatch(r"-?[0-9]+", seed := name[len(prefix):]):
-                    return cls(table, row, method, scale, int(seed))
+                if name.startswith(prefix) and (m := VARIANT_SEED.fullmatch(name[len(prefix):])):
+                    return cls(table, row, method, scale, int(m.group(1)), m.group(2) or "")
         return None
+
+
+VARIANT_SEED = re.compile(r"(-?[0-9]+)(?:-([0-9a-f]{8}))?")
 
 
 @dataclass
@@ -100,7 +108,10 @@ class RunSummary:
     def run_id(self) -> RunId | None:
         """The identity recorded in the summary (None when a key is missing, e.g. a failed run's summary)."""
         parts = (self.table, self.row, self.method, self.scale, self.seed)
-        return None if any(p is None for p in parts) else RunId(*parts[:4], int(parts[4]))  # type: ignore[arg-type]
+        if any(p is None for p in parts):
+            return None
+        variant = VARIANT_SEED.fullmatch(str(self.run_name or "").rpartition("_s")[2] or "")
+        return RunId(*parts[:4], int(parts[4]), (variant.group(2) or "") if variant else "")  # type: ignore[arg-type]
 
 
 class RunRecord:
@@ -110,7 +121,11 @@ class RunRecord:
         self.dir = Path(run_dir)
 
     @classmethod
-    def of(cls, runs_root: str | Path, run_id: RunId) -> RunRecord:
+    def of(cls, runs_root: str | Path, run_id: RunId, variants: dict[str, str] | None = None) -> RunRecord:
+        """The record of `run_id`; `variants` ({readable name: variant}, as `reproduce` passes a table's renderer in
+        `exp["variants"]`) gives the variant of a cell run with extra overrides."""
+        if variants and not run_id.variant and run_id.name in variants:
+            run_id = RunId(run_id.table, run_id.row, run_id.method, run_id.scale, run_id.seed, variants[run_id.name])
         return cls(run_id.dir(runs_root))
 
     def __repr__(self) -> str:
@@ -257,14 +272,98 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    done = [p for p in root.iterdir()
-            if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and (p / "COMPLETE").exists()]
+    done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)
+            and p.name[len(CHECKPOINT_PREFIX):].isdigit() and (p / "COMPLETE").exists()]  # not step_N.corrupt
     return sorted(done, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]))
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     ckpts = list_checkpoints(run_dir)
     return ckpts[-1] if ckpts else None
+
+
+def set_aside(checkpoint: str | Path) -> Path:
+    """Rename an unreadable checkpoint to `step_N.corrupt` (kept for inspection, no longer listed); returns the new
+    path."""
+    p = Path(checkpoint)
+    dest = p.with_name(p.name + ".corrupt")
+    n = 1
+    while dest.exists():
+        dest, n = p.with_name(f"{p.name}.corrupt{n}"), n + 1
+    p.rename(dest)
+    return dest
+
+
+class RunLock:
+    """An exclusive lock on a run directory, held by the process that trains it (fcntl; the kernel releases it when
+    the process dies, so a killed run never leaves a stale lock). The lock file is `<scale dir>/.locks/<run name>.lock`
+    (beside the run directory, which is only created once the run starts) and says who holds it: pid, host, since.
+
+    `acquire` waits for the holder to finish, printing once who it is: two `reproduce` of the same table then train
+    each cell once, the later one finding it finished."""
+
+    def __init__(self, run_dir: str | Path, poll_s: float = 1.0):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir.parent / ".locks" / f"{self.run_dir.name}.lock"
+        self.poll_s = poll_s
+        self._fd: int | None = None
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text().strip() or "another process"
+        except OSError:
+            return "another process"
+
+    def try_acquire(self) -> bool:
+        import fcntl
+        import os
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        import socket
+        import time
+
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}\n".encode())
+        self._fd = fd
+        return True
+
+    def acquire(self, timeout_s: float | None = None) -> None:
+        """Wait until the lock is ours (TimeoutError after timeout_s)."""
+        import sys
+        import time
+
+        t0, told = time.time(), False
+        while not self.try_acquire():
+            if not told:
+                print(f"[condattn] {self.run_dir} is being trained by {self.holder()}; waiting for it to end",
+                      file=sys.stderr, flush=True)
+                told = True
+            if timeout_s is not None and time.time() - t0 > timeout_s:
+                raise TimeoutError(f"{self.run_dir} is still locked by {self.holder()} after {timeout_s:.0f} s")
+            time.sleep(self.poll_s)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            import fcntl
+            import os
+
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def resolve_run_dir(init_from: str, runs_root: str | Path) -> Path:

@@ -21,23 +21,28 @@ REPO = Path(__file__).resolve().parents[1]
 EXP = REPO / "experiments" / "table4_lra.yaml"
 
 
-def listops_only(tmp: Path) -> Path:
-    """Table 4 restricted to its ListOps row (the other rows' tiny overrides differ), as a file."""
+def listops_only(tmp: Path, steps: int = 4) -> Path:
+    """Table 4 restricted to its ListOps row (the other rows' tiny overrides differ), shrunk to a few steps on tiny
+    data (the experiment's own smoke overrides, so its cells keep their names: extra overrides that change a result
+    would give them variant names), as a file."""
     exp = load_experiment(EXP)
     exp["rows"] = {"listops": exp["rows"]["listops"]}
     exp["paper"] = {"listops": exp["paper"]["listops"]}
+    exp["scales"]["smoke"]["overrides"] = [
+        "data.generate.train=64", "data.generate.val=24", "data.generate.test=16", "data.generate.min_length=20",
+        "data.generate.max_length=60", "data.max_length=64", "data.seq_len=64", "task.batch_size=8",
+        f"task.steps={steps}", "task.eval_every=2", "diagnostics.batch_size=2",
+    ]
     path = tmp / "table4_lra.yaml"
     path.write_text(yaml.safe_dump(exp, sort_keys=False))
     return path
 
 
-def tiny(tmp: Path, steps: int = 4) -> list[str]:
+def tiny(tmp: Path) -> list[str]:
+    """Where the runs go and how they are run (no science: the cells keep their names)."""
     return [
         "logger=none", f"paths.runs={tmp / 'runs'}", f"paths.cache={tmp / 'cache'}", f"paths.results={tmp / 'results'}",
-        "data.generate.train=64", "data.generate.val=24", "data.generate.test=16", "data.generate.min_length=20",
-        "data.generate.max_length=60", "data.max_length=64", "data.seq_len=64", "task.batch_size=8",
-        f"task.steps={steps}", "task.eval_every=2", "task.log_every=1", "impl.checkpoint_every=2",
-        "diagnostics.batch_size=2",
+        "task.log_every=1", "impl.checkpoint_every=2",
     ]
 
 
@@ -58,10 +63,10 @@ def _interrupt_when(path: Path, done: threading.Event) -> threading.Thread:
 
 @pytest.mark.slow
 def test_reproduce_table4_smoke_end_to_end_interrupted_and_idempotent(tmp_path, capsys):
-    exp = listops_only(tmp_path)
+    exp = listops_only(tmp_path, steps=8)
     runs = tmp_path / "runs" / "smoke"
     names = [f"table4_lra_listops_{m}_smoke_s0" for m in ("none", "spectral", "embedded")]
-    args = [str(exp), "--scale", "smoke", "--seeds", "0", *tiny(tmp_path, steps=8)]
+    args = [str(exp), "--scale", "smoke", "--seeds", "0", *tiny(tmp_path)]
 
     # 1. stopped half-way: Ctrl-C while the second cell trains -> it checkpoints and the table stops
     done = threading.Event()
@@ -107,6 +112,21 @@ def test_reproduce_table4_smoke_end_to_end_interrupted_and_idempotent(tmp_path, 
     strip = lambda t: [ln for ln in t.splitlines() if not ln.startswith("Ours:")]  # noqa: E731
     assert strip(md2) == strip(md)
 
+    # 3b. an extra override that changes the SCA cell's result: it trains as a run of its own (a variant name), the
+    # baseline and CET cells (λ does not apply to them) are reused, and the table reads the λ = 2 run
+    assert main([*args, "conditioning.lam=2"]) == 0
+    out = capsys.readouterr().out
+    lam2 = [d for d in runs.iterdir() if d.name.startswith(names[1] + "-")]
+    assert len(lam2) == 1 and f"[reproduce] 1/1 {lam2[0].name}" in out and out.count("finished earlier, skipped") == 2
+    assert read_json(lam2[0] / "summary.json")["config"]["conditioning"]["lam"] == 2.0
+    assert read_json(runs / names[1] / "summary.json")["config"]["conditioning"]["lam"] == 10.0
+    lam2_acc = 100 * read_json(lam2[0] / "summary.json")["metrics"]["test_acc"]
+    spectral = next(r for r in csv.DictReader(open(tmp_path / "results" / "smoke" / "table4_lra.csv"))
+                    if r["method"] == "spectral")
+    assert abs(float(spectral["mean"]) - lam2_acc) < 1e-3
+    assert main([*args, "conditioning.lam=2"]) == 0  # and the λ = 2 table is as idempotent as the default one
+    assert capsys.readouterr().out.count("finished earlier, skipped") == 3
+
     # 4. a corrupt (half-written) summary counts as unfinished: that cell alone runs again (from its last
     # checkpoint, which is the final step: only the final evaluation is redone)
     (runs / names[2] / "summary.json").write_text('{"status": "finished", "metr')
@@ -133,7 +153,7 @@ def test_reproduce_refuses_bad_input(tmp_path, capsys):
     assert main([exp, "--seeds", "0", "conditioning.lamda=1", *tiny(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert ("refused before starting any job:\n  - override 'conditioning.lamda=1' names no key of the config; "
-            "did you mean conditioning.lam? (a leading + adds a new key on purpose)  [all 3 cells]") in err
+            "did you mean conditioning.lam?  [all 3 cells]") in err
     assert main([exp, "--seeds", "0", "model=nystromformer", *tiny(tmp_path)]) == 2
     assert "override 'model=nystromformer': there is no configs/model/nystromformer.yaml; did you mean " \
            "model=nystromformer_lra?" in capsys.readouterr().err
@@ -145,8 +165,8 @@ def test_reproduce_refuses_bad_input(tmp_path, capsys):
     assert "[all 3 cells]" in err
     # a global batch that does not split over the launcher's GPUs
     assert main([exp, "--seeds", "0", "--launcher", "slurm", "launcher.gpus_per_node=3", *tiny(tmp_path)]) == 2
-    assert ("global batch task.batch_size=8 is not divisible by impl.micro_batch_size=2 × 3 processes; choose a "
-            "micro-batch that divides 2, or another GPU count  [all 3 cells]") in capsys.readouterr().err
+    assert ("global batch task.batch_size=8 does not split over 3 processes; use a process count that divides it "
+            "(1, 2, 4, 8, …) or another global batch  [all 3 cells]") in capsys.readouterr().err
     # an override that would put every cell into one run dir
     assert main([exp, "--seeds", "0", "run.name=mine", *tiny(tmp_path)]) == 2
     assert "3 cells (table4_lra_listops_none_smoke_s0, table4_lra_listops_spectral_smoke_s0, " \

@@ -72,11 +72,15 @@ def architecture_mismatch(path: str | Path, shapes: dict[str, tuple[int, ...]]) 
     )
 
 
+class CheckpointUnreadable(RuntimeError):
+    """A checkpoint that accelerate cannot load (truncated, corrupt on disk)."""
+
+
 def load_checkpoint(accelerator: Accelerator, path: str | Path) -> None:
     try:
         accelerator.load_state(str(path))
     except Exception as e:  # a truncated or foreign checkpoint: say which, and how to start over
-        raise RuntimeError(
+        raise CheckpointUnreadable(
             f"cannot resume from checkpoint {path}: {type(e).__name__}: {e}. It is corrupt or from a different "
             "model/config; delete it or start over with resume=never."
         ) from e

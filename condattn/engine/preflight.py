@@ -43,17 +43,24 @@ def planned_world(cfg: Any) -> int:
 
 
 def batch_split(cfg: Any, world: int) -> tuple[int, int, int]:
-    """(global batch, per-process micro-batch, accumulation steps); ValueError on an inconsistent split."""
-    glob = int(cfg.task.batch_size)
-    micro = int(cfg.impl.micro_batch_size or glob // world)
-    if micro < 1 or glob % (micro * world):
-        hint = glob // world if glob >= world else "a larger global batch"
-        raise ValueError(
-            f"global batch task.batch_size={glob} is not divisible by impl.micro_batch_size={micro} × {world} "
-            f"process{'es' if world > 1 else ''}; choose a micro-batch that divides {hint}"
-            + (", or another GPU count" if world > 1 else "")
-        )
-    return glob, micro, glob // (micro * world)
+    """(global batch, per-process micro-batch, accumulation steps); ValueError on an impossible split.
+
+    Each process takes `task.batch_size / world` samples per optimizer step. `impl.micro_batch_size` caps what one
+    forward pass holds (memory): the micro-batch is the largest divisor of the per-process share that fits under the
+    cap, and the rest is gradient accumulation. So any process count that divides the global batch works."""
+    glob, cap = cfg.task.batch_size, cfg.impl.micro_batch_size
+    if not isinstance(glob, int) or isinstance(glob, bool) or glob < 1:
+        raise ValueError(f"task.batch_size={glob!r} must be a positive integer (the global batch)")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise ValueError(f"impl.micro_batch_size={cap!r} must be a positive integer (the most samples one process "
+                         "holds per forward pass), or null for no cap")
+    if glob % world:
+        fits = [n for n in range(1, min(glob, 64) + 1) if glob % n == 0]
+        raise ValueError(f"global batch task.batch_size={glob} does not split over {world} processes; use a process "
+                         f"count that divides it ({', '.join(map(str, fits[:8]))}, …) or another global batch")
+    share = glob // world
+    micro = max(d for d in range(1, min(share, cap or share) + 1) if share % d == 0)
+    return glob, micro, share // micro
 
 
 def _model_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
@@ -99,11 +106,16 @@ def config_problems(cfg: Any) -> list[str]:
     if cfg.model.get("builder") not in MODEL_BUILDERS:
         out.append(f"unknown model builder {cfg.model.get('builder')!r} (model={cfg.model.get('name')!r}); "
                    f"known: {', '.join(MODEL_BUILDERS)}")
+    seed = cfg.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        out.append(f"seed={seed!r} must be an integer (e.g. seed=1)")
     cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
     for key in ("lam",):
         if cond.get(key) is not None:
             try:
-                float(cond[key])
+                if not 0 <= float(cond[key]) < float("inf"):
+                    out.append(f"conditioning.{key}={cond.pop(key)!r} must be a finite number ≥ 0 (λ = 0 adds "
+                               "nothing; the SCA paper's default is 10)")
             except (TypeError, ValueError):
                 out.append(f"conditioning.{key}={cond.pop(key)!r} must be a number")
     try:
@@ -188,9 +200,13 @@ def data_problems(cfg: Any) -> list[str]:
 
 
 def run_dir_problems(cfg: Any) -> list[str]:
-    """A checkpoint in the run dir that the config's model cannot load (another architecture)."""
+    """A run dir that records another science config (engine/identity.py), or a checkpoint in it that the config's
+    model cannot load (another architecture)."""
     from ..models import MODEL_BUILDERS
+    from .identity import config_mismatch
 
+    if why := config_mismatch(cfg, cfg.run.dir):
+        return [why]
     record = RunRecord(Path(cfg.run.dir))
     ckpt = None if record.finished else record.latest_checkpoint()
     if ckpt is None or cfg.model.get("builder") not in MODEL_BUILDERS:

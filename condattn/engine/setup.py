@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,10 @@ from ..conditioning import apply_conditioning
 from ..data.build import build_datasets
 from ..data.sampler import EpochSampler
 from ..models import build_model
-from ..runs import RunRecord, latest_checkpoint
+from ..runs import RunRecord, list_checkpoints, set_aside
 from ..tasks import build_task
 from .budget import Budget
-from .checkpoint import architecture_mismatch, load_checkpoint
+from .checkpoint import CheckpointUnreadable, architecture_mismatch, load_checkpoint
 from .logging import RunLogger
 from .optim import build_optimizer
 from .precision import Execution, compile_model, resolve_execution
@@ -154,12 +155,8 @@ def start(run: Run) -> None:
     """Resume from the latest checkpoint (resume=auto), open the run's log and write its config and patch report.
     The parts that keep state are attached to `run.state` before this."""
     cfg, run_dir, state = run.cfg, run.run_dir, run.state
-    ckpt = latest_checkpoint(run_dir) if cfg.resume == "auto" else None
+    ckpt = resume(run) if cfg.resume == "auto" else None
     if ckpt is not None:
-        why = architecture_mismatch(ckpt, {k: tuple(v.shape) for k, v in run.raw.state_dict().items()})
-        if why:
-            raise ValueError(why)
-        load_checkpoint(run.accelerator, ckpt)
         state.resumes.append(state.step)
         if run.main:
             print(f"[condattn] resumed {run_dir.name} from {ckpt.name} (step {state.step}/{run.steps})", flush=True)
@@ -169,6 +166,32 @@ def start(run: Run) -> None:
     if run.main:
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         RunRecord(run_dir).write_patch_report(run.report.to_dict())
+
+
+def resume(run: Run) -> Path | None:
+    """Load the newest readable checkpoint of the run dir (None when it has none). One that cannot be read is set
+    aside as `step_N.corrupt` with a warning and the one before it is tried: accelerate loads every object of a
+    checkpoint, so a fully loaded older one replaces whatever the unreadable one had partly loaded."""
+    ckpts = list_checkpoints(run.run_dir)
+    shapes = {k: tuple(v.shape) for k, v in run.raw.state_dict().items()}
+    for ckpt in reversed(ckpts):
+        why = architecture_mismatch(ckpt, shapes)
+        if why:
+            raise ValueError(why)
+        try:
+            load_checkpoint(run.accelerator, ckpt)
+            return ckpt
+        except CheckpointUnreadable as e:
+            run.accelerator.wait_for_everyone()
+            if run.main:
+                moved = set_aside(ckpt)
+                print(f"[condattn] warning: {str(e).split('. It is corrupt')[0]}; set it aside as {moved.name} and "
+                      "resuming from the checkpoint before it", file=sys.stderr, flush=True)
+            run.accelerator.wait_for_everyone()
+    if ckpts:
+        raise CheckpointUnreadable(f"no checkpoint of {run.run_dir} can be read (each was set aside as *.corrupt); "
+                                   "run the same command again to start this run from step 0")
+    return None
 
 
 def process_settings(cfg: Any) -> bool:

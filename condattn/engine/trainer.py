@@ -16,29 +16,56 @@ every step, so all ranks checkpoint, stop or fail at the same step.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..runs import summary_is_finished
+from ..runs import RunLock, summary_is_finished
 from .errors import TrainingDiverged, TrainingInterrupted
+from .identity import config_mismatch
 from .loop import StepLoop
+from .preflight import PreflightError, Problem, config_problems
 from .setup import build_run, process_settings
 from .state import TrainState
 
 __all__ = ["TrainState", "TrainingDiverged", "TrainingInterrupted", "train"]
 
 
+def _rank_from_env() -> int:
+    """This process's rank as its launcher set it (accelerate/torchrun: RANK; srun: SLURM_PROCID), before accelerate
+    starts; 0 for a single process."""
+    for var in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
 def train(cfg: Any) -> dict:
+    """Train the run `cfg` names. Its config is checked first (PreflightError: nothing written); then the run
+    directory's lock is taken (a second process on the same run waits for the first, then finds it finished); a
+    directory that records another science config is refused (engine/identity.py), a finished one is returned."""
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per checkpoint file otherwise
     run_dir = Path(cfg.run.dir)
-    if cfg.resume == "auto" and (done := summary_is_finished(run_dir)):
-        print(f"[condattn] {run_dir} already finished; nothing to do (resume=never reruns it)")
-        return done
-    was_deterministic = torch.are_deterministic_algorithms_enabled()
-    deterministic = process_settings(cfg)
+    if problems := config_problems(cfg):
+        raise PreflightError([Problem("config", m) for m in problems])
+    lock = RunLock(run_dir) if _rank_from_env() == 0 else None  # the other ranks follow rank 0 through accelerate
+    if lock is not None:
+        lock.acquire()
     try:
-        return StepLoop(build_run(cfg, run_dir, deterministic)).train()
-    finally:  # a process that trains several cells (reproduce, tests) gets its global setting back
-        torch.use_deterministic_algorithms(was_deterministic)
+        if cfg.resume == "auto":
+            if why := config_mismatch(cfg, run_dir):
+                raise PreflightError([Problem("run", why)])
+            if done := summary_is_finished(run_dir):
+                print(f"[condattn] {run_dir} already finished; nothing to do (resume=never reruns it)")
+                return done
+        was_deterministic = torch.are_deterministic_algorithms_enabled()
+        deterministic = process_settings(cfg)
+        try:
+            return StepLoop(build_run(cfg, run_dir, deterministic)).train()
+        finally:  # a process that trains several cells (reproduce, tests) gets its global setting back
+            torch.use_deterministic_algorithms(was_deterministic)
+    finally:
+        if lock is not None:
+            lock.release()

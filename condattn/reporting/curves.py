@@ -87,9 +87,9 @@ def _fmt(values: list[float], key: str) -> str:
     return f"{_num(st[0], key)} ± {_num(st[1], key)}" if len(values) > 1 else _num(st[0], key)
 
 
-def _run_state(runs_root: str | Path, run: RunId) -> str:
+def _run_state(runs_root: str | Path, run: RunId, variants: dict | None = None) -> str:
     """Why a seed has no finished run: failed (with the error's first line), unfinished, or not run."""
-    record = RunRecord.of(runs_root, run)
+    record = RunRecord.of(runs_root, run, variants)
     error = record.failure()
     if error is not None:
         return "failed: " + error.splitlines()[0][:160] if error else "failed"
@@ -146,7 +146,8 @@ def table_data(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | 
     for (row, method), cell in cells.items():
         data[(row, method)] = {
             "series": cell_series(cell),
-            "missing": [(seed, _run_state(runs_root, RunId(exp["table"], row, method, scale, seed)))
+            "missing": [(seed, _run_state(runs_root, RunId(exp["table"], row, method, scale, seed),
+                                              exp.get("variants")))
                         for seed in cell.missing],
             "model": _model_name(cell),
         }

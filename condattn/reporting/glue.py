@@ -31,7 +31,8 @@ def _columns(exp: dict, scale: str, cells: dict) -> list[tuple[str, str, dict[st
 
 def _pretrain_line(exp: dict, scale: str, runs_root: Path, method: str) -> str:
     run = RunId(exp["table"], "pretrain", method, scale, int(exp["pretrain"].get("seed", 0)))
-    name, s = run.name, RunRecord.of(runs_root, run).summary
+    record = RunRecord.of(runs_root, run, exp.get("variants"))
+    name, s = record.dir.name, record.summary
     if s is None:
         return f"| {METHOD_LABELS.get(method, method)} | {name} | missing | | | | |"
     b = s.get("budget") or {}

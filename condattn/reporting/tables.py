@@ -89,7 +89,7 @@ def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | Non
         for method in methods_for(exp, row):
             cell = TableCell(row, method, seeds)
             for seed in seeds:
-                s = RunRecord.of(runs_root, RunId(exp["table"], row, method, scale, seed)).summary
+                s = RunRecord.of(runs_root, RunId(exp["table"], row, method, scale, seed), exp.get("variants")).summary
                 if s is None or exp["metric"] not in s["metrics"]:
                     cell.missing.append(seed)
                     continue

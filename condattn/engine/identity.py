@@ -1,0 +1,174 @@
+"""What a run is: the part of its config that changes its result (the *science config*), a short hash of it, and the
+check that a run directory holds a run of this config.
+
+A run's directory name is readable (`runs.RunId`: table, row, method, scale, seed), so options that the name does not
+carry (`conditioning.lam=2`, `task.steps=50`, `model=...`) get a variant suffix: `<name>-<8 hex>`, the hash of the
+science config, whenever the config differs from the one the name alone composes (`variant`). Whatever the name, a
+run directory that already records a config (its config.yaml) is only resumed or reused when the science configs
+agree (`config_mismatch`): resuming never mixes configs, and a finished run answers only for its own config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..runs import RunRecord
+
+# How a run is run, where it is written and logged: never what it computes (configs/impl/default.yaml says the same of
+# impl.*; impl.precision is the exception, it changes the numbers). Everything else is science.
+NOT_SCIENCE = (
+    "run", "paths", "resume", "logger", "launcher", "hydra", "debug",
+    "impl.micro_batch_size", "impl.compile", "impl.num_workers", "impl.pin_memory", "impl.deterministic",
+    "impl.threads", "impl.flush_denormal", "impl.checkpoint_every", "impl.keep_checkpoints", "impl.max_loss",
+    "task.log_every", "data.root", "data.cache", "model.runs_root",
+)
+
+
+def _container(cfg: Any) -> dict:
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return json.loads(json.dumps(cfg, default=str))
+
+
+def _drop(d: dict, dotted: str) -> None:
+    *parents, last = dotted.split(".")
+    for p in parents:
+        d = d.get(p) if isinstance(d, dict) else None  # type: ignore[assignment]
+        if not isinstance(d, dict):
+            return
+    d.pop(last, None)
+
+
+def is_science_key(key: str) -> bool:
+    """Whether a dotted config key (or a config group) can change a run's result."""
+    return not any(key == k or key.startswith(k + ".") for k in NOT_SCIENCE)
+
+
+def science_config(cfg: Any) -> dict:
+    """The resolved config without NOT_SCIENCE, and with only the conditioning options that apply to its method
+    (λ does not change a baseline)."""
+    from ..conditioning.api import resolve_options
+
+    d = _container(cfg)
+    for key in NOT_SCIENCE:
+        _drop(d, key)
+    cond = dict(d.get("conditioning") or {})
+    method = cond.pop("method", None)
+    try:
+        d["conditioning"] = {"method": method, **resolve_options(method, cond)}
+    except (TypeError, ValueError):  # bad options: the preflight names them; keep what was given
+        pass
+    return json.loads(json.dumps(d, sort_keys=True, default=list))
+
+
+def config_hash(science: dict) -> str:
+    """8 hex digits of the sha256 of the science config (key order does not matter)."""
+    return hashlib.sha256(json.dumps(science, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def variant(cfg: Any, base: Any | None) -> str:
+    """'' when `cfg` is the config its readable name composes (`base`), else the hash of its science config."""
+    science = science_config(cfg)
+    if base is not None and science_config(base) == science:
+        return ""
+    return config_hash(science)
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def differing_keys(recorded: dict, current: dict) -> list[tuple[str, Any, Any]]:
+    """(key, recorded value, current value) of the science keys set in both configs that differ. A key only one of them
+    has (a run from a version of the code that had no such key) is not counted."""
+    a, b = _flat(science_config(recorded)), _flat(science_config(current))
+    return [(k, a[k], b[k]) for k in sorted(a.keys() & b.keys()) if a[k] != b[k]]
+
+
+def recorded_config(run_dir: str | Path) -> dict | None:
+    """The resolved config a run directory recorded (config.yaml, else its summary's), None when it has none."""
+    record = RunRecord(run_dir)
+    if record.config_path.is_file():
+        try:
+            loaded = OmegaConf.to_container(OmegaConf.load(record.config_path), resolve=False)
+            if isinstance(loaded, dict):
+                return loaded
+        except Exception:  # unreadable: fall back to the summary's copy
+            pass
+    s = record.read_summary()
+    return s.get("config") if s and isinstance(s.get("config"), dict) else None
+
+
+def config_mismatch(cfg: Any, run_dir: str | Path) -> str | None:
+    """Why the run in `run_dir` is not a run of `cfg` (its science keys that differ, named), or None."""
+    recorded = recorded_config(run_dir)
+    if recorded is None:
+        return None
+    diff = differing_keys(recorded, _container(cfg))
+    if not diff:
+        return None
+    shown = "; ".join(f"{k} is {v0!r} there and {v1!r} here" for k, v0, v1 in diff[:4])
+    more = f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""
+    return (f"run dir {run_dir} holds a run of another config: {shown}{more}. Resuming or reusing it would mix "
+            "configs: give a run.name of its own, or resume=never to start this one over")
+
+
+# what the readable run name carries: `${task.name}_${conditioning.method}_${scale.name}_s${seed}` (configs/train.yaml)
+NAMED = ("task", "conditioning", "scale", "seed")
+
+
+def override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def base_overrides(overrides: list[str]) -> list[str] | None:
+    """The overrides the readable run name accounts for (the named group choices, the seed, and keys that are no
+    science); None when the overrides name the run themselves (run.name / run.dir)."""
+    keys = [override_key(o) for o in overrides]
+    if any(k in ("run", "run.name", "run.dir") for k in keys):
+        return None
+    return [o for o, k in zip(overrides, keys) if (k in NAMED and not o.startswith(("+", "~")))
+            or not is_science_key(k)]
+
+
+def name_variant(cfg: Any, overrides: list[str], compose: Any) -> str:
+    """The variant suffix of a run started as `train OVERRIDES` ('' when its name already says all): the hash of its
+    science config when the overrides outside the name change it. `compose(overrides)` composes the base config."""
+    base = base_overrides(overrides)
+    if base is None or len(base) == len(overrides):
+        return ""
+    try:
+        base_cfg = compose(base)
+    except Exception:  # the base alone does not compose: the suffix is the hash of the full config
+        base_cfg = None
+    return variant(cfg, base_cfg)
+
+
+def options_not_applying(cfg: Any, overrides: list[str]) -> list[str]:
+    """One message per `conditioning.<option>=` override that the run's method does not use (λ on a baseline)."""
+    from ..conditioning.api import EMBEDDED_DEFAULTS, SPECTRAL_DEFAULTS, resolve_options
+
+    method = str(cfg.conditioning.method)
+    try:
+        applies = set(resolve_options(method, {}))
+    except ValueError:
+        return []  # an unknown method: the preflight names it
+    out = []
+    for o in overrides:
+        k = override_key(o)
+        opt = k.partition(".")[2] if k.startswith("conditioning.") else ""
+        if opt and opt not in applies and opt in {**SPECTRAL_DEFAULTS, **EMBEDDED_DEFAULTS}:
+            owner = "spectral (SCA)" if opt in SPECTRAL_DEFAULTS else "embedded (CET)"
+            out.append(f"override '{o}' does not apply to conditioning={method}: it is an option of {owner}; add "
+                       f"conditioning={owner.split()[0]} (or spectral+embedded), or drop it")
+    return out
