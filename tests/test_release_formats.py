@@ -121,7 +121,9 @@ def test_maskrcnn_xcit_on_the_coco_replica_evaluates_three_times(tmp_path):
 
 def mlm_overrides(root: Path, tmp: Path, *extra: str) -> list[str]:
     return ["task=mlm_crammed", "scale=paper", f"data.root={root}", f"paths.cache={tmp / 'cache'}",
-            "data.vocab_size=300", "data.seq_len=16", *extra]
+            "data.vocab_size=300", "data.seq_len=16",
+            "data.trash_cutoff=null", *extra]  # every document kept: these tests count them (trash removal is tested
+                                               # in test_official_recipes)
 
 
 def test_pile_zst_shards_with_checksum_files(tmp_path):

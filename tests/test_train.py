@@ -236,7 +236,8 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path, cache):
 def test_diverging_loss_names_step_and_last_good_checkpoint(tmp_path, cache):
     # lr 1e6 warmed up over 12 steps: the update of step 2 (lr 1.7e5) makes the loss NaN; the weights of
     # step 1 still gave a finite loss
-    cfg = compose(mini(tmp_path, cache, "optim.lr=1e6", "impl.checkpoint_every=1", "task.steps=6"))
+    cfg = compose(mini(tmp_path, cache, "optim.lr=1e6", "optim.schedule=linear", "impl.checkpoint_every=1",
+                       "task.steps=6"))  # linear warm-up from 0 (ListOps' own OneCycle starts at lr / 25)
     run_dir = Path(cfg.run.dir)
     with pytest.raises(TrainingDiverged, match=r"non-finite training loss \(nan\) at step 3 of .*\(after 2 "
                                                r"optimizer steps\); last good checkpoint: .*checkpoints/step_0000001\. "

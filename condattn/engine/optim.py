@@ -189,9 +189,10 @@ def build_optimizer(model: nn.Module, cfg: Any, global_batch: int, total_steps: 
 
 
 def _onecycle_pct(warmup: int, total_steps: int) -> float:
-    """OneCycleLR's pct_start = warmup / steps, kept within (0, 1) so a run shorter than the warmup (tests, smoke
-    overrides) still has one step up and one down."""
-    return min(max(warmup, 1), total_steps - 1) / total_steps
+    """OneCycleLR's pct_start = warmup / steps. torch ends its phases at pct·steps − 1 and steps − 1, and divides by
+    each phase's length, so pct·steps is kept within [1.5, steps − 0.5]: a run shorter than its warmup (tests, smoke
+    overrides) still has one step up and one down. Real recipes (warmup ≥ 2 and < steps − 1) are unchanged."""
+    return min(max(float(warmup), 1.5), total_steps - 0.5) / total_steps
 
 
 def _warmup(o: Any, total_steps: int) -> int:
