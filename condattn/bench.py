@@ -271,7 +271,9 @@ def trainer_vs_reference(overrides: list[str], steps: int, out_runs: str, repeat
             "ratio": round(statistics.median(ratios), 3), "ratio_range": [round(ratios[0], 3), round(ratios[-1], 3)]}
 
 
-LOADER_TASKS = {"imagenet": "task=imagenet_vit", "coco": "task=coco_maskrcnn_xcit_medium"}
+LOADER_TASKS = {"imagenet": "task=imagenet_vit", "coco": "task=coco_maskrcnn_xcit_medium",
+                "cifar": "task=imagenet_vit"}  # cifar: the medium scale's CIFAR-100 recipe
+LOADER_SCALES = {"imagenet": "paper", "coco": "paper", "cifar": "medium"}
 
 
 def bench_loader(which: str, seconds: float, n: int) -> dict:
@@ -284,17 +286,18 @@ def bench_loader(which: str, seconds: float, n: int) -> dict:
 
     with tempfile.TemporaryDirectory(prefix=f"condattn_{which}_replica_") as tmp:
         root = Path(tmp)
-        if which == "imagenet":
-            loader_bench.write_imagenet_replica(root, n=n)
-        else:
-            loader_bench.write_coco_replica(root, n=max(n // 3, 8))
-        cfg = compose([LOADER_TASKS[which], "scale=paper", f"data.root={root}"])
-        options = (loader_bench.imagenet_options if which == "imagenet" else loader_bench.coco_options)(cfg)
+        writer = {"imagenet": lambda: loader_bench.write_imagenet_replica(root, n=n),
+                  "coco": lambda: loader_bench.write_coco_replica(root, n=max(n // 3, 8)),
+                  "cifar": lambda: loader_bench.write_cifar_replica(root, n=n)}[which]
+        writer()
+        cfg = compose([LOADER_TASKS[which], f"scale={LOADER_SCALES[which]}", f"data.root={root}"])
+        options = {"imagenet": loader_bench.imagenet_options, "coco": loader_bench.coco_options,
+                   "cifar": loader_bench.cifar_options}[which](cfg)
         rows = loader_bench.samples_per_s(options, seconds)
         for name, v in rows.items():
             print(f"  {which} {name}: {v['samples_per_s_per_worker']} samples/s per worker, "
                   f"× {v['ratio_to_first']} the first option ({v['samples']} samples)", flush=True)
-    return {"loader": which, "replica_images": n if which == "imagenet" else max(n // 3, 8),
+    return {"loader": which, "replica_images": max(n // 3, 8) if which == "coco" else n,
             "task": LOADER_TASKS[which], "options": rows}
 
 

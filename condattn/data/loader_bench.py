@@ -116,6 +116,31 @@ def imagenet_options(cfg: Any) -> dict[str, Any]:
     }
 
 
+def write_cifar_replica(root: Path, n: int = 96, seed: int = 0) -> Path:
+    """CIFAR-100's python release (cifar-100-python/{train,test}: pickled dicts, uint8 rows of 3 × 32 × 32) with
+    `n` natural-looking training images."""
+    import pickle
+
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, count in (("train", n), ("test", max(n // 4, 4))):
+        images = np.stack([_natural_image(rng, 32, 32) for _ in range(count)])  # (N, 32, 32, 3)
+        rows = images.transpose(0, 3, 1, 2).reshape(count, -1).astype(np.uint8)
+        labels = [int(v) for v in rng.integers(0, 100, count)]
+        with open(folder / name, "wb") as f:
+            pickle.dump({b"data": rows, b"fine_labels": labels, b"coarse_labels": [v // 5 for v in labels]}, f,
+                        protocol=2)
+    return folder
+
+
+def cifar_options(cfg: Any) -> dict[str, Any]:
+    """The medium recipe's CIFAR training split, exactly as the trainer builds it (decoded arrays in memory)."""
+    from .build import build_datasets
+
+    return {"arrays+pil": build_datasets(cfg).train}
+
+
 def coco_options(cfg: Any) -> dict[str, Any]:
     from .coco import CocoInstances, train_transforms
 

@@ -163,6 +163,14 @@ def cell_cost(name: str, cfg: Any) -> CellCost:
         hours = fps * samples / (peak * mfu) / 3600
     elif fps is not None:
         note += f"; no peak for {gpu} at {ex.dtype_name}"
+    rate = worker_rate(cfg)
+    lc = cfg.get("launcher") or {}
+    if hours is not None and rate and lc.get("cpus_per_task"):  # small models: the data loader, not the GPU, is the
+        workers = max(int(lc.cpus_per_task) - 1, 1)              # limit (each process feeds its own workers)
+        loader_hours = samples / (workers * rate * gpus) / 3600 * gpus
+        if loader_hours > hours:
+            hours, note = loader_hours, (f"{note}; loader-bound: {workers} worker(s) × {rate:.0f} samples/s per "
+                                         "process (impl.worker_samples_per_s)")
     budget = cfg.task.get("budget_hours")
     if budget:  # a wall-clock budget ends the run first when it is shorter
         cap = float(budget) * gpus
@@ -180,12 +188,21 @@ def _fmt(x: float | None, unit: str = "") -> str:
     return f"{x:.3g} {unit}"
 
 
+def worker_rate(cfg: Any) -> float | None:
+    """One data worker's measured training samples/s for this data (impl.worker_samples_per_s, looked up by
+    data.source, then data.builder), or None."""
+    rates = cfg.impl.get("worker_samples_per_s") or {}
+    for key in (cfg.data.get("source"), cfg.data.get("builder")):
+        if key is not None and rates.get(str(key)):
+            return float(rates[str(key)])
+    return None
+
+
 def loader_warning(cfg: Any, flops_per_sample: float | None) -> str | None:
     """A line when `launcher.cpus_per_task` - 1 data workers decode fewer images per second than one GPU process
     consumes at the assumed MFU (impl.worker_samples_per_s: one worker's measured rate, `make bench --loader`)."""
     lc = cfg.get("launcher") or {}
-    rates = cfg.impl.get("worker_samples_per_s") or {}
-    rate = rates.get(str(cfg.data.get("builder")))
+    rate = worker_rate(cfg)
     if not flops_per_sample or not rate or not lc.get("cpus_per_task"):
         return None
     gpu, mfu = launcher_gpu(cfg)
@@ -199,7 +216,7 @@ def loader_warning(cfg: Any, flops_per_sample: float | None) -> str | None:
         return None
     cpus = int(need / float(rate)) + 2
     return (f"launcher.cpus_per_task={lc.cpus_per_task}: {workers} data worker(s) × {float(rate):.0f} samples/s "
-            f"(impl.worker_samples_per_s.{cfg.data.builder}) = {have:.0f} samples/s, but one {gpu} at "
+            f"(impl.worker_samples_per_s) = {have:.0f} samples/s, but one {gpu} at "
             f"{mfu:.0%} MFU trains {need:.0f} samples/s; set launcher.cpus_per_task={cpus} or more "
             "(or a faster loader: make bench ARGS=\"--loader imagenet\")")
 

@@ -8,14 +8,13 @@ and, for top-5, the last validation row of `metrics.jsonl`. Rows are the experim
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
 from pathlib import Path
 
 from ..runs import RunRecord
-from .tables import collect, load_experiment, provenance_line, save_outputs
+from .tables import collect, provenance_line, renderer_cli, save_outputs
 
 # (column header, step-0 diagnostics key) in table order
 DIAG_COLUMNS = [
@@ -166,24 +165,7 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m condattn.reporting.ablation", description=__doc__.splitlines()[0])
-    p.add_argument("experiment")
-    p.add_argument("--scale", default="smoke")
-    p.add_argument("--seeds", help='e.g. "0 1 2"; default: the experiment\'s seeds for this scale')
-    p.add_argument("overrides", nargs="*", help="Hydra overrides that locate the runs (e.g. paths.runs=...)")
-    args = p.parse_intermixed_args(argv)
-    exp = load_experiment(args.experiment)
-    if args.scale not in exp["scales"]:
-        p.error(f"--scale {args.scale!r} is not defined in {args.experiment}; choose one of {list(exp['scales'])}")
-    seeds = [int(x) for x in args.seeds.replace(",", " ").split()] if args.seeds else exp["scales"][args.scale]["seeds"]
-    from ..config import compose
-
-    cfg = compose([f"scale={args.scale}", *args.overrides])
-    md_path, md = write_table(exp, args.scale, cfg.paths.runs, cfg.paths.results, seeds)
-    print(md)
-    print(f"[ablation] wrote {md_path} (+ .csv, .png)")
-    return 0
-
+    return renderer_cli(argv, "python -m condattn.reporting.ablation", __doc__, write_table, "ablation")
 
 if __name__ == "__main__":
     sys.exit(main())

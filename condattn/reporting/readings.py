@@ -14,14 +14,21 @@ interval lies above zero.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
 from pathlib import Path
 
 from .stats import diff_ci
-from .tables import TableCell, collect, load_experiment, provenance_line, rows_for, save_outputs, table_start
+from .tables import (
+    TableCell,
+    collect,
+    provenance_line,
+    renderer_cli,
+    rows_for,
+    save_outputs,
+    table_start,
+)
 
 # (column header, step-0 key or a function of the step-0 dict) in table order
 STEP0 = {
@@ -182,24 +189,7 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m condattn.reporting.readings", description=__doc__.splitlines()[0])
-    p.add_argument("experiment")
-    p.add_argument("--scale", default="smoke")
-    p.add_argument("--seeds", help='e.g. "0 1 2"; default: the experiment\'s seeds for this scale')
-    p.add_argument("overrides", nargs="*", help="Hydra overrides that locate the runs (e.g. paths.runs=...)")
-    args = p.parse_intermixed_args(argv)
-    exp = load_experiment(args.experiment)
-    if args.scale not in exp["scales"]:
-        p.error(f"--scale {args.scale!r} is not defined in {args.experiment}; choose one of {list(exp['scales'])}")
-    seeds = [int(x) for x in args.seeds.replace(",", " ").split()] if args.seeds else exp["scales"][args.scale]["seeds"]
-    from ..config import compose
-
-    cfg = compose([f"scale={args.scale}", *args.overrides])
-    md_path, md = write_table(exp, args.scale, cfg.paths.runs, cfg.paths.results, seeds)
-    print(md)
-    print(f"[readings] wrote {md_path} (+ .csv, .png)")
-    return 0
-
+    return renderer_cli(argv, "python -m condattn.reporting.readings", __doc__, write_table, "readings")
 
 if __name__ == "__main__":
     sys.exit(main())

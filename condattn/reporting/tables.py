@@ -267,3 +267,27 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
     md, csv_rows = render(exp, scale, cells)
     return save_outputs(exp, scale, results_root, md, csv_rows, lambda png: plot_curves(exp, scale, cells, png),
                         "validation curves")
+
+
+def renderer_cli(argv: list[str] | None, prog: str, doc: str, write, tag: str) -> int:
+    """`python -m condattn.reporting.<renderer> experiments/tableN.yaml --scale S [--seeds ...] [overrides]`: rebuild
+    one table from its runs with that renderer's `write` (same signature as write_table)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    p.add_argument("experiment")
+    p.add_argument("--scale", default="smoke")
+    p.add_argument("--seeds", help='e.g. "0 1 2"; default: the experiment\'s seeds for this scale')
+    p.add_argument("overrides", nargs="*", help="Hydra overrides that locate the runs (e.g. paths.runs=...)")
+    args = p.parse_intermixed_args(argv)
+    exp = load_experiment(args.experiment)
+    if args.scale not in exp["scales"]:
+        p.error(f"--scale {args.scale!r} is not defined in {args.experiment}; choose one of {list(exp['scales'])}")
+    seeds = [int(x) for x in args.seeds.replace(",", " ").split()] if args.seeds else exp["scales"][args.scale]["seeds"]
+    from ..config import compose
+
+    cfg = compose([f"scale={args.scale}", *args.overrides])
+    md_path, md = write(exp, args.scale, cfg.paths.runs, cfg.paths.results, seeds)
+    print(md)
+    print(f"[{tag}] wrote {md_path} (+ .csv, .png)")
+    return 0
