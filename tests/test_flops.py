@@ -83,7 +83,8 @@ def test_default_configs_resolve_to_fp32_on_cpu():
 
 
 def test_cost_of_a_paper_cell_follows_flops_samples_peak_and_mfu():
-    ov = ["task=imagenet_vit", "scale=paper", "launcher=slurm", "launcher.gpu_type=H100", "launcher.assumed_mfu=0.5"]
+    ov = ["task=imagenet_vit", "scale=paper", "launcher=slurm", "launcher.gpu_type=H100", "launcher.assumed_mfu=0.5",
+          "impl.worker_samples_per_s.images=null", "launcher.min_step_ms=null"]  # FLOPs alone (floors: next test)
     fp32 = cell_cost("vit", compose([*ov, "impl.precision=no"]))
     bf16 = cell_cost("vit", compose([*ov, "impl.precision=bf16"]))
     assert abs(fp32.flops_per_sample - 3 * VIT_B_FORWARD) / (3 * VIT_B_FORWARD) < 0.05
@@ -92,6 +93,16 @@ def test_cost_of_a_paper_cell_follows_flops_samples_peak_and_mfu():
     assert bf16.precision == "bf16" and fp32.gpu_hours / bf16.gpu_hours == pytest.approx(989.4 / 66.9)
     cet, _ = training_flops_per_sample(compose([*ov, "conditioning=embedded"]))
     assert cet > fp32.flops_per_sample  # CET's Newton–Schulz correction is counted on top of the model
+
+
+def test_cost_floors_for_what_flops_do_not_see():
+    """A cell never costs less than its data workers can feed (samples / (workers × rate)) nor less than its steps
+    at launcher.min_step_ms: tiny models (CIFAR, LRA) are bound by those, not by FLOPs."""
+    ov = ["task=imagenet_vit", "scale=medium", "launcher=slurm", "launcher.cpus_per_task=8"]
+    loader = cell_cost("c", compose([*ov, "impl.worker_samples_per_s.cifar=1000", "launcher.min_step_ms=null"]))
+    assert loader.gpu_hours == pytest.approx(39000 * 128 / (7 * 1000) / 3600) and "loader-bound" in loader.note
+    step = cell_cost("c", compose([*ov, "impl.worker_samples_per_s.cifar=1e9", "launcher.min_step_ms=100"]))
+    assert step.gpu_hours == pytest.approx(39000 * 0.1 / 3600) and "step-bound" in step.note
 
 
 def test_dry_run_cost_lines_total_and_detection_not_estimated():

@@ -171,6 +171,11 @@ def cell_cost(name: str, cfg: Any) -> CellCost:
         if loader_hours > hours:
             hours, note = loader_hours, (f"{note}; loader-bound: {workers} worker(s) × {rate:.0f} samples/s per "
                                          "process (impl.worker_samples_per_s)")
+    floor_ms = lc.get("min_step_ms")
+    if hours is not None and floor_ms:  # tiny models (LRA, CIFAR): per-step overheads, not FLOPs, set the time
+        step_hours = int(cfg.task.steps) * float(floor_ms) / 1000 / 3600 * gpus
+        if step_hours > hours:
+            hours, note = step_hours, f"{note}; step-bound: launcher.min_step_ms={floor_ms} (assumed) per step"
     budget = cfg.task.get("budget_hours")
     if budget:  # a wall-clock budget ends the run first when it is shorter
         cap = float(budget) * gpus
