@@ -136,9 +136,9 @@ def write_cifar_replica(root: Path, n: int = 96, seed: int = 0) -> Path:
 
 def cifar_options(cfg: Any) -> dict[str, Any]:
     """The medium recipe's CIFAR training split, exactly as the trainer builds it (decoded arrays in memory)."""
-    from .build import build_datasets
+    from .images import build_image_bundle
 
-    return {"arrays+pil": build_datasets(cfg).train}
+    return {"arrays+pil": build_image_bundle(cfg).train}
 
 
 def coco_options(cfg: Any) -> dict[str, Any]:
