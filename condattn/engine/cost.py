@@ -102,7 +102,9 @@ def _count_on(cfg: Any, device: torch.device) -> float:
     with torch.random.fork_rng(devices=[]), torch.device(device):  # the caller's RNG stream is left as it was
         model = build_model(mcfg).train()
         cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
-        apply_conditioning(model, cond.pop("method"), **cond)
+        method = cond.pop("method")
+        if method != "conditioned_init" and cond.get("mode") != "init":  # those change weights once: no step cost
+            apply_conditioning(model, method, **cond)
         batch = _synthetic_batch(cfg, _COUNT_BATCH, device)
         with _meta_friendly() if device.type == "meta" else nullcontext():
             return training_step_flops(model, _loss_fn(cfg, batch)) / _COUNT_BATCH
