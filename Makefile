@@ -1,6 +1,6 @@
 # condattn — set-up, tests, and one target per paper table.
 #   make install                          create .venv and install condattn with its dev extras
-#   make test                             ruff + the test suite (CPU, offline, < 10 min on 2 cores)
+#   make test                             ruff + the test suite (CPU, offline, about 12 min on 2 cores)
 #   make reproduce-table-4 SCALE=smoke    train every cell of table 4 and write results/smoke/table4_lra.md
 #   make reproduce-table-1 SCALE=smoke    table 1 (ImageNet zoo); reproduce-table-8: the SCA λ ablation
 #   make reproduce-table-5 SCALE=smoke    table 5 (GPT-2 on TinyStories; validation loss, lower is better)
