@@ -167,5 +167,6 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
 def main(argv: list[str] | None = None) -> int:
     return renderer_cli(argv, "python -m condattn.reporting.ablation", __doc__, write_table, "ablation")
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..sites import AttentionSite, TokenSite, attention_layout, join, token_layout
+from ..sites import AttentionSite, TokenSite, attention_layout, token_layout
 from .timm_eva import fused_or_separate
+from .timm_vit import blocks_token_site
 
 
 @attention_layout("timm_beit")
@@ -42,12 +43,4 @@ def timm_beit_tokens(name: str, m: nn.Module) -> TokenSite | None:
 
     if not isinstance(m, Beit) or len(m.blocks) == 0:
         return None
-    return TokenSite(
-        layout="timm_beit",
-        first_block=m.blocks[0],
-        first_block_name=join(name, "blocks.0"),
-        embed=m.patch_embed,
-        embed_name=join(name, "patch_embed"),
-        num_prefix_tokens=int(m.num_prefix_tokens),
-        blocks=[(join(name, f"blocks.{i}"), b) for i, b in enumerate(m.blocks)],
-    )
+    return blocks_token_site("timm_beit", name, m)

@@ -21,7 +21,8 @@ from dataclasses import replace
 
 from torch import nn
 
-from ..sites import AttentionSite, TokenSite, attention_layout, join, separate, stacked, token_layout
+from ..sites import AttentionSite, TokenSite, attention_layout, separate, stacked, token_layout
+from .timm_vit import blocks_token_site
 
 
 def reads_qkv_weight(m: nn.Module) -> bool:
@@ -66,12 +67,4 @@ def timm_eva_tokens(name: str, m: nn.Module) -> TokenSite | None:
 
     if not isinstance(m, Eva) or len(m.blocks) == 0:
         return None
-    return TokenSite(
-        layout="timm_eva",
-        first_block=m.blocks[0],
-        first_block_name=join(name, "blocks.0"),
-        embed=m.patch_embed,
-        embed_name=join(name, "patch_embed"),
-        num_prefix_tokens=int(m.num_prefix_tokens),
-        blocks=[(join(name, f"blocks.{i}"), b) for i, b in enumerate(m.blocks)],
-    )
+    return blocks_token_site("timm_eva", name, m)

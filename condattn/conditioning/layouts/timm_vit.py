@@ -31,8 +31,14 @@ def timm_vit(name: str, m: nn.Module) -> TokenSite | None:
 
     if not isinstance(m, VisionTransformer) or len(m.blocks) == 0:
         return None
+    return blocks_token_site("timm_vit", name, m)
+
+
+def blocks_token_site(layout: str, name: str, m: nn.Module) -> TokenSite:
+    """The TokenSite of a timm model with `blocks`, `patch_embed` and `num_prefix_tokens` (ViT, Eva, BEiT): X is
+    the input of `blocks[0]`; before_pos_embed hooks the patch embedding."""
     return TokenSite(
-        layout="timm_vit",
+        layout=layout,
         first_block=m.blocks[0],
         first_block_name=join(name, "blocks.0"),
         embed=m.patch_embed,
