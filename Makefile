@@ -10,6 +10,7 @@
 #   make reproduce-table-7 SCALE=smoke    table 7 (COCO, DETR-R50: box AP beside the DETR paper's reference)
 #   make reproduce-table-9 SCALE=smoke    table 9 (readings of SCA and CET on ViT and ListOps, beside step-0 saturation)
 #   make reproduce-table-4 SCALE=paper LAUNCHER=slurm DRY_RUN=1   print the SLURM jobs without submitting
+#   make reproduce-table-9 SCALE=small ROWS="vit_*"   train only the matching rows (the table shows every row)
 #   make compare RUNS="runs/smoke/table4_lra_listops_none_smoke_s* runs/smoke/table4_lra_listops_embedded_smoke_s*"
 SHELL := /bin/bash
 PY ?= python3
@@ -58,7 +59,7 @@ diagnose:
 reproduce-table-%:
 	$(BIN)/python -m condattn.reproduce $(firstword $(wildcard experiments/table$*_*.yaml) experiments/table$*.yaml) \
 		--scale $(SCALE) --launcher $(LAUNCHER) $(if $(SEEDS),--seeds "$(SEEDS)") $(if $(FORCE),--force) \
-		$(if $(DRY_RUN),--dry-run) $(ARGS)
+		$(if $(DRY_RUN),--dry-run) $(if $(ROWS),--rows "$(ROWS)") $(ARGS)
 
 report-table-%:
 	$(BIN)/python -m condattn.reproduce $(firstword $(wildcard experiments/table$*_*.yaml) experiments/table$*.yaml) \

@@ -15,6 +15,7 @@ this machine); see README "Cluster".
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import shutil
 import sys
 import time
@@ -29,11 +30,22 @@ from .reporting.tables import methods_for, rows_for
 from .runs import RunId, RunRecord
 
 
+def select_rows(exp: dict, scale: str, patterns: list[str]) -> list[str]:
+    """The rows of this scale that match any of `patterns` (shell globs: `vit_*`, `listops`); ValueError naming
+    a pattern that matches no row, with the rows there are."""
+    rows = rows_for(exp, scale)
+    for pat in patterns:
+        if not fnmatch.filter(rows, pat):
+            raise ValueError(f"--rows {pat!r} matches no row of {exp['table']} at scale {scale}; "
+                             f"its rows are: {', '.join(rows)}")
+    return [r for r in rows if any(fnmatch.fnmatchcase(r, pat) for pat in patterns)]
+
+
 def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
-          launcher: str = "local") -> list[tuple[str, list[str]]]:
+          launcher: str = "local", only_rows: list[str] | None = None) -> list[tuple[str, list[str]]]:
     """(run name, overrides) of every cell, in the order they run: with a `pretrain:` stage (table 3), first one
     pretraining run per method, then the rows' runs of that method, each given `model.init_from=<its pretraining
-    run's name>`."""
+    run's name>`. `only_rows`: train just these rows (the table still shows every row from the runs there are)."""
     out = []
     at_scale = list((exp["scales"].get(scale) or {}).get("overrides", []))  # `scales: {<scale>: {overrides: [...]}}`
     common = [f"run.table={exp['table']}", f"launcher={launcher}"]
@@ -47,6 +59,8 @@ def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
                                f"conditioning={method}", f"scale={scale}", f"seed={pseed}", "run.row=pretrain",
                                f"run.name={name}", *common, *extra]))
     for row in rows_for(exp, scale):
+        if only_rows is not None and row not in only_rows:
+            continue
         spec = exp["rows"][row]
         for method in methods_for(exp, row):
             init = [f"model.init_from={pre_names[method]}"] if pre else []
@@ -96,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="validate every cell and print the jobs (and the exact sbatch script) without running")
     p.add_argument("--force", action="store_true", help="rerun finished cells from scratch")
     p.add_argument("--report-only", action="store_true", help="only rebuild the table from existing runs")
+    p.add_argument("--rows", help='train only these rows, e.g. "listops" or "vit_*,listops_cet*" (shell globs); the '
+                   "table is still written with every row, from the runs there are. Two processes given disjoint "
+                   "rows fill one table side by side")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every cell (e.g. impl.threads=2)")
     args = p.parse_intermixed_args(argv)
 
@@ -113,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(x) for x in args.seeds.replace(",", " ").split()] if args.seeds else seeds
     except ValueError:
         p.error(f"--seeds {args.seeds!r}: give integers, e.g. --seeds \"0 1 2\"")
+    try:
+        args.only_rows = select_rows(exp, args.scale, args.rows.replace(",", " ").split()) if args.rows else None
+    except ValueError as e:
+        p.error(str(e))
     try:
         return _run(args, exp, seeds)
     except ConfigError as e:
@@ -150,7 +171,8 @@ def _name_variants(todo: list[RunSpec], n_extra: int) -> dict[str, str]:
 
 
 def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
-    todo = [RunSpec(name, ov) for name, ov in cells(exp, args.scale, seeds, list(args.overrides), args.launcher)]
+    todo = [RunSpec(name, ov) for name, ov in cells(exp, args.scale, seeds, list(args.overrides), args.launcher,
+                                                     args.only_rows)]
     # 1. every override of every cell composes (one message per distinct bad override)
     errors: dict[str, list[str]] = {}
     for c in todo:

@@ -174,6 +174,21 @@ def test_reproduce_refuses_bad_input(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_rows_trains_only_the_matching_rows_and_names_a_pattern_that_matches_none(capsys):
+    from condattn.reproduce import cells, select_rows
+
+    exp = load_experiment("experiments/table9_readings.yaml")
+    vit = select_rows(exp, "small", ["vit_cet*", "listops_baseline"])
+    assert vit == ["vit_cet", "vit_cet_before", "vit_cet_norm", "listops_baseline"]
+    names = [n for n, _ in cells(exp, "small", [0, 1], [], only_rows=vit)]
+    assert len(names) == 8 and names[0] == "table9_readings_vit_cet_embedded_small_s0"
+    assert not any("sca" in n for n in names)
+    with pytest.raises(SystemExit):
+        main(["experiments/table9_readings.yaml", "--scale", "small", "--rows", "vit_*,listop", "--dry-run"])
+    err = capsys.readouterr().err
+    assert "--rows 'listop' matches no row of table9_readings at scale small; its rows are: vit_baseline," in err
+
+
 def test_corrupt_summary_is_reported_as_unfinished(tmp_path, capsys):
     exp = str(listops_only(tmp_path))
     run = tmp_path / "runs" / "smoke" / "table4_lra_listops_none_smoke_s0"
@@ -214,6 +229,9 @@ def test_make_target_dry_invocation():
                          capture_output=True, text=True)
     cmd = " ".join(out.stdout.replace("\\\n", " ").split())
     assert "condattn.reproduce experiments/table4_lra.yaml --scale paper --launcher slurm --dry-run" in cmd
+    out = subprocess.run(["make", "-n", "reproduce-table-9", "SCALE=small", "ROWS=vit_*"], cwd=REPO,
+                         capture_output=True, text=True)
+    assert '--scale small --launcher local --rows "vit_*"' in " ".join(out.stdout.replace("\\\n", " ").split())
 
 
 def test_row_overrides_per_scale_fill_in_the_method():
