@@ -35,7 +35,7 @@ def select_rows(exp: dict, scale: str, patterns: list[str]) -> list[str]:
     a pattern that matches no row, with the rows there are."""
     rows = rows_for(exp, scale)
     for pat in patterns:
-        if not fnmatch.filter(rows, pat):
+        if not any(fnmatch.fnmatchcase(r, pat) for r in rows):
             raise ValueError(f"--rows {pat!r} matches no row of {exp['table']} at scale {scale}; "
                              f"its rows are: {', '.join(rows)}")
     return [r for r in rows if any(fnmatch.fnmatchcase(r, pat) for pat in patterns)]

@@ -95,6 +95,17 @@ def test_cost_of_a_paper_cell_follows_flops_samples_peak_and_mfu():
     assert cet > fp32.flops_per_sample  # CET's Newton–Schulz correction is counted on top of the model
 
 
+def test_weight_only_readings_cost_the_model_they_leave_and_cet_beside_them_keeps_its_cost():
+    ov = ["task=imagenet_vit", "scale=paper", "launcher=slurm", "impl.worker_samples_per_s.images=null",
+          "launcher.min_step_ms=null"]
+    flops = {m: cell_cost(m, compose([*ov, *extra])).flops_per_sample for m, extra in {
+        "none": [], "init": ["conditioning=spectral", "conditioning.mode=init"],
+        "cinit": ["conditioning=conditioned_init"], "cet": ["conditioning=embedded"],
+        "both_init": ["conditioning=spectral+embedded", "conditioning.mode=init"]}.items()}
+    assert flops["init"] == flops["cinit"] == flops["none"]
+    assert flops["both_init"] == flops["cet"] > flops["none"]
+
+
 def test_cost_floors_for_what_flops_do_not_see():
     """A cell never costs less than its data workers can feed (samples / (workers × rate)) nor less than its steps
     at launcher.min_step_ms: tiny models (CIFAR, LRA) are bound by those, not by FLOPs."""

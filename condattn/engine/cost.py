@@ -102,9 +102,10 @@ def _count_on(cfg: Any, device: torch.device) -> float:
     with torch.random.fork_rng(devices=[]), torch.device(device):  # the caller's RNG stream is left as it was
         model = build_model(mcfg).train()
         cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
-        method = cond.pop("method")
-        if method != "conditioned_init" and cond.get("mode") != "init":  # those change weights once: no step cost
-            apply_conditioning(model, method, **cond)
+        # conditioned_init and SCA with mode=init change the weights once: no per-step cost (CET beside it keeps its)
+        once = {"conditioned_init", *(["spectral"] if cond.get("mode") == "init" else [])}
+        method = "+".join(m for m in cond.pop("method").split("+") if m not in once) or "none"
+        apply_conditioning(model, method, **cond)
         batch = _synthetic_batch(cfg, _COUNT_BATCH, device)
         with _meta_friendly() if device.type == "meta" else nullcontext():
             return training_step_flops(model, _loss_fn(cfg, batch)) / _COUNT_BATCH
