@@ -59,6 +59,10 @@ def test_science_config_ignores_paths_and_options_of_other_methods(tmp_path):
     a = compose(["conditioning=none", f"paths.runs={tmp_path}", "logger=none"])
     b = compose(["conditioning=none", "conditioning.lam=2", "impl.threads=1"])
     assert science_config(a) == science_config(b) and variant(b, a) == ""
+    # the dry run's cost inputs and how the step is compiled are not what a run computes: an older run dir whose
+    # config has other loader rates is still this run
+    d = compose(["conditioning=none", "impl.worker_samples_per_s.images=17.3", "impl.compile_mode=max-autotune"])
+    assert science_config(d) == science_config(a) and variant(d, a) == ""
     c = compose(["conditioning=spectral", "conditioning.lam=2"])
     assert science_config(c)["conditioning"]["lam"] == 2.0 and "solver" not in science_config(c)["conditioning"]
 
