@@ -19,6 +19,7 @@ import hydra
 from omegaconf import DictConfig, open_dict, read_write
 
 from .config import CONFIG_DIR
+from .utils.ranks import launcher_rank
 
 # Hydra flags whose value is the next argument (not an override)
 _FLAGS_WITH_VALUE = {"-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir", "--experimental-rerun",
@@ -27,13 +28,6 @@ _INFO_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "--in
                "--shell-completion", "--experimental-rerun"}
 
 _names: dict[frozenset, str] = {}  # each job's overrides -> its run name with the variant suffix (set by `check`)
-
-
-def _launcher_rank() -> int:
-    for var in ("RANK", "SLURM_PROCID"):  # set by accelerate/torchrun, or by srun for one task per GPU
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -95,7 +89,7 @@ def cli(argv: list[str]) -> int | None:
     else:
         problems = list(dict.fromkeys(p for job in jobs for p in check(job)))
     if problems:
-        if _launcher_rank() == 0:
+        if launcher_rank() == 0:
             for p in problems:
                 print(f"[condattn] {p}", file=sys.stderr)
         return 2

@@ -16,13 +16,13 @@ every step, so all ranks checkpoint, stop or fail at the same step.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..runs import RunLock, summary_is_finished
+from ..utils.ranks import launcher_rank
 from .errors import TrainingDiverged, TrainingInterrupted
 from .identity import config_mismatch
 from .loop import StepLoop
@@ -33,15 +33,6 @@ from .state import TrainState
 __all__ = ["TrainState", "TrainingDiverged", "TrainingInterrupted", "train"]
 
 
-def _rank_from_env() -> int:
-    """This process's rank as its launcher set it (accelerate/torchrun: RANK; srun: SLURM_PROCID), before accelerate
-    starts; 0 for a single process."""
-    for var in ("RANK", "SLURM_PROCID"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
-
-
 def train(cfg: Any) -> dict:
     """Train the run `cfg` names. Its config is checked first (PreflightError: nothing written); then the run
     directory's lock is taken (a second process on the same run waits for the first, then finds it finished); a
@@ -50,7 +41,7 @@ def train(cfg: Any) -> dict:
     run_dir = Path(cfg.run.dir)
     if problems := config_problems(cfg):
         raise PreflightError([Problem("config", m) for m in problems])
-    lock = RunLock(run_dir) if _rank_from_env() == 0 else None  # the other ranks follow rank 0 through accelerate
+    lock = RunLock(run_dir) if launcher_rank() == 0 else None  # the other ranks follow rank 0 through accelerate
     if lock is not None:
         lock.acquire()
     try:
