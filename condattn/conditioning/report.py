@@ -23,6 +23,8 @@ class PatchReport:
     skipped: list[PatchEntry] = field(default_factory=list)
     # what the method did beyond the entries, in words (e.g. mode=init: the shift now lives in the weights)
     notes: list[str] = field(default_factory=list)
+    # what the caller should know was not done (partial=True: attention layers no layout matched)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -56,6 +58,7 @@ class PatchReport:
             "modules": [f"{e.kind} {e.module} {e.detail}".strip() for e in self.entries],
             **({"skipped": [f"{e.kind} {e.module} {e.detail}".strip() for e in self.skipped]} if self.skipped else {}),
             **({"notes": list(self.notes)} if self.notes else {}),
+            **({"warnings": list(self.warnings)} if self.warnings else {}),
         }
 
     def __str__(self) -> str:
@@ -65,4 +68,5 @@ class PatchReport:
         if self.skipped:
             lines.append(f"  skipped by an option: {len(self.skipped)}")
         lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  WARNING: {w}" for w in self.warnings]
         return "\n".join(lines)

@@ -29,7 +29,9 @@ ROLES = ("q", "k", "v")
 @dataclass
 class Projection:
     linear: nn.Linear  # or any module computing x @ W + b whose output columns hold the role (Conv1D: see transposed)
-    cols: slice  # output columns of `linear` that hold this role, all heads, head-major
+    # output columns of `linear` that hold this role, all heads, head-major: a slice, or a LongTensor of rows where
+    # the roles are interleaved per head (GPT-NeoX / BLOOM `query_key_value`: `interleaved`)
+    cols: slice | torch.Tensor
     # True when `linear.weight` is stored (in, out), i.e. already the paper's W, instead of torch Linear's (out, in):
     # transformers' `Conv1D` (GPT-2). AttentionSite.weight/.grad transpose it back to the torch layout they return.
     transposed: bool = False
@@ -43,7 +45,17 @@ class Projection:
 
     @property
     def out_features(self) -> int:
-        return self.cols.stop - (self.cols.start or 0)
+        if isinstance(self.cols, slice):
+            return self.cols.stop - (self.cols.start or 0)
+        return int(self.cols.numel())
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """The output rows of `linear` that hold this role, as an index (a slice's range, or the index of an
+        interleaved layout, where `cols` is a LongTensor of rows: `interleaved`)."""
+        if isinstance(self.cols, slice):
+            return torch.arange(self.cols.start or 0, self.cols.stop)
+        return self.cols
 
 
 def stored_weight(p: Projection) -> torch.Tensor:
@@ -126,10 +138,11 @@ TOKEN_LAYOUTS: dict[str, TokenFinder] = {}
 PRIORITY: dict[tuple[str, str], int] = {}  # (registry, layout name) -> priority; higher is tried first
 
 
-def _register(registry: dict, kind: str, name: str, priority: int):
+def _register(registry: dict, kind: str, name: str, priority: int, replace: bool = False):
     def deco(fn):
-        if name in registry:
-            raise ValueError(f"{kind} layout {name!r} is registered twice")
+        if name in registry and not replace:
+            raise ValueError(f"{kind} layout {name!r} is registered twice; pass replace=True to replace it (e.g. "
+                             f"when rerunning a notebook cell: @{kind}_layout({name!r}, replace=True))")
         registry[name] = fn
         PRIORITY[(kind, name)] = int(priority)
         return fn
@@ -137,15 +150,16 @@ def _register(registry: dict, kind: str, name: str, priority: int):
     return deco
 
 
-def attention_layout(name: str, priority: int = 0):
+def attention_layout(name: str, priority: int = 0, replace: bool = False):
     """Register an attention finder. `priority` breaks ties when two finders could match one module (the more
-    specific one gets the higher number); finders that match disjoint explicit types can all keep 0."""
-    return _register(ATTENTION_LAYOUTS, "attention", name, priority)
+    specific one gets the higher number); finders that match disjoint explicit types can all keep 0. `replace=True`
+    replaces a finder of the same name (rerunning a notebook cell); without it a second registration is refused."""
+    return _register(ATTENTION_LAYOUTS, "attention", name, priority, replace)
 
 
-def token_layout(name: str, priority: int = 0):
-    """Register a token finder (see attention_layout for `priority`)."""
-    return _register(TOKEN_LAYOUTS, "token", name, priority)
+def token_layout(name: str, priority: int = 0, replace: bool = False):
+    """Register a token finder (see attention_layout for `priority` and `replace`)."""
+    return _register(TOKEN_LAYOUTS, "token", name, priority, replace)
 
 
 def _ordered(registry: dict, kind: str) -> list:
@@ -156,12 +170,16 @@ def _ordered(registry: dict, kind: str) -> list:
 def find_attention(model: nn.Module) -> list[AttentionSite]:
     """Every attention module of `model` that some registered layout recognises, in module order."""
     finders = _ordered(ATTENTION_LAYOUTS, "attention")
-    sites = []
+    sites: list[AttentionSite] = []
+    claimed: set[int] = set()  # projections already owned by a site (a module inside a matched one is not a 2nd)
     for name, module in model.named_modules():
         for finder in finders:
             site = finder(name, module)
             if site is not None:
-                sites.append(site)
+                ids = {id(p.linear) for p in site.proj.values()}
+                if not ids & claimed:
+                    sites.append(site)
+                    claimed |= ids
                 break
     return sites
 
@@ -191,6 +209,23 @@ def stacked(lin: nn.Module, heads: int, order: tuple[int, int, int] = (0, 1, 2))
     return a // heads, {r: Projection(lin, slice(order[i] * a, (order[i] + 1) * a)) for i, r in enumerate(ROLES)}
 
 
+def interleaved(lin: nn.Module, heads: int, widths: tuple[int, int, int] | None = None) -> tuple[int, dict]:
+    """Roles of a fused Linear whose output is interleaved per head: [q_0; k_0; v_0; q_1; k_1; v_1; ...] (GPT-NeoX,
+    BLOOM `query_key_value`: the output is viewed (…, heads, 3·head_dim)). `widths` (default: equal thirds) gives
+    the q, k, v rows of one head where they differ. Returns (q head_dim, projections whose `cols` index the rows)."""
+    per_head = lin.out_features // heads
+    widths = widths or (per_head // 3,) * 3
+    if per_head * heads != lin.out_features or sum(widths) != per_head or min(widths) <= 0:
+        raise ValueError(f"fused qkv with {lin.out_features} outputs does not interleave {heads} heads of widths "
+                         f"{list(widths)}")
+    offsets = [sum(widths[:i]) for i in range(3)]
+    proj = {}
+    for r, off, w in zip(ROLES, offsets, widths):
+        rows = torch.cat([torch.arange(h * per_head + off, h * per_head + off + w) for h in range(heads)])
+        proj[r] = Projection(lin, rows)
+    return widths[0], proj
+
+
 def separate(lins: tuple[nn.Module, nn.Module, nn.Module]) -> dict[str, Projection]:
     """Roles of three separate Linears (W_Q, W_K, W_V), each using all its output columns."""
     return {r: Projection(lin, slice(0, lin.out_features)) for r, lin in zip(ROLES, lins)}
@@ -200,3 +235,108 @@ def is_class(m: nn.Module, module: str, qualname: str) -> bool:
     """`type(m)` is exactly the class `module.qualname`, without importing that module."""
     t = type(m)
     return t.__module__ == module and t.__qualname__ == qualname
+
+
+# ---------------------------------------------------------------- strictness: attention layers no layout matched
+
+# class names that say "attention" but are channel / spatial gates of convolutional nets, not token attention
+GATES = frozenset({"SplitAttn", "SelectiveKernelAttn", "ChannelAttn", "SpatialAttn", "LightChannelAttn",
+                   "LightSpatialAttn", "CbamModule", "LightCbamModule", "EcaModule", "CecaModule"})
+
+
+def _attention_named(m: nn.Module) -> bool:
+    n = type(m).__name__
+    low = n.lower()
+    return isinstance(m, nn.MultiheadAttention) or (n not in GATES and ("attention" in low or low.endswith("attn")))
+
+
+def attention_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The attention layers of `model` by what the module says it is, independently of the layouts: the innermost
+    modules whose class name says attention (…Attention, …Attn, nn.MultiheadAttention) and that hold parameters,
+    convolutional gates (GATES) excepted."""
+    cand = [(n, m) for n, m in model.named_modules() if _attention_named(m) and next(m.parameters(), None) is not None]
+    names = [n for n, _ in cand]
+    return [(n, m) for n, m in cand if not any(o != n and (not n or o.startswith(n + ".")) for o in names)]
+
+
+def _covers(site: str, layer: str) -> bool:
+    return site == layer or not layer or not site or site.startswith(layer + ".") or layer.startswith(site + ".")
+
+
+def unmatched_attention(model: nn.Module, sites: list[AttentionSite]) -> list[tuple[str, nn.Module]]:
+    """Attention layers (attention_layers) that no site lies at, inside or around."""
+    return [(n, m) for n, m in attention_layers(model) if not any(_covers(s.name, n) for s in sites)]
+
+
+def layout_snippet(m: nn.Module) -> str:
+    """The user-side registration for an unmatched attention class (README, "Apply a method to your own model")."""
+    t = type(m)
+    lay = "my_" + t.__name__.lower()
+    lins = [n for n, c in m.named_children() if isinstance(c, nn.Linear)]
+    fused = [n for n in lins if "qkv" in n.lower() or n == "query_key_value"]
+    heads = next((a for a in HEADS if isinstance(getattr(m, a, None), int)), "num_heads")
+    if fused:
+        roles = f"stacked(m.{fused[0]}, m.{heads})  # or interleaved(...) when the output is per head [q;k;v]"
+        body = [f"head_dim, proj = {roles}", f"return AttentionSite(name, m, {lay!r}, m.{heads}, head_dim, proj)"]
+    else:
+        q, k, v = (lins + ["q", "k", "v"])[:3] if len(lins) >= 3 else ("q", "k", "v")
+        body = [f"proj = separate((m.{q}, m.{k}, m.{v}))  # the Linears holding W_Q, W_K, W_V",
+                f"return AttentionSite(name, m, {lay!r}, m.{heads}, proj['q'].out_features // m.{heads}, proj)"]
+    return (f"    from condattn.conditioning import AttentionSite, attention_layout, separate, stacked, interleaved\n"
+            f"    from {t.__module__} import {t.__qualname__.split('.')[0]}\n\n"
+            f"    @attention_layout({lay!r})\n    def {lay}(name, m):\n"
+            f"        if type(m) is not {t.__qualname__}:\n            return None\n"
+            + "\n".join("        " + line for line in body))
+
+
+HEADS = ("num_heads", "num_attention_heads", "n_head", "n_heads", "heads", "num_head", "attention_heads")
+UNSUPPORTED_WHY: dict[type, str] = {}  # class -> one line why no layout can patch it (filled by layouts/structural)
+
+
+def why_unmatched(m: nn.Module) -> str:
+    """One line: why `m` was not matched (a structural finder's reason where it recorded one)."""
+    return UNSUPPORTED_WHY.get(type(m), "no layout recognises it: its W_Q/W_K/W_V are not q/k/v (or fused qkv) "
+                                        "Linear children with a head count on the module")
+
+
+def require_attention(model: nn.Module, method: str, partial: bool = False) -> tuple[list[AttentionSite], list[str]]:
+    """The attention sites of `model`, or a refusal that names every unmatched attention class, why, and the
+    `attention_layout(...)` registration for it. `partial=True` accepts unmatched layers (returned as warnings)."""
+    sites = find_attention(model)
+    missing = unmatched_attention(model, sites)
+    if sites and (not missing or partial):
+        warn = []
+        if missing:
+            classes = sorted({type(m).__qualname__ for _, m in missing})
+            warn.append(f"partial=True: {method} patched {len(sites)} attention layers and left {len(missing)} "
+                        f"unmatched ({', '.join(classes)})")
+        return sites, warn
+    kind = type(model).__name__
+    if not missing:
+        raise ValueError(f"{method}: no attention module of {kind} matches a known layout (known layouts: "
+                         f"{', '.join(ATTENTION_LAYOUTS)}); register one for your attention class with "
+                         "condattn.conditioning.attention_layout (README, 'Apply a method to your own model')")
+    by_class: dict[type, list[str]] = {}
+    for n, m in missing:
+        by_class.setdefault(type(m), []).append(n)
+    lines = [f"{method}: {len(missing)} of {len(missing) + len(sites)} attention layers of {kind} are not matched "
+             f"by any layout (nothing was changed; partial=True patches the {len(sites)} matched ones):"]
+    for cls, names in by_class.items():
+        m = dict(model.named_modules())[names[0]]
+        lines.append(f"  {cls.__module__}.{cls.__qualname__} ({len(names)}×, e.g. {names[0] or '<model>'}): "
+                     f"{why_unmatched(m)}")
+    first = dict(model.named_modules())[next(iter(by_class.values()))[0]]
+    lines.append("register it from your code:\n" + layout_snippet(first))
+    raise ValueError("\n".join(lines))
+
+
+def require_tokens(model: nn.Module, method: str) -> TokenSite:
+    """The token site of `model`, or a refusal naming the fix (a token_layout registration)."""
+    site = find_tokens(model)
+    if site is None:
+        raise ValueError(
+            f"{method}: cannot locate the first transformer block of {type(model).__name__} (known token layouts: "
+            f"{', '.join(TOKEN_LAYOUTS)}; nothing was changed); register one with condattn.conditioning."
+            "token_layout, returning a TokenSite(first_block=..., embed=..., blocks=...) (README, 'Apply a method "
+            "to your own model')")
+    return site

@@ -84,7 +84,7 @@ class SpectralShift:
         self.correction, self.lam_unit, self.refresh_every = correction, lam_unit, max(1, int(refresh_every))
         self.transposed = transposed
         self.in_features, self.out_features = int(linear.in_features), int(linear.out_features)
-        self.blocks: list[tuple[int, int]] = []  # (first output row, rows)
+        self.blocks: list[torch.Tensor] = []  # the output rows of each block (row j of a block takes input j)
         self.scales: list[float] = []  # identity: the absolute λ of each block
         self._delta: torch.Tensor | None = None  # svd: C as last computed (out, in), fp32
         self._seen: tuple | None = None  # (data_ptr, _version, device) of the weight C was last checked against
@@ -95,27 +95,28 @@ class SpectralShift:
         self._cache: tuple[tuple, torch.Tensor] | None = None
 
     # ---- building the blocks ------------------------------------------------------------------------------------
-    def add_block(self, cols: slice, num_heads: int, head_dim: int, identity: str,
+    def add_block(self, rows: slice | torch.Tensor, num_heads: int, head_dim: int, identity: str,
                   weight: torch.Tensor | None = None) -> None:
-        """Place the correction in one role's output rows (all heads of q, k or v). `weight` (torch layout) gives the
-        λ units init_std / sigma_max; it is required for those."""
-        start = cols.start or 0
-        width = num_heads * head_dim
+        """Place the correction in one role's output rows (all heads of q, k or v; a slice, or the row index of an
+        interleaved layout, head-major). `weight` (torch layout) gives the λ units init_std / sigma_max."""
+        if isinstance(rows, slice):
+            rows = torch.arange(rows.start or 0, rows.stop)
+        rows = rows.cpu().long()
         if identity == "full":  # λ I_{D×(H·d)}: head h receives λ·x[h·d:(h+1)·d]
-            blocks = [(start, width)]
+            blocks = [rows]
         elif identity == "per_head":  # λ I_{D×d} in every head: each head receives λ·x[0:d]
-            blocks = [(start + h * head_dim, head_dim) for h in range(num_heads)]
+            blocks = list(rows[: num_heads * head_dim].split(head_dim))
         else:
             raise ValueError(f"identity={identity!r} is not one of {IDENTITY_PLACEMENTS}")
-        for b0, n in blocks:
+        for blk_rows in blocks:
             scale = self.lam
             if self.correction == "identity" and self.lam_unit != "abs":
                 if weight is None:
                     raise ValueError(f"lam_unit={self.lam_unit} needs the weight the correction is added to")
-                blk = weight[b0 : b0 + n].detach().float()
+                blk = weight[blk_rows].detach().float()
                 unit = blk.std() if self.lam_unit == "init_std" else torch.linalg.matrix_norm(blk, ord=2)
                 scale = self.lam * float(unit)
-            self.blocks.append((b0, n))
+            self.blocks.append(blk_rows)
             self.scales.append(scale)
         self._index, self._cache, self._delta, self._seen = {}, None, None, None
 
@@ -123,9 +124,9 @@ class SpectralShift:
     def _identity_index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if device not in self._index:
             rows, cols, vals = [], [], []
-            for (b0, n), s in zip(self.blocks, self.scales):
-                k = min(n, self.in_features)  # rectangular identity: only the first min(D_in, rows) diagonal
-                rows.append(torch.arange(b0, b0 + k))
+            for blk, s in zip(self.blocks, self.scales):
+                k = min(len(blk), self.in_features)  # rectangular identity: only the first min(D_in, rows) diagonal
+                rows.append(blk[:k])
                 cols.append(torch.arange(k))
                 vals.append(torch.full((k,), s))
             self._index[device] = tuple(torch.cat(t).to(device) for t in (rows, cols, vals))
@@ -144,17 +145,17 @@ class SpectralShift:
                 return
         wd = w.detach()
         delta = torch.zeros(self.out_features, self.in_features, device=w.device, dtype=torch.float32)
-        shapes: dict[int, list[int]] = {}
-        for b0, n in self.blocks:
-            shapes.setdefault(n, []).append(b0)
+        shapes: dict[int, list[torch.Tensor]] = {}
+        for rows in self.blocks:
+            shapes.setdefault(len(rows), []).append(rows.to(w.device))
         worst = 0.0
-        for n, starts in shapes.items():  # one batched SVD per block size
-            blk = torch.stack([wd[b0 : b0 + n] for b0 in starts])
+        for blocks in shapes.values():  # one batched SVD per block size
+            blk = torch.stack([wd[rows] for rows in blocks])
             c = svd_correction(blk)
             kappa = block_kappa(blk.float() + c)
             worst = max(worst, float(kappa.max()))
-            for b0, cb in zip(starts, c):
-                delta[b0 : b0 + n] = cb
+            for rows, cb in zip(blocks, c):
+                delta[rows] = cb
         if not worst <= SVD_KAPPA_BOUND:
             raise RuntimeError(f"spectral correction=svd: κ(W + C) = {worst:.4g} > {SVD_KAPPA_BOUND} for a "
                                f"{self.out_features}×{self.in_features} projection (non-finite weights?)")
@@ -196,8 +197,13 @@ class SpectralShift:
     def runs(self) -> list[tuple[int, int, int, float]]:
         """identity: C as contiguous (out_start, in_start, length, scale) runs: 3 runs for a fused qkv with `full`."""
         out = []
-        for (b0, n), s in zip(self.blocks, self.scales):
-            out.append((b0, 0, min(n, self.in_features), s))
+        for blk, s in zip(self.blocks, self.scales):
+            rows = blk[: min(len(blk), self.in_features)].tolist()
+            start = 0
+            for j in range(1, len(rows) + 1):  # split into runs of consecutive rows (interleaved: one per head)
+                if j == len(rows) or rows[j] != rows[j - 1] + 1:
+                    out.append((rows[start], start, j - start, s))
+                    start = j
         return out
 
     def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
@@ -235,7 +241,7 @@ def _shifts(sites: list[AttentionSite], targets: tuple[str, ...], identity: str,
             key = (id(p.linear), p.param)
             if key not in shifts:
                 shifts[key] = (p, SpectralShift(_sizes(p), transposed=p.transposed, **shift_opts))
-            shifts[key][1].add_block(p.cols, p.out_features // site.head_dim, site.head_dim, identity,
+            shifts[key][1].add_block(p.rows, p.out_features // site.head_dim, site.head_dim, identity,
                                      projection_weight(p))
             if not p.called:
                 folds.setdefault(id(site.module), (site.module, {}))[1][key] = shifts[key]
@@ -255,14 +261,15 @@ def patch_spectral(
     shifts, folds, patched = _shifts(sites, targets, identity, lam=lam, correction=correction, lam_unit=lam_unit,
                                      refresh_every=refresh_every)
     handles = []
+    if mode == "init":  # every C first (svd may refuse a block), then the weights: none or all are changed
+        deltas = [(p, shift.delta_weight(projection_weight(p))) for p, shift in shifts.values()]
+        with torch.no_grad():
+            for p, delta in deltas:
+                param = stored_weight(p)
+                param.add_((delta.T if p.transposed else delta).to(param))
+        return handles, patched
     for p, shift in shifts.values():
         linear = p.linear
-        if mode == "init":
-            delta = shift.delta_weight(projection_weight(p))
-            param = stored_weight(p)
-            with torch.no_grad():
-                param.add_((delta.T if p.transposed else delta).to(param))
-            continue
         if p.param != "weight":
             linear.__dict__.setdefault("_condattn_shifts", {})[p.param] = shift
             continue
