@@ -197,12 +197,15 @@ def test_uniform_attention_entropy_is_log_n(images, text):
     assert r["maxprob"] == pytest.approx(1 / n, abs=1e-6)
     # padded keys are masked out and padded queries left out: each query sees log(its length)
     ids, mask = text
-    m = nystrom()
+    m = nystrom(landmarks=128)  # exact softmax (num_landmarks == seq_len): the model's own probabilities
     _zero_queries(find_attention(m)[0])
     r = attention_entropy(m, nys_forward, text, mask=mask)[0]
     want = sum(n * math.log(n) for n in LENGTHS) / sum(LENGTHS)
     assert r["entropy"] == pytest.approx(want, abs=1e-5)
     assert r["entropy_uniform"] == pytest.approx(want, abs=1e-9)
+    # the landmark approximation forms no probability matrix: absent, with the reason, never NaN
+    r = attention_entropy(nystrom(), nys_forward, text, mask=mask)[0]
+    assert r["entropy"] is r["maxprob"] is r["self_argmax"] is None and "64 landmarks for 128 tokens" in r["absent"]
 
 
 def test_entropy_matches_timm_attention_probs_under_sca(images):
@@ -378,9 +381,13 @@ def test_cheap_diagnostics_nystromformer(text):
     assert m.training
     json.dumps(r, allow_nan=False)
     flat = r["flat"]
-    for key in ("kappa_wq/l1", "kappa_x/b1", "kappa_attn/l0", "entropy/l1", "maxprob/mean"):
+    for key in ("kappa_wq/l1", "kappa_x/b1", "kappa_attn/l0"):
         assert math.isfinite(flat[key]), key
-    assert 0 < flat["entropy/l0"] <= r["attention"][0]["entropy_uniform"] + 1e-6
+    # 64 landmarks for 128 tokens: no probability matrix, so no entropy keys, and the reason in the report
+    assert not any(k.startswith(("entropy", "maxprob", "self_argmax")) for k in flat), sorted(flat)
+    assert all("Nyström approximation" in a["absent"] for a in r["attention"])
+    exact = cheap_diagnostics(nystrom(landmarks=128), nys_forward, text, mask=mask)
+    assert 0 < exact["flat"]["entropy/l0"] <= exact["attention"][0]["entropy_uniform"] + 1e-6
 
 
 @pytest.mark.parametrize("method", ["none", "spectral"])

@@ -10,6 +10,10 @@ Jacobian of `form.head`, the formula of one head as a function of (X, W_Q, W_K, 
   tokens), τ the learned per-head `temperature`.
 - CHANNEL_SOFTMAX: DaViT's channel attention, softmax((q·scale)ᵀ k) over the d_h channels (in the roles the
   layout assigns: timm's k and v chunks).
+
+`complete` says the formula is ALL of the module's attention (no position term, no mask but padding), so the entropy
+probe may recompute the probabilities from the captured q and k where it cannot read the module's own
+(diagnostics/readers.py). A token softmax is not complete: modules add RoPE, relative position biases and causal masks.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class AttentionForm:
 
     name = "token_softmax"
     over = "tokens"  # what the softmax runs over: "tokens" (queries = tokens) or "channels" (queries = channels)
+    complete = False  # the formula is all of the module's attention (module docstring)
 
     def scores(self, site, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Pre-softmax scores (B, H, queries, keys) from the heads (B, H, N, d) of the q and k roles."""
@@ -93,6 +98,7 @@ class TokenSoftmax(AttentionForm):
 class CrossCovariance(AttentionForm):
     name = "xca"
     over = "channels"
+    complete = True
 
     def scores(self, site, q, k):
         q = torch.nn.functional.normalize(q, dim=-2)
@@ -110,6 +116,7 @@ class CrossCovariance(AttentionForm):
 class ChannelSoftmax(AttentionForm):
     name = "channel_softmax"
     over = "channels"
+    complete = True
 
     def scores(self, site, q, k):
         s = module_scale(site)

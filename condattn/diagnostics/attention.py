@@ -1,25 +1,18 @@
-"""Attention entropy and maximum probability per layer and head.
+"""Attention entropy, maximum probability and self-attention measures per layer and head, from the attention
+probabilities each site's module really computes (its masks, causal or padding, its position terms such as RoPE or
+a relative position bias, its biases, and weights it reads itself). How they are read is readers.py: transformers'
+eager attention, timm's unfused path, nn.MultiheadAttention's need_weights, F.scaled_dot_product_attention's inputs,
+or, for a form that is the module's whole formula (DaViT's channel attention), a recomputation from q and k.
 
-q and k are read from the outputs of each site's projection Linear(s) by forward hooks registered after
-any conditioning hooks, so under SCA they are the (W + λI) projections the model really uses. From them
-the exact softmax(q k^T · scale) over the keys is recomputed (scale = the module's `scale`, else
-1/sqrt(head_dim); a timm q_norm/k_norm is applied first). Padded keys are masked out and padded queries
-excluded. For Nyströmformer this is the exact softmax attention that its q and k define, i.e. the matrix
-its landmark (Nyström) attention approximates, not the approximation itself.
-
-The scores are the site's own formula (`AttentionSite.form.scores`, conditioning/forms.py): token softmax as
-above, or, for sites that attend over channels (AttentionSite.attends_over == "channels"), e.g. XCiT's XCA
-softmax(q̂ᵀk̂ · τ) or DaViT's channel attention, a d_h × d_h softmax whose "queries" are the d_h channels.
-Class attention (queries == "first") has one query, the class token. Under grouped-query attention (Llama-style,
-timm AttentionRope) each query head is scored against its shared key head. A site whose module reads its projection
-weights itself (sites.Projection.called False: timm Eva / BEiT with q/v biases, nn.MultiheadAttention) has no
-projection call to read q and k from: its entropy and max probability are NaN (its weight, gradient and κ(J)
-diagnostics are measured as for any site).
+A site whose probabilities cannot be read (Nyströmformer's landmark approximation forms none) is ABSENT: its values
+are None and results() gives the reason under "absent", never NaN. For sites that attend over channels
+(AttentionSite.attends_over == "channels": XCiT's XCA, DaViT's channel attention) the softmax runs over the d_h
+channels, so "queries" are channels; class attention (queries == "first") has one query, the class token. Padded
+queries are excluded (the model's mask, read from each call where the token site names its owner).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -28,24 +21,7 @@ from torch import nn
 from ..conditioning.sites import AttentionSite, find_attention, find_tokens
 from ..conditioning.tokens import track_model_mask
 from ._util import rows_kept
-
-_CHUNK_ELEMENTS = 1 << 25  # logits per chunk of samples, to bound memory on long sequences
-
-
-def _heads(t: torch.Tensor, site: AttentionSite) -> torch.Tensor:
-    if t.dim() == 2:  # (B, C): class attention's single query (the class token)
-        t = t.unsqueeze(1)
-    b, n = t.shape[0], t.shape[-2]
-    t = t.reshape(b, n, -1, site.head_dim).transpose(1, 2)  # (B, heads of this role, N, d)
-    if t.shape[1] != site.num_heads:  # grouped-query attention: query head h reads k/v head h // (H / H_kv)
-        t = t.repeat_interleave(site.num_heads // t.shape[1], dim=1)
-    return t
-
-
-def _roles(site: AttentionSite) -> tuple[str, str]:
-    """The two projections whose product is softmaxed. Layouts name roles by what they do in the formula
-    (DaViT's ChannelAttention: its `k` chunk is the "q" role), so this is always (q, k)."""
-    return ("q", "k")
+from .readers import MISSING, reader_for
 
 
 def softmax_entropy(logits: torch.Tensor, key_keep: torch.Tensor | None = None):
@@ -53,9 +29,13 @@ def softmax_entropy(logits: torch.Tensor, key_keep: torch.Tensor | None = None):
     key_keep (B, Nk) bool. Returns two (B, H, Nq) tensors."""
     if key_keep is not None:
         logits = logits.masked_fill(~key_keep[:, None, None, :], float("-inf"))
-    logp = torch.log_softmax(logits, dim=-1)
-    p = logp.exp()
-    ent = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+    return prob_entropy(torch.softmax(logits.float(), dim=-1))
+
+
+def prob_entropy(p: torch.Tensor):
+    """Entropy (nats) and max probability of probabilities p over the last dim (0 log 0 = 0)."""
+    p = p.double()
+    ent = -torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p)).sum(-1)
     return ent, p.amax(-1)
 
 
@@ -76,110 +56,98 @@ class AttentionProbe:
         self.sites = find_attention(model)
         self.token_site = find_tokens(model)
         self.mask = mask
-        h = [s.num_heads for s in self.sites]
-        self.ent = [torch.zeros(n, dtype=torch.float64) for n in h]
-        self.maxp = [torch.zeros(n, dtype=torch.float64) for n in h]
-        self.count = [0] * len(self.sites)
-        self.uniform = [0.0] * len(self.sites)  # Σ over queries of log(#valid keys)
+        n = len(self.sites)
+        self.ent = [torch.zeros(s.num_heads, dtype=torch.float64) for s in self.sites]
+        self.maxp = [torch.zeros(s.num_heads, dtype=torch.float64) for s in self.sites]
+        self.count = [0.0] * n
+        self.uniform = [0.0] * n  # Σ over queries of log(#keys it may attend to)
         # saturation: queries whose argmax key is themselves, and the class token's attention to itself
         self.has_cls = self.token_site is not None and self.token_site.num_prefix_tokens > 0
-        self.self_hits = [0.0] * len(self.sites)
-        self.self_count = [0.0] * len(self.sites)
-        self.cls_self = [0.0] * len(self.sites)
-        self.cls_count = [0] * len(self.sites)
-        self._buf: list[dict] = [{} for _ in self.sites]
+        self.self_hits, self.self_count = [0.0] * n, [0.0] * n
+        self.cls_self, self.cls_count = [0.0] * n, [0] * n
+        self.reader = [""] * n
+        self.absent: list[str | None] = [None] * n  # why a site has no values (set on enter or by a bad capture)
         self._handles: list = []
 
     def __enter__(self) -> AttentionProbe:
         self._handles += track_model_mask(self.token_site, lambda m: setattr(self, "mask", m))
         for i, site in enumerate(self.sites):
-            if not all(site.proj[r].called for r in _roles(site)):  # no projection call to read q, k from: NaN
-                continue
-            groups: dict[int, tuple[nn.Linear, list[str]]] = {}
-            for role in _roles(site):
-                lin = site.proj[role].linear
-                groups.setdefault(id(lin), (lin, []))[1].append(role)
-            for lin, roles in groups.values():
-
-                def hook(module, args, output, i=i, roles=tuple(roles)):
-                    self._capture(i, roles, output)
-
-                self._handles.append(lin.register_forward_hook(hook))
+            self.reader[i], attach = reader_for(site)
+            got = attach(site, lambda p, allowed, i=i: self._accumulate(i, p, allowed), self._keys_kept(i))
+            if isinstance(got, str):
+                self.absent[i] = got
+            else:
+                self._handles += got
         return self
 
     def __exit__(self, *exc) -> None:
-        for h in self._handles:
+        for h in reversed(self._handles):  # reversed: attribute switches shared by sites restore in order
             h.remove()
         self._handles.clear()
-        self._buf = [{} for _ in self.sites]
 
-    def _capture(self, i: int, roles: tuple[str, ...], output: torch.Tensor) -> None:
-        site, buf = self.sites[i], self._buf[i]
-        for role in roles:
-            buf[role] = output.detach()[..., site.proj[role].cols]
-        qr, kr = _roles(site)
-        if qr in buf and kr in buf:
-            self._accumulate(i, _heads(buf.pop(qr), site), _heads(buf.pop(kr), site))
-
-    def _accumulate(self, i: int, q: torch.Tensor, k: torch.Tensor) -> None:
+    def _keys_kept(self, i: int) -> Callable:
         site = self.sites[i]
-        qn, kn = getattr(site.module, "q_norm", None), getattr(site.module, "k_norm", None)
-        q = (qn(q) if isinstance(qn, nn.Module) else q).float()
-        k = (kn(k) if isinstance(kn, nn.Module) else k).float()
-        b, h = q.shape[:2]
+        return lambda b, n, device: rows_kept(self.mask, b, n, device) if site.masked_keys else None
+
+    def _accumulate(self, i: int, p: torch.Tensor, allowed: torch.Tensor | None) -> None:
+        site = self.sites[i]
+        p = p.detach().double()
+        b, h, nq, nk = p.shape
         channels = site.attends_over == "channels"
-        nq, nk = (q.shape[3], k.shape[3]) if channels else (q.shape[2], k.shape[2])
-        # the padding mask applies where the site says so (DETR: not to decoder queries, to cross-attention keys)
-        qkeep = None if channels or not site.masked_queries else rows_kept(self.mask, b, nq, q.device)
-        kkeep = None if channels or not site.masked_keys else rows_kept(self.mask, b, nk, q.device)
-        qw = torch.ones(b, nq, device=q.device) if qkeep is None else qkeep.float()
-        nkeys = torch.full((b,), float(nk), device=q.device) if kkeep is None else kkeep.sum(1).float()
+        qkeep = None if channels or not site.masked_queries else rows_kept(self.mask, b, nq, p.device)
+        w = torch.ones(b, nq, dtype=p.dtype, device=p.device) if qkeep is None else qkeep.to(p.dtype)
+        w = w * torch.isfinite(p).all(-1).all(1)  # a query with no key to attend to (NaN row) is left out
+        p = torch.nan_to_num(p)
+        kept = w[:, None, :] > 0
+        if float(p.amin()) < 0 or (kept.any() and float(((p.sum(-1) - 1).abs() * kept).amax()) > 1e-3):
+            self.absent[i] = f"the {self.reader[i]} weights of {type(site.module).__name__} are not probabilities " \
+                             "(rows do not sum to 1)"
+            return
+        ent, maxp = prob_entropy(p)
+        w3 = w[:, None, :]
+        self.ent[i] += (ent * w3).sum((0, 2)).cpu()
+        self.maxp[i] += (maxp * w3).sum((0, 2)).cpu()
+        keys = torch.full((b, nq), float(nk), dtype=p.dtype, device=p.device) if allowed is None else \
+            allowed.expand(b, -1, nq, nk).double().sum(-1).mean(1)
+        self.count[i] += float(w.sum())
+        self.uniform[i] += float((w * keys.clamp_min(1).log()).sum())
         own, first = self_attention_sites(site, nq, nk)
-        cls = first and (site.queries == "first" or (self.has_cls and own))
-        step = max(1, _CHUNK_ELEMENTS // (h * nq * nk))
-        for s in range(0, b, step):
-            sl = slice(s, s + step)
-            logits = site.form.scores(site, q[sl], k[sl])
-            ent, maxp = softmax_entropy(logits, None if kkeep is None else kkeep[sl])
-            w = qw[sl][:, None, :]
-            self.ent[i] += (ent * w).sum((0, 2)).double().cpu()
-            self.maxp[i] += (maxp * w).sum((0, 2)).double().cpu()
-            if own or cls:
-                if kkeep is not None:
-                    logits = logits.masked_fill(~kkeep[sl][:, None, None, :], float("-inf"))
-                if own:  # argmax over keys == the query's own index, over heads and valid queries
-                    hit = (logits.argmax(-1) == torch.arange(nq, device=logits.device)).float()
-                    self.self_hits[i] += float((hit * w).sum())
-                    self.self_count[i] += float(w.sum()) * h
-                if cls:  # query 0 (the class token) attending to key 0 (itself), mean over heads
-                    self.cls_self[i] += float(torch.softmax(logits[:, :, 0], dim=-1)[..., 0].mean(1).sum())
-                    self.cls_count[i] += logits.shape[0]
-        self.count[i] += int(qw.sum())
-        self.uniform[i] += float((qw.sum(1).double() * nkeys.double().log()).sum())
+        if own:  # argmax over keys == the query's own index, over heads and valid queries
+            hit = (p.argmax(-1) == torch.arange(nq, device=p.device)).to(p.dtype)
+            self.self_hits[i] += float((hit * w3).sum())
+            self.self_count[i] += float(w.sum()) * h
+        if first and (site.queries == "first" or (self.has_cls and own)):  # class token → itself, mean over heads
+            self.cls_self[i] += float(p[:, :, 0, 0].mean(1).sum())
+            self.cls_count[i] += b
 
     def results(self) -> list[dict]:
         """Per layer: {"layer", "name", "entropy", "maxprob", "entropy_uniform", "entropy_heads": [...],
-        "maxprob_heads": [...], "self_argmax", "cls_self"}; means over samples and valid queries (heads averaged
-        for the layer values). entropy_uniform = mean log(#valid keys), the entropy of uniform attention."""
+        "maxprob_heads": [...], "self_argmax", "cls_self", "reader", "absent"}; means over samples and valid queries
+        (heads averaged for the layer values). entropy_uniform = mean log(#keys a query may attend to: causal and
+        padding masks applied), the entropy of uniform attention. An absent site has None values and the reason."""
         out = []
         for i, site in enumerate(self.sites):
             c = self.count[i]
-            ent = (self.ent[i] / c).tolist() if c else [math.nan] * site.num_heads
-            maxp = (self.maxp[i] / c).tolist() if c else [math.nan] * site.num_heads
+            absent = self.absent[i] or (None if c else f"{type(site.module).__name__}: {MISSING[self.reader[i]]}")
+            ent = None if absent else (self.ent[i] / c).tolist()
+            maxp = None if absent else (self.maxp[i] / c).tolist()
             out.append(
                 {
                     "layer": i,
                     "name": site.name,
-                    "entropy": sum(ent) / len(ent),
-                    "maxprob": sum(maxp) / len(maxp),
-                    "entropy_uniform": self.uniform[i] / c if c else math.nan,
+                    "entropy": None if absent else sum(ent) / len(ent),
+                    "maxprob": None if absent else sum(maxp) / len(maxp),
+                    "entropy_uniform": None if absent else self.uniform[i] / c,
                     "entropy_heads": ent,
                     "maxprob_heads": maxp,
                     # share of (query, head) pairs whose largest attention weight is on the query itself (None: the
                     # site's queries are not its keys, e.g. channel or cross-attention)
-                    "self_argmax": self.self_hits[i] / self.self_count[i] if self.self_count[i] else None,
+                    "self_argmax": self.self_hits[i] / self.self_count[i] if self.self_count[i] and not absent
+                    else None,
                     # the class token's attention to itself, mean over heads and samples (None: no class token)
-                    "cls_self": self.cls_self[i] / self.cls_count[i] if self.cls_count[i] else None,
+                    "cls_self": self.cls_self[i] / self.cls_count[i] if self.cls_count[i] and not absent else None,
+                    "reader": self.reader[i],  # how the probabilities were read (readers.py)
+                    "absent": absent,  # None, or why this site has no values
                 }
             )
         return out
