@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from .conditioning.forms import FORMS
 from .config import CONFIG_DIR, compose
@@ -191,19 +190,18 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
     from accelerate.utils import set_seed
 
     from .conditioning import apply_conditioning
-    from .conditioning.api import resolve_options
+    from .conditioning.spec import conditioning_spec
     from .data.build import build_datasets
     from .engine import provenance
     from .models import build_model
     from .tasks import build_task
     from .utils.io import write_json_atomic
 
-    cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
-    method = cond.pop("method")
     try:
-        resolve_options(method, cond)  # apply_conditioning's own check, before any data or model is built
+        spec = conditioning_spec(cfg.conditioning)  # apply_conditioning's own check, before any data or model is built
     except ValueError as e:
         raise DiagnoseError(f"ValueError: {e}") from e
+    method = spec.method
     if cfg.impl.get("threads"):
         torch.set_num_threads(int(cfg.impl.threads))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -215,7 +213,7 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
     model = build_model(cfg.model).to(device).eval()
     models = {"baseline": model, "conditioned": copy.deepcopy(model)}
     apply_conditioning(models["baseline"], "none")
-    report = apply_conditioning(models["conditioned"], method, **cond)
+    report = apply_conditioning(models["conditioned"], spec)
     report.check(attention_layers=cfg.model.get("attention_layers"))
     task = build_task(cfg)
     batch = {k: v.to(device) for k, v in _first(data.val, batch_size).items()}

@@ -1,8 +1,9 @@
 """The two conditioning methods (SCA: `spectral`, CET: `embedded`) and where they attach.
 
 The method library's lower half: it imports torch (timm / transformers only inside the layout finders) and nothing
-else of condattn. `sites.py` holds the sites and the layout registry, `layouts/` one module per architecture family,
-`forms.py` how each site's attention logits are formed, `tokens.py` how tokens and padding masks are read.
+else of condattn. `spec.py` holds every method's options and which act (`ConditioningSpec`, the method registry),
+`sites.py` the sites and the layout registry, `layouts/` one module per architecture family, `forms.py` how each
+site's attention logits are formed, `tokens.py` how tokens and padding masks are read.
 """
 
 from . import layouts  # noqa: F401  (registers every family's layouts)
@@ -13,7 +14,6 @@ from .api import (
     apply_conditioning,
     conditioning_report,
     remove_conditioning,
-    resolve_options,
 )
 from .embedded import polar_correction
 from .forms import AttentionForm
@@ -32,6 +32,7 @@ from .sites import (
     stacked,
     token_layout,
 )
+from .spec import ConditioningSpec, MethodSpec, composite, conditioning_spec, method_spec, register_method
 
 __all__ = [
     "ATTENTION_LAYOUTS",
@@ -42,18 +43,23 @@ __all__ = [
     "TOKEN_LAYOUTS",
     "AttentionForm",
     "AttentionSite",
+    "ConditioningSpec",
+    "MethodSpec",
     "PatchEntry",
     "PatchReport",
     "Projection",
     "TokenSite",
     "apply_conditioning",
     "attention_layout",
+    "composite",
+    "conditioning_spec",
     "conditioning_report",
     "find_attention",
     "find_tokens",
+    "method_spec",
     "polar_correction",
+    "register_method",
     "remove_conditioning",
-    "resolve_options",
     "separate",
     "stacked",
     "token_layout",

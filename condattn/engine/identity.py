@@ -52,17 +52,17 @@ def is_science_key(key: str) -> bool:
 
 
 def science_config(cfg: Any) -> dict:
-    """The resolved config without NOT_SCIENCE, and with only the conditioning options that apply to its method
-    (λ does not change a baseline)."""
-    from ..conditioning.api import resolve_options
+    """The resolved config without NOT_SCIENCE, with the conditioning node as its ConditioningSpec's identity: the
+    options of its method, those that do not act held at their defaults (λ does nothing to a baseline or under
+    correction=svd, so it does not rename the run)."""
+    from ..conditioning.spec import conditioning_spec
+
 
     d = _container(cfg)
     for key in NOT_SCIENCE:
         _drop(d, key)
-    cond = dict(d.get("conditioning") or {})
-    method = cond.pop("method", None)
     try:
-        d["conditioning"] = {"method": method, **resolve_options(method, cond)}
+        d["conditioning"] = conditioning_spec(d.get("conditioning") or {}).identity()
     except (TypeError, ValueError):  # bad options: the preflight names them; keep what was given
         pass
     return json.loads(json.dumps(d, sort_keys=True, default=list))
@@ -158,19 +158,20 @@ def name_variant(cfg: Any, overrides: list[str], compose: Any) -> str:
 
 def options_not_applying(cfg: Any, overrides: list[str]) -> list[str]:
     """One message per `conditioning.<option>=` override that the run's method does not use (λ on a baseline)."""
-    from ..conditioning.api import EMBEDDED_DEFAULTS, SPECTRAL_DEFAULTS, resolve_options
+    from ..conditioning.spec import conditioning_spec, option_owners
 
     method = str(cfg.conditioning.method)
     try:
-        applies = set(resolve_options(method, {}))
+        spec = conditioning_spec(method=method)
     except ValueError:
         return []  # an unknown method: the preflight names it
     out = []
     for o in overrides:
         k = override_key(o)
         opt = k.partition(".")[2] if k.startswith("conditioning.") else ""
-        if opt and opt not in applies and opt in {**SPECTRAL_DEFAULTS, **EMBEDDED_DEFAULTS}:
-            owner = "spectral (SCA)" if opt in SPECTRAL_DEFAULTS else "embedded (CET)"
-            out.append(f"override '{o}' does not apply to conditioning={method}: it is an option of {owner}; add "
-                       f"conditioning={owner.split()[0]} (or spectral+embedded), or drop it")
+        if opt and spec.ignored([opt]):
+            owner, *others = option_owners(opt)
+            alt = f" (or {', '.join(m.name for m in others)})" if others else ""
+            out.append(f"override '{o}' does not apply to conditioning={method}: it is an option of "
+                       f"{owner.label or owner.name}; add conditioning={owner.name}{alt}, or drop it")
     return out

@@ -96,7 +96,7 @@ def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
 
 def config_problems(cfg: Any) -> list[str]:
     """Unknown builders, methods, options, optimizer, schedule, budget; non-positive step counts; bad precision."""
-    from ..conditioning.api import resolve_options
+    from ..conditioning.spec import conditioning_spec
     from ..data.build import dataset_entry
     from ..data.registry import unknown_builder
     from ..models import MODEL_BUILDERS
@@ -109,17 +109,8 @@ def config_problems(cfg: Any) -> list[str]:
     seed = cfg.get("seed")
     if not isinstance(seed, int) or isinstance(seed, bool):
         out.append(f"seed={seed!r} must be an integer (e.g. seed=1)")
-    cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
-    for key in ("lam",):
-        if cond.get(key) is not None:
-            try:
-                if not 0 <= float(cond[key]) < float("inf"):
-                    out.append(f"conditioning.{key}={cond.pop(key)!r} must be a finite number ≥ 0 (λ = 0 adds "
-                               "nothing; the SCA paper's default is 10)")
-            except (TypeError, ValueError):
-                out.append(f"conditioning.{key}={cond.pop(key)!r} must be a number")
     try:
-        resolve_options(cond.pop("method", None), cond)
+        conditioning_spec(cfg.conditioning)
     except (TypeError, ValueError) as e:
         out.append(str(e))
     if cfg.task.get("kind") not in TASKS:

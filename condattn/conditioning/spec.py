@@ -1,0 +1,351 @@
+"""`ConditioningSpec`: the one place that knows each conditioning method's options, their defaults, their checks and
+which of them act. `conditioning_spec(node)` builds it once from a config's `conditioning` node (any Mapping: a dict,
+an OmegaConf DictConfig, a whole config with a `conditioning` key) or from keyword options; `apply_conditioning`,
+the run identity, the preflight, reports and tables all read that one value.
+
+Each method is a `MethodSpec` registered by name. Adding a method is one registration, in its own module (e.g.
+`conditioning/methods/qk_norm.py`, imported by the package so that it runs before any spec is built):
+
+    from ..spec import MethodSpec, finite_number, register_method
+
+    def _apply(model, spec, report):            # patch `model`; return the hook handles remove_conditioning drops
+        ...
+
+    register_method(MethodSpec(
+        "qk_norm", label="qk_norm (QK-norm)",
+        options={"qk_eps": 1e-6},                 # option -> default (the YAML node may set it)
+        validators={"qk_eps": finite_number(1e-12)},  # option -> check(key, value) -> normalised value
+        applies=lambda o: {"qk_eps"},             # optional: which options act given all values (default: all)
+        apply=_apply,
+    ))
+
+An option name means one option everywhere: a method may list another method's option again (conditioned_init uses
+SCA's `targets`) with the same default, and then shares its check. Every registered option is accepted with every
+method (the Hydra `conditioning/` group carries them all) and ignored where it does not apply. `composite(...)`
+registers a union ("spectral+embedded"). This module imports no Hydra/OmegaConf: configs are read by duck typing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from .embedded import GRADIENTS, POSITIONS, SCALES, SOLVERS, TOKENS
+from .layouts.detr import DETR_ATTENTION  # (importing a layout module registers every family's layouts)
+from .sites import ROLES
+from .spectral import CORRECTIONS, IDENTITY_PLACEMENTS, LAM_UNITS, MODES
+
+Validator = Callable[[str, Any], Any]  # (option name, given value) -> normalised value; ValueError names the fix
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One conditioning method: its options (name -> default), their checks, and which of them act."""
+
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    validators: Mapping[str, Validator] = field(default_factory=dict)
+    # which options act, given every option's (normalised) value; None: all of them
+    applies: Callable[[Mapping[str, Any]], set[str]] | None = None
+    label: str = ""  # how messages name the method ("spectral (SCA)"); default: its name
+    # options that act only on a model whose attention sites carry kinds (DETR's detr_attention)
+    site_kind_options: frozenset[str] = frozenset()
+    parts: tuple[str, ...] = ()  # a composite's methods; () for a plain one
+    apply: Callable[..., list] | None = None  # apply(model, spec, report) -> handles, for methods outside api.py
+
+    def acting(self, values: Mapping[str, Any]) -> set[str]:
+        return set(self.options) if self.applies is None else set(self.applies(values)) & set(self.options)
+
+
+_METHODS: dict[str, MethodSpec] = {}
+_OPTIONS: dict[str, tuple[Any, Validator | None]] = {}  # option -> (normalised default, check)
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def register_method(spec: MethodSpec) -> MethodSpec:
+    """Register `spec` under its name (ValueError on a second method of that name or a clashing option default)."""
+    if spec.name in _METHODS:
+        if _METHODS[spec.name] is spec:
+            return spec
+        raise ValueError(f"conditioning method {spec.name!r} is already registered")
+    pending: dict[str, tuple[Any, Validator | None]] = {}
+    for key, default in spec.options.items():
+        check = spec.validators.get(key)
+        if key in _OPTIONS:
+            known_default, known_check = _OPTIONS[key]
+            if check is not None and known_check is not None and check is not known_check:
+                raise ValueError(f"{spec.name}: option {key!r} already has a check (registered by another method); "
+                                 f"leave validators[{key!r}] out to share it")
+            check = check or known_check
+            value = check(key, default) if check else default
+            if not _same(value, known_default):
+                raise ValueError(f"{spec.name}: option {key!r} has default {default!r}, another method's is "
+                                 f"{known_default!r}; one option name means one option: rename it")
+        else:
+            value = check(key, default) if check else default
+        pending[key] = (value, check)
+    _OPTIONS.update(pending)
+    _METHODS[spec.name] = spec
+    return spec
+
+
+def composite(name: str, *parts: str, label: str = "") -> MethodSpec:
+    """The union of registered methods (their options, checks and rules), e.g. composite("spectral+embedded", ...)."""
+    specs = [method_spec(p) for p in parts]
+
+    def applies(values: Mapping[str, Any]) -> set[str]:
+        return set().union(*(s.acting(values) for s in specs))
+
+    return MethodSpec(name, options={k: v for s in specs for k, v in s.options.items()},
+                      validators={k: v for s in specs for k, v in s.validators.items()}, applies=applies,
+                      label=label, site_kind_options=frozenset().union(*(s.site_kind_options for s in specs)),
+                      parts=tuple(parts))
+
+
+def method_spec(name: str) -> MethodSpec:
+    if name not in _METHODS:
+        raise ValueError(f"unknown conditioning method {name!r}; valid methods: {', '.join(_METHODS)}")
+    return _METHODS[name]
+
+
+def option_default(key: str) -> Any:
+    return _OPTIONS[key][0]
+
+
+def option_owners(key: str) -> list[MethodSpec]:
+    """The registered methods that use option `key`, plain methods first (registration order)."""
+    found = [m for m in _METHODS.values() if key in m.options]
+    return [m for m in found if not m.parts] + [m for m in found if m.parts]
+
+
+class _Methods(Sequence):
+    """The registered method names, read live (a method registered later is listed too)."""
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return tuple(_METHODS)[i]
+
+    def __len__(self) -> int:
+        return len(_METHODS)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tuple(_METHODS))
+
+    def __contains__(self, name: object) -> bool:
+        return name in _METHODS
+
+    def __repr__(self) -> str:
+        return repr(tuple(_METHODS))
+
+
+METHODS: Sequence[str] = _Methods()
+
+
+@dataclass(frozen=True)
+class ConditioningSpec:
+    """A method and its options, checked and normalised. `options`: the ones that act (what the method reads);
+    `identity()`: what the run identity hashes."""
+
+    method: str
+    values: Mapping[str, Any]  # every option of the method, defaults filled (read-only)
+    applying: tuple[str, ...]  # the options that act, in declaration order
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {k: self.values[k] for k in self.applying}
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The plain methods this one applies ((self.method,) for a plain method)."""
+        return method_spec(self.method).parts or (self.method,)
+
+    def uses(self, part: str) -> bool:
+        return part in self.parts
+
+    def on_model(self, site_kinds: bool) -> dict[str, Any]:
+        """The options that act on a model: without attention kinds (every model but DETR), the kind selectors go."""
+        drop = set() if site_kinds else method_spec(self.method).site_kind_options
+        return {k: v for k, v in self.options.items() if k not in drop}
+
+    def identity(self) -> dict[str, Any]:
+        """The method and its options, those that do not act held at their defaults: two configs that differ only
+        in an option that does nothing (λ under correction=svd) are one run, and the hash of every run made before
+        this rule is unchanged."""
+        return {"method": self.method,
+                **{k: (v if k in self.applying else option_default(k)) for k, v in self.values.items()}}
+
+    def ignored(self, given: Iterable[str]) -> list[str]:
+        """Of the option names `given`, those that are options of another method, not of this one."""
+        return [k for k in given if k in _OPTIONS and k not in self.values]
+
+
+def _plain(v: Any) -> Any:
+    """A config value as plain Python (DictConfig/ListConfig are Mappings/Sequences: read by duck typing)."""
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, Sequence) and not isinstance(v, str | bytes):
+        return [_plain(x) for x in v]
+    return v
+
+
+def conditioning_spec(node: Mapping[str, Any] | ConditioningSpec | None = None, /, **options: Any) -> ConditioningSpec:
+    """The spec of a `conditioning` node (`method` plus options; a whole config with a `conditioning` key is read
+    through it), or of keyword options (`method=...` among them). Options set to None take their defaults. Raises
+    ValueError with one line naming the bad method, option or value and the fix."""
+    if isinstance(node, ConditioningSpec):
+        if options:
+            raise TypeError("conditioning_spec(spec) takes no further options")
+        return node
+    if node is not None and isinstance(node.get("conditioning"), Mapping):
+        node = node["conditioning"]
+    given = {**_plain(node or {}), **_plain(options)}
+    method = given.pop("method", "none")
+    ms = method_spec(method) if isinstance(method, str) else method_spec(repr(method))
+    unknown = sorted(set(given) - set(_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown conditioning option(s) {unknown}; valid options: {', '.join(_OPTIONS)}")
+    checked: dict[str, Any] = {}
+    for key, (default, check) in _OPTIONS.items():  # every given option is checked, whichever method uses it
+        v = given.get(key)
+        checked[key] = default if v is None else (check(key, v) if check else v)
+    values = {k: checked[k] for k in ms.options}
+    acting = ms.acting(values)
+    return ConditioningSpec(method, MappingProxyType(values), tuple(k for k in ms.options if k in acting))
+
+
+# ---------------------------------------------------------------- checks
+
+
+def choice(choices: Sequence[str]) -> Validator:
+    def check(key: str, v: Any) -> Any:
+        if v not in choices:
+            raise ValueError(f"conditioning option {key}={v!r} is invalid; choose one of {list(choices)}")
+        return v
+    return check
+
+
+def integer(low: int) -> Validator:
+    def check(key: str, v: Any) -> int:
+        try:
+            ok = not isinstance(v, bool) and int(v) == float(v) and int(v) >= low
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            raise ValueError(f"conditioning option {key}={v!r} must be an integer >= {low}")
+        return int(v)
+    return check
+
+
+def finite_number(low: float, hint: str = "") -> Validator:
+    def check(key: str, v: Any) -> float:
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"conditioning.{key}={v!r} must be a number") from None
+        if isinstance(v, bool) or not (low <= x and math.isfinite(x)):
+            raise ValueError(f"conditioning.{key}={v!r} must be a finite number ≥ {low:g}{hint}")
+        return x
+    return check
+
+
+def subset(universe: Sequence[str], example: str, *, letters: bool = False) -> Validator:
+    """A non-empty subset of `universe`, returned in its order; `letters`: a string is read as one name per letter."""
+    def check(key: str, v: Any) -> tuple[str, ...]:
+        if isinstance(v, str):
+            items = list(v.replace(",", "").replace(" ", "")) if letters else [v]
+        else:
+            items = list(v)
+        if [x for x in items if x not in universe] or not items or len(set(items)) != len(items):
+            raise ValueError(f"{key}={v!r}: give a non-empty subset of {list(universe)}, e.g. {example}")
+        return tuple(x for x in universe if x in items)
+    return check
+
+
+# ---------------------------------------------------------------- the built-in methods
+
+
+def _spectral_applies(o: Mapping[str, Any]) -> set[str]:
+    out = set(SPECTRAL_OPTIONS)
+    if o["correction"] == "identity":  # C is λI: never recomputed
+        out.discard("refresh_every")
+    elif o["correction"] == "svd":  # C = σ_max(W)·UVᵀ: no λ
+        out -= {"lam", "lam_unit"}
+    return out
+
+
+def _embedded_applies(o: Mapping[str, Any]) -> set[str]:
+    if o["solver"] == "svd":  # the iteration counts belong to the newton_schulz solver
+        return set(EMBEDDED_OPTIONS) - set(NEWTON_SCHULZ_ONLY)
+    return set(EMBEDDED_OPTIONS)
+
+
+# Defaults and the meaning of each open choice: configs/conditioning/_options.yaml (the same keys and defaults).
+SPECTRAL_OPTIONS: dict[str, Any] = {
+    "lam": 10.0,  # SCA: the paper's best value of its ablation
+    "targets": ("q", "k", "v"),  # which projections get λI (paper: all three)
+    "identity": "full",  # open choice: λI_D over the fused block vs the same λI_{D×d} in every head
+    "correction": "identity",  # the paper's experiments: C = λI; svd: Theorem 3.5's exact C = σ_max(W)·UVᵀ per block
+    "mode": "fixed",  # the paper: C never trained; init: C added to the weights once, then trained and decayed
+    "lam_unit": "abs",  # λ as given; init_std / sigma_max: λ times the block's std / σ_max at application
+    "refresh_every": 1,  # correction=svd: C recomputed after this many weight updates (optimizer steps)
+    # open choice for encoder–decoder models (the papers do not say): which DETR attention kinds get λI (default:
+    # all); models whose attention sites carry no kind (every other layout) ignore it
+    "detr_attention": DETR_ATTENTION,
+}
+EMBEDDED_OPTIONS: dict[str, Any] = {
+    "position": "after_pos_embed",  # open choice: X exactly as the first block receives it
+    "tokens": "all",  # open choice: prefix (CLS) tokens included in X
+    "gradient": "detach",  # open choice: C is a constant in backward
+    "solver": "newton_schulz",  # fast, κ ≤ 2.05 (configs/conditioning/_options.yaml says why); svd is exact
+    "lift_iters": 8,  # newton_schulz only: quintic steps that lift small singular values
+    "ns_iters": 4,  # newton_schulz only: cubic Newton–Schulz steps that converge them to 1
+    "power_iters": 20,  # newton_schulz only: power iterations for σ_1
+    "scale": "keep",  # the paper's X + C; norm: X + C rescaled to ‖X‖_F per sample (κ unchanged)
+}
+NEWTON_SCHULZ_ONLY = ("lift_iters", "ns_iters", "power_iters")
+# conditioned_init reads these of SCA's options (which projections, W_V's placement, DETR's attention kinds)
+INIT_OPTIONS = ("targets", "identity", "detr_attention")
+
+register_method(MethodSpec("none", label="none (the baseline)"))
+register_method(MethodSpec(
+    "spectral", SPECTRAL_OPTIONS, label="spectral (SCA)", applies=_spectral_applies,
+    site_kind_options=frozenset({"detr_attention"}),
+    validators={
+        "lam": finite_number(0, " (λ = 0 adds nothing; the SCA paper's default is 10)"),
+        "targets": subset(ROLES, "targets=[q,k,v]", letters=True),
+        "identity": choice(IDENTITY_PLACEMENTS),
+        "correction": choice(CORRECTIONS),
+        "mode": choice(MODES),
+        "lam_unit": choice(LAM_UNITS),
+        "refresh_every": integer(1),
+        "detr_attention": subset(DETR_ATTENTION, "conditioning.detr_attention=[encoder,decoder_cross] "
+                                                 "(conditioning=none turns SCA off)"),
+    },
+))
+register_method(MethodSpec(
+    "embedded", EMBEDDED_OPTIONS, label="embedded (CET)", applies=_embedded_applies,
+    validators={
+        "position": choice(POSITIONS),
+        "tokens": choice(TOKENS),
+        "gradient": choice(GRADIENTS),
+        "solver": choice(SOLVERS),
+        "lift_iters": integer(0),
+        "ns_iters": integer(1),
+        "power_iters": integer(1),
+        "scale": choice(SCALES),
+    },
+))
+register_method(composite("spectral+embedded", "spectral", "embedded", label="spectral+embedded (SCA and CET)"))
+register_method(MethodSpec("conditioned_init", {k: SPECTRAL_OPTIONS[k] for k in INIT_OPTIONS},
+                           label="conditioned_init", site_kind_options=frozenset({"detr_attention"})))
