@@ -66,6 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--jacobian-tokens", type=int, default=None, metavar="N",
         help=f"use at most the first N tokens for κ(J) (default: all that keep J ≤ {EXACT_MAX_ENTRIES:.0e} entries)",
     )
+    p.add_argument("--model", metavar="MODULE:CALLABLE", help="your own model: CALLABLE() returns (model, batch) or "
+                   "(model, batch, loss(model, batch)), run as model(**batch) for a dict, else model(batch); "
+                   "overrides are then conditioning.KEY=VALUE options only")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m condattn.train")
     args = p.parse_intermixed_args(argv)
     if args.batch < 1:
@@ -163,9 +166,10 @@ def plot(path: Path, arms: dict[str, dict], title: str, footer: str) -> None:
         axes[1].plot(range(len(y)), y, ls, marker="o", color="C3", label=f"{arm} (mean)")
         y = [b["kappa_max"] for b in nested["blocks"]]
         axes[1].plot(range(len(y)), y, ls, marker="^", color="C4", alpha=0.6, label=f"{arm} (max)")
-        y = [a["entropy"] for a in nested["attention"]]
+        y = [float("nan") if a["entropy"] is None else a["entropy"] for a in nested["attention"]]  # absent: a gap
         axes[2].plot(range(len(y)), y, ls, marker="o", color="C5", label=arm)
-    uni = [a["entropy_uniform"] for a in arms["baseline"]["attention"]]
+    uni = [float("nan") if a["entropy_uniform"] is None else a["entropy_uniform"]
+           for a in arms["baseline"]["attention"]]
     axes[2].plot(range(len(uni)), uni, ":", color="grey", label="uniform attention")
     names = (("κ(W_Q), κ(W_K), κ(W_V) (effective)", "attention layer", True),
              ("κ(X) entering each block", "block", True), ("attention entropy (nats)", "attention layer", False))
@@ -242,12 +246,12 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
     ]
     flat = (arms["baseline"]["flat"], arms["conditioned"]["flat"])
     rows = max(len(arms["baseline"]["weights"]), len(arms["baseline"]["blocks"]))
-    uniform = [f"{a['entropy_uniform']:.3g}" for a in arms["baseline"]["attention"]]
+    uniform = [_fmt(a["entropy_uniform"]) for a in arms["baseline"]["attention"]]
     notes = [
         "each cell: baseline → conditioned. κ(W): full H·d×D block, effective (W + λI under SCA); κ(X in): tokens "
         "entering block i, mean over samples, padding excluded;",
-        f"entropy (nats; uniform = {', '.join(uniform)}) / max prob: exact softmax(q kᵀ) of the layer's q, k, mean "
-        "over heads and queries; ‖∇W‖_F: one backward of the task loss, eval mode "
+        f"entropy (nats; uniform = {', '.join(uniform)}) / max prob: the layer's own attention probabilities (masks, "
+        "positions, biases included), mean over heads and queries; ‖∇W‖_F: one backward of the task loss, eval mode "
         f"(loss {arms['baseline']['loss']:.4g} → {arms['conditioned']['loss']:.4g}).",
         "self-argmax: share of (query, head) pairs whose largest attention weight is on the query itself; cls→cls: "
         "the class token's attention to itself (— without one).",
@@ -256,6 +260,7 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
         f"pooled feature across the batch (mean ‖f − f̄‖ / mean ‖f‖; 0 = input-independent) "
         f"{_fmt(flat[0].get('feature_spread'))}{ARROW}{_fmt(flat[1].get('feature_spread'))}.",
         *(f"patch note: {n}" for n in report.notes),
+        *absent_notes(arms["baseline"]["attention"]),
     ]
     lines = [*head, "", *table(flat, rows), *notes]
     if jacobian:
@@ -287,9 +292,62 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
     return result
 
 
+def absent_notes(attention: list[dict]) -> list[str]:
+    """One line per attention layer whose entropy is absent (—), with the reason."""
+    return [f"entropy — at layer {a['layer']} ({a['name']}): {a['absent']}" for a in attention if a.get("absent")]
+
+
+def run_own(spec: str, method: str, overrides: list[str], out: str | None) -> dict:
+    """--model MODULE:CALLABLE: the table for the model CALLABLE() builds (collect.compare_conditioning)."""
+    import importlib
+
+    import yaml
+
+    from .diagnostics import compare_conditioning
+    from .utils.io import write_json_atomic
+
+    mod, _, fn = spec.partition(":")
+    bad = [o for o in overrides if not (o.startswith("conditioning.") and "=" in o)]
+    if not (mod and fn) or bad:
+        raise DiagnoseError(f"--model {spec} {' '.join(bad)}: give --model module:callable and only "
+                            "conditioning.KEY=VALUE overrides")
+    try:
+        made = getattr(importlib.import_module(mod), fn)()
+    except (ImportError, AttributeError) as e:
+        raise DiagnoseError(f"--model {spec}: {e} (the module must be importable from the current directory)") from e
+    model, batch, loss = (*made, None)[:3] if isinstance(made, tuple) else (made, None, None)
+    if not isinstance(model, torch.nn.Module) or batch is None:
+        raise DiagnoseError(f"--model {spec}: {fn}() must return (model, batch) or (model, batch, loss)")
+    options = {k.split(".", 1)[1]: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in overrides)}
+    forward = (lambda m, b: m(**b)) if isinstance(batch, dict) else (lambda m, b: m(b))
+    mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+    try:
+        res = compare_conditioning(model, forward, batch, method, mask, loss, **options)
+    except ValueError as e:
+        raise DiagnoseError(f"ValueError: {e}") from e
+    flat = (res["baseline"]["flat"], res["conditioned"]["flat"])
+    rows = max(len(res["baseline"]["weights"]), len(res["baseline"]["blocks"]))
+    opts = ", ".join(f"{k}={v}" for k, v in options.items())
+    lines = [f"condattn.diagnose: {spec}, baseline (none) → {method}({opts})",
+             f"  patch: {', '.join(f'{k} ×{v}' for k, v in res['patch']['counts'].items()) or 'nothing'}", "",
+             *table(flat, rows), *absent_notes(res["baseline"]["attention"])]
+    if out:
+        write_json_atomic(Path(out) / f"{fn}_{method}.json", res)
+        lines.append(f"wrote {Path(out) / f'{fn}_{method}.json'}")
+    print("\n".join(lines))
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.model:
+        try:
+            run_own(args.model, args.method or "spectral", args.overrides, args.out)
+        except DiagnoseError as e:
+            print(f"diagnose: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         overrides = with_method(args.method, args.overrides)
     except DiagnoseError as e:

@@ -228,3 +228,35 @@ def test_sdpa_reader_reproduces_the_modules_output():
     assert torch.allclose(out, seen["out"], atol=1e-5)
     keys = inputs["attention_mask"].sum(1)
     assert res[0]["entropy_uniform"] == pytest.approx(float((keys * keys.double().log()).sum() / keys.sum()))
+
+
+def test_diagnose_cli_on_ones_own_model(tmp_path, capsys):
+    """`python -m condattn.diagnose --model module:callable` (in-process main): the table, with the model's own
+    causal RoPE entropy, both arms, gradient norms from the callable's loss, and the json."""
+    import json
+
+    from condattn.diagnose import main
+
+    assert main(["--model", "own_model:tiny_llama", "--method", "spectral", "conditioning.lam=2",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "own_model:tiny_llama, baseline (none) → spectral(lam=2)" in out and "hf_llama ×2" in out
+    r = json.loads((tmp_path / "tiny_llama_spectral.json").read_text())
+    base, cond = r["baseline"]["flat"], r["conditioned"]["flat"]
+    assert cond["kappa_wq/l0"] < base["kappa_wq/l0"] and base["gradnorm_wq/l1"] > 0
+    assert base["entropy/l0"] < base["entropy_uniform/l0"] + 1e-6 < math.log(32)  # causal: fewer keys than 32
+    assert f"{base['entropy/l0']:.4g} → {cond['entropy/l0']:.4g}" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "no_such_module_xyz:make"], "No module named 'no_such_module_xyz'"),
+    (["--model", "own_model"], "give --model module:callable"),
+    (["--model", "own_model:not_a_model"], "must return (model, batch)"),
+    (["--model", "own_model:tiny_llama", "model.x=1"], "only conditioning.KEY=VALUE overrides"),
+    (["--model", "own_model:tiny_llama", "conditioning.lam=-1"], "ValueError"),
+])
+def test_diagnose_cli_own_model_errors(args, message, capsys):
+    from condattn.diagnose import main
+
+    assert main(args) == 2
+    assert message in capsys.readouterr().err

@@ -4,7 +4,7 @@
 The method library's upper half: it imports torch and condattn.conditioning (the sites it measures), nothing else."""
 
 from .attention import AttentionProbe, attention_entropy, softmax_entropy
-from .collect import cheap_diagnostics, flat_metrics, grad_diagnostics
+from .collect import cheap_diagnostics, compare_conditioning, flat_metrics, grad_diagnostics
 from .grads import qkv_grad_norms
 from .jacobian import (
     attention_head,
@@ -32,6 +32,7 @@ __all__ = [
     "batch_condition_numbers",
     "cheap_diagnostics",
     "classifier_module",
+    "compare_conditioning",
     "embed_grad_norm",
     "feature_spread",
     "condition_number",

@@ -17,11 +17,13 @@ Flat keys (one value per layer i / block j, then the mean over layers/blocks und
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from ..conditioning.api import apply_conditioning
 from ..conditioning.sites import ROLES
 from .attention import AttentionProbe
 from .grads import qkv_grad_norms
@@ -107,3 +109,22 @@ def grad_diagnostics(model: nn.Module) -> dict[str, float]:
     if g is not None:
         flat["gradnorm_embed"] = g
     return flat
+
+
+def compare_conditioning(model: nn.Module, forward: Callable, batch, method: str = "spectral",
+                         mask: torch.Tensor | None = None, loss: Callable | None = None, **options) -> dict:
+    """Baseline vs conditioned on one's own model: deep-copies `model` (left untouched), applies `none` and
+    `method(**options)` to the two copies and returns {"baseline": ..., "conditioned": ...} (cheap_diagnostics of
+    each, plus grad_diagnostics in "flat" after one backward of `loss(model, batch)` when given) and "patch" (the
+    PatchReport as a dict)."""
+    arms, report = {}, None
+    for arm in ("baseline", "conditioned"):
+        m = copy.deepcopy(model)
+        rep = apply_conditioning(m, "none" if arm == "baseline" else method, **({} if arm == "baseline" else options))
+        report = rep if arm == "conditioned" else report
+        arms[arm] = cheap_diagnostics(m, forward, batch, mask)
+        if loss is not None:
+            m.zero_grad(set_to_none=True)
+            loss(m, batch).backward()
+            arms[arm]["flat"].update(grad_diagnostics(m))
+    return {**arms, "patch": report.to_dict()}
