@@ -153,6 +153,22 @@ def _llama():
                                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64))
 
 
+def _roberta():
+    """Matched by structure (separate query/key/value Linears, num_attention_heads): no named layout."""
+    from transformers import RobertaConfig, RobertaModel
+
+    return RobertaModel(RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=64, max_position_embeddings=64))
+
+
+def _gpt_neox():
+    """Matched by structure: one `query_key_value` Linear interleaved per head [q_h; k_h; v_h]."""
+    from transformers import GPTNeoXConfig, GPTNeoXModel
+
+    return GPTNeoXModel(GPTNeoXConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=64, max_position_embeddings=64))
+
+
 class UserMHAModel(torch.nn.Module):
     """A user's model built from torch.nn: a 2-layer nn.TransformerEncoder (packed in_proj_weight; its fused
     inference path would bypass nn.MultiheadAttention.forward) and a cross-attention with kdim/vdim != embed_dim
@@ -213,6 +229,8 @@ CASES = {
     "hf_vit": Case(_seeded(_hf_vit), _images, _pixels, {"hf_vit": 2}, "hf_vit"),
     "llama": Case(_seeded(_llama), lambda: _tokens(61), _lm_logits, {"hf_llama": 2}, "hf_llama", keep=_mask),
     "torch_mha": Case(_seeded(UserMHAModel), _mha_inputs, _kw, {"torch_mha": 2 + 1}, None),
+    "roberta_structural": Case(_seeded(_roberta), lambda: _tokens(100, n=16, low=3), _hidden, {"structural": 2}, None),
+    "gpt_neox_structural": Case(_seeded(_gpt_neox), lambda: _tokens(61), _hidden, {"structural": 2}, None),
 }
 NAMES = list(CASES)
 
@@ -290,13 +308,12 @@ def _explicit(site, targets, lam: float, identity: str) -> dict[tuple[int, str],
     for role in targets:
         p = site.proj[role]
         w = out.setdefault((id(p.linear), p.param), _torch_weight(p))
-        start, d_in = p.cols.start, w.shape[1]
+        rows, d_in = p.rows, w.shape[1]  # (a role's rows: a range, or per head when interleaved)
         if identity == "full":
-            w[p.cols] += lam * torch.eye(p.cols.stop - start, d_in)
+            w[rows] += lam * torch.eye(len(rows), d_in)
         else:  # the role's own heads (k/v of grouped-query attention have fewer)
             for h in range(p.out_features // site.head_dim):
-                rows = slice(start + h * site.head_dim, start + (h + 1) * site.head_dim)
-                w[rows] += lam * torch.eye(site.head_dim, d_in)
+                w[rows[h * site.head_dim:(h + 1) * site.head_dim]] += lam * torch.eye(site.head_dim, d_in)
     return out
 
 

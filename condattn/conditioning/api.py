@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +11,7 @@ from torch import nn
 from .embedded import EmbeddedTokens
 from .initialise import conditioned_init
 from .report import PatchEntry, PatchReport
-from .sites import ATTENTION_LAYOUTS, TOKEN_LAYOUTS, find_attention, find_tokens
+from .sites import require_attention, require_tokens
 from .spec import EMBEDDED_OPTIONS, METHODS, SPECTRAL_OPTIONS, ConditioningSpec, conditioning_spec, method_spec
 from .spectral import patch_spectral, unpatch_spectral
 
@@ -29,7 +30,8 @@ class _State:
     handles: list = field(default_factory=list)
 
 
-def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none", **options: Any) -> PatchReport:
+def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none", *, partial: bool = False,
+                       **options: Any) -> PatchReport:
     """Patch `model` in place with SCA (`spectral`), CET (`embedded`), both, the follow-up's `conditioned_init`, or
     nothing (`none`), or any method registered in spec.py. `method` may be a ConditioningSpec (then no options).
     Options and the readings they select: configs/conditioning/_options.yaml.
@@ -37,6 +39,10 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
     No parameters or buffers are added and `state_dict` keys are unchanged, so checkpoints load into a
     patched or unpatched model alike. `spectral` with mode=init and `conditioned_init` change the weights' values
     once (the report's notes say so) and attach nothing. Returns a PatchReport listing every patched module.
+
+    Atomic and strict: every attention site and the token site the method needs are found before the model is
+    touched, and a refusal (an attention layer no layout matches, no token site) leaves it exactly as it was.
+    `partial=True` accepts attention layers no layout matches; the report then carries a warning.
     """
     if getattr(model, "_condattn", None) is not None:
         raise RuntimeError(
@@ -49,68 +55,73 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
     # the report (printed, patch_report.json, summary.json) lists only the options that act on this model
     report = PatchReport(method=method, options=spec.options)
     state = _State(report)
+    # plan: every site is found, or the call refused, before anything is written to the model
+    per_layer = next((m for m in ("spectral", "conditioned_init") if spec.uses(m)), None)
+    planned, warnings = require_attention(model, per_layer, partial) if per_layer else ([], [])
+    tokens = require_tokens(model, "embedded") if spec.uses("embedded") else None
+    report.warnings += warnings
+    with _atomic(model, state):  # an error while patching undoes what was attached
+        if spec.uses("spectral"):
+            sites = planned
+            report.options = spec.on_model(site_kinds=any(s.group is not None for s in sites))
+            sites = _selected(sites, opts["detr_attention"], "spectral", report)
+            handles, patched = patch_spectral(sites, opts["lam"], opts["targets"], opts["identity"],
+                                              opts["correction"], opts["mode"], opts["lam_unit"],
+                                              opts["refresh_every"])
+            state.handles += handles
+            for site in sites:
+                detail = f"{'/'.join(patched[site.name])} heads={site.num_heads}x{site.head_dim}"
+                report.entries.append(PatchEntry(site.name, f"spectral:{site.layout}", detail))
+            what = "λI" if opts["correction"] == "identity" else "C = σ_max(W)·UVᵀ (Theorem 3.5)"
+            if opts["mode"] == "init":
+                report.notes.append(f"mode=init: {what} was added to the W_Q/W_K/W_V weights once; the modules are "
+                                    "plain Linears, trained and weight-decayed from here (remove_conditioning cannot "
+                                    "undo it)")
+            elif opts["correction"] == "svd":
+                report.notes.append(f"correction=svd: {what} per block, detached, recomputed every "
+                                    f"{opts['refresh_every']} optimizer step(s); κ(W + C) ≤ 2.05 asserted")
 
-    if spec.uses("spectral"):
-        sites = find_attention(model)
-        if not sites:
-            raise ValueError(
-                f"spectral: no attention module of {type(model).__name__} matches a known layout "
-                f"({', '.join(ATTENTION_LAYOUTS)}); add one in condattn/conditioning/layouts/"
-            )
-        report.options = spec.on_model(site_kinds=any(s.group is not None for s in sites))
-        sites = _selected(sites, opts["detr_attention"], "spectral", report)
-        handles, patched = patch_spectral(sites, opts["lam"], opts["targets"], opts["identity"], opts["correction"],
-                                          opts["mode"], opts["lam_unit"], opts["refresh_every"])
-        state.handles += handles
-        for site in sites:
-            detail = f"{'/'.join(patched[site.name])} heads={site.num_heads}x{site.head_dim}"
-            report.entries.append(PatchEntry(site.name, f"spectral:{site.layout}", detail))
-        what = "λI" if opts["correction"] == "identity" else "C = σ_max(W)·UVᵀ (Theorem 3.5)"
-        if opts["mode"] == "init":
-            report.notes.append(f"mode=init: {what} was added to the W_Q/W_K/W_V weights once; the modules are plain "
-                                "Linears, trained and weight-decayed from here (remove_conditioning cannot undo it)")
-        elif opts["correction"] == "svd":
-            report.notes.append(f"correction=svd: {what} per block, detached, recomputed every "
-                                f"{opts['refresh_every']} optimizer step(s); κ(W + C) ≤ 2.05 asserted")
+        if spec.uses("conditioned_init"):
+            sites = planned
+            report.options = spec.on_model(site_kinds=any(s.group is not None for s in sites))
+            sites = _selected(sites, opts["detr_attention"], "conditioned_init", report)
+            done = conditioned_init(sites, opts["targets"], opts["identity"])
+            for site in sites:
+                detail = f"{'/'.join(done[site.name])} heads={site.num_heads}x{site.head_dim}"
+                report.entries.append(PatchEntry(site.name, f"conditioned_init:{site.layout}", detail))
+            report.notes.append("conditioned_init: W_Q, W_K set to independent semi-orthogonal matrices per head and "
+                                "W_V to the rectangular identity, once; plain Linears trained from here")
 
-    if spec.uses("conditioned_init"):
-        sites = find_attention(model)
-        if not sites:
-            raise ValueError(
-                f"conditioned_init: no attention module of {type(model).__name__} matches a known layout "
-                f"({', '.join(ATTENTION_LAYOUTS)}); add one in condattn/conditioning/layouts/"
-            )
-        report.options = spec.on_model(site_kinds=any(s.group is not None for s in sites))
-        sites = _selected(sites, opts["detr_attention"], "conditioned_init", report)
-        done = conditioned_init(sites, opts["targets"], opts["identity"])
-        for site in sites:
-            detail = f"{'/'.join(done[site.name])} heads={site.num_heads}x{site.head_dim}"
-            report.entries.append(PatchEntry(site.name, f"conditioned_init:{site.layout}", detail))
-        report.notes.append("conditioned_init: W_Q, W_K set to independent semi-orthogonal matrices per head and "
-                            "W_V to the rectangular identity, once; plain Linears trained from here")
+        if spec.uses("embedded"):
+            site = tokens
+            solver_opts = {k: opts[k] for k in ("solver", "gradient", "lift_iters", "ns_iters", "power_iters", "scale")}
+            hook = EmbeddedTokens(site, opts["position"], opts["tokens"], **solver_opts)
+            state.handles += hook.attach()
+            where = site.first_block_name + " input" if opts["position"] == "after_pos_embed" else site.embed_name
+            detail = f"prefix_tokens={site.num_prefix_tokens}" + (" scale=norm" if opts["scale"] == "norm" else "")
+            if opts["position"] == "before_pos_embed" and site.no_pos_embed:
+                report.notes.append("position=before_pos_embed is the same X as after_pos_embed here: "
+                                    + site.no_pos_embed)
+            report.entries.append(PatchEntry(where, f"embedded:{site.layout}", detail))
 
-    if spec.uses("embedded"):
-        site = find_tokens(model)
-        if site is None:
-            raise ValueError(
-                f"embedded: cannot locate the first transformer block of {type(model).__name__} "
-                f"(known layouts: {', '.join(TOKEN_LAYOUTS)}); add one in condattn/conditioning/layouts/"
-            )
-        solver_opts = {k: opts[k] for k in ("solver", "gradient", "lift_iters", "ns_iters", "power_iters", "scale")}
-        hook = EmbeddedTokens(site, opts["position"], opts["tokens"], **solver_opts)
-        state.handles += hook.attach()
-        where = site.first_block_name + " input" if opts["position"] == "after_pos_embed" else site.embed_name
-        detail = f"prefix_tokens={site.num_prefix_tokens}" + (" scale=norm" if opts["scale"] == "norm" else "")
-        if opts["position"] == "before_pos_embed" and site.no_pos_embed:
-            report.notes.append(f"position=before_pos_embed is the same X as after_pos_embed here: {site.no_pos_embed}")
-        report.entries.append(PatchEntry(where, f"embedded:{site.layout}", detail))
-
-    for part in spec.parts:  # methods registered with their own patch (spec.py)
-        if (apply := method_spec(part).apply) is not None:
-            state.handles += list(apply(model, spec, report) or [])
+        for part in spec.parts:  # methods registered with their own patch (spec.py)
+            if (apply := method_spec(part).apply) is not None:
+                state.handles += list(apply(model, spec, report) or [])
 
     model._condattn = state
     return report
+
+
+@contextmanager
+def _atomic(model: nn.Module, state: _State):
+    """Undo the hooks and projection patches attached so far when patching raises (nothing is left half-applied)."""
+    try:
+        yield
+    except BaseException:
+        for h in state.handles:
+            h.remove()
+        unpatch_spectral(model)
+        raise
 
 
 def _selected(sites: list, kinds: tuple[str, ...], method: str, report: PatchReport) -> list:

@@ -15,6 +15,7 @@
 | hf_vit          | hf_vit (transformers ViTModel)             | hf_vit        |
 | hf_llama        | hf_llama (Llama, Mistral, Qwen2)           | hf_llama      |
 | torch_mha       | torch_mha (nn.MultiheadAttention)          | (none: SCA only) |
+| structural      | structural (any q/k/v or fused-qkv Linears with a head count; priority -100) | (none) |
 
 timm and transformers are imported inside the finders, after a cheap attribute test where one exists, so a model
 of one library never imports the other and both stay optional.
@@ -39,6 +40,7 @@ from . import (
                                                         hf_encoder,
                                                         hf_llama,
                                                         hf_vit,
+                                                        structural,
                                                         swin,
                                                         timm_beit,
                                                         timm_eva,
@@ -49,6 +51,6 @@ from . import (
 
 FAMILIES = {m.__name__.rpartition(".")[2]: m for m in (timm_vit, swin, xcit, davit, hf_encoder, gpt2, detr,
                                                         crammed_bert, timm_eva, timm_beit, hf_vit, hf_llama,
-                                                        torch_mha)}
+                                                        torch_mha, structural)}
 
 __all__ = ["FAMILIES"]
