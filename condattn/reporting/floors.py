@@ -1,0 +1,433 @@
+"""Floors: what the majority class and a classical model reach on exactly the split a small table's runs use.
+
+`python -m condattn.reporting.floors --scale small` composes each row's config as `reproduce` does (row overrides,
+scale overrides, `conditioning=none scale=<scale> seed=0`), builds its data through the trainer's data builder
+(data/registry.py), fits each floor on the training split and reports it on the split the table's metric uses
+(`test_*` metrics: test; the others: validation). A hyper-parameter (logistic regression's C) is picked on the
+validation split when the report is on test, else on a seeded tenth of the training split, then refitted on all of it.
+
+- classification: the majority class of the training split;
+- images (raw pixels of the MNIST stand-in; LRA Image / Pathfinder pixels): logistic regression, kNN (k = 3) and a
+  one-hidden-layer MLP (kNN and the MLP for the ViT's images only);
+- text (LRA Text / Retrieval bytes decoded to text; the GLUE stand-in's WordPiece ids as words): tf-idf (uni- and
+  bigrams) logistic regression; Retrieval on [u, v, u·v, |u − v|, cos(u, v)] of the two documents' tf-idf vectors;
+- ListOps: logistic regression on standardised token counts (bag of tokens);
+- LM: an interpolated Kneser-Ney trigram (discount 0.75) over the training tokens, its validation loss in nats per
+  token on the predictions the LM task counts (each block on its own: token t + 1 from tokens ≤ t of its block).
+
+The GLUE stand-in's inputs are encoded with the tokenizer its pretraining run's data builder trains (table 3's
+`pretrain:` cell, built here the same way). Results are cached as JSON in `results/<scale>/floors/<table>.json`,
+keyed by the data checksum the runs record in summary.json and the data config; the renderers read that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..utils.io import read_json, write_json_atomic
+
+VERSION = 1  # bump when a floor's definition changes (the cache then recomputes)
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+TABLES = ("table1_imagenet", "table3_glue", "table4_lra", "table5_tinystories", "table9_readings")
+SCALES = ("smoke", "small")
+C_GRID = (0.1, 1.0, 10.0)
+_COMPUTED: dict[tuple[str, str], list[dict]] = {}  # (data key, metric) -> floors in this process (table 1's rows)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Which data each row uses
+# ----------------------------------------------------------------------------------------------------
+
+
+def groups(exp: dict, scale: str) -> dict[str, tuple[str, list[str]]]:
+    """{group: (metric, overrides)}: one per row (table 9: one per task, from its first row), composed as
+    reproduce.cells composes the row's baseline cell at seed 0."""
+    from .tables import rows_for
+
+    at_scale = list((exp["scales"].get(scale) or {}).get("overrides", []))
+    out: dict[str, tuple[str, list[str]]] = {}
+    for row in rows_for(exp, scale):
+        spec = exp["rows"][row]
+        group = spec.get("task", row)
+        if group in out:
+            continue
+        row_scale = [o.replace("{method}", "none").replace("{scale}", scale)
+                     for o in (spec.get("scales") or {}).get(scale) or []]
+        out[group] = (str(spec.get("metric", exp["metric"])),
+                      [*spec.get("overrides", []), *at_scale, *row_scale, "conditioning=none", f"scale={scale}",
+                       "seed=0"])
+    return out
+
+
+def pretrain_tokenizer(exp: dict, scale: str) -> str:
+    """The tokenizer.json the pretraining cell's data builder trains (what GLUE's fine-tuning reads from its run)."""
+    from ..config import compose_cell
+    from ..data.build import build_datasets
+
+    pre = exp["pretrain"]
+    cfg = compose_cell([*pre.get("overrides", []), *(pre.get("scales", {}).get(scale) or []), "conditioning=none",
+                        f"scale={scale}", "seed=0"])
+    return str(Path(build_datasets(cfg).info["cache"]) / "tokenizer.json")
+
+
+def data_key(cfg: Any, checksum: str, info: dict) -> str:
+    """sha256 of what decides the split: the data checksum, the data config (paths left out), the task's GLUE task
+    and the tokenizer's checksum."""
+    from omegaconf import OmegaConf
+
+    d = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k not in ("root", "tokenizer")}
+    tok = (info.get("tokenizer") or {}).get("sha256")
+    blob = json.dumps({"version": VERSION, "checksum": checksum, "data": d, "glue_task": cfg.task.get("glue_task"),
+                       "tokenizer": tok}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Features
+# ----------------------------------------------------------------------------------------------------
+
+
+def stack(ds) -> dict[str, np.ndarray]:
+    """Every item of a dataset of equal-shape tensors, stacked per key."""
+    from torch.utils.data import DataLoader
+
+    parts: dict[str, list] = defaultdict(list)
+    for batch in DataLoader(ds, batch_size=512, shuffle=False):
+        for k, v in batch.items():
+            parts[k].append(v.numpy())
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def pixels(ds) -> tuple[np.ndarray, np.ndarray]:
+    """(raw pixels in [0, 1], labels) of an image split, before any transform (the stand-in's uint8 arrays)."""
+    items = getattr(ds, "items", None)
+    if items is not None and hasattr(items, "images"):
+        return items.images.reshape(len(items.images), -1).astype(np.float32) / 255.0, np.asarray(items.labels)
+    if hasattr(ds, "values") and hasattr(ds, "lengths"):  # LRA Image / Pathfinder pixel sequences
+        return ds.values.numpy().astype(np.float32) / 255.0, ds.labels.numpy()
+    raise ValueError(f"floors read in-memory images; {type(ds).__name__} has none (use the smoke/small stand-ins)")
+
+
+def byte_texts(ids: np.ndarray, mask: np.ndarray) -> list[str]:
+    """LRA byte ids (byte + 1, 0 = padding) back to text."""
+    return [bytes((row[m > 0] - 1).astype(np.uint8).tolist()).decode("utf-8", "replace") for row, m in zip(ids, mask)]
+
+
+def id_words(ids: np.ndarray, mask: np.ndarray) -> list[str]:
+    """Token ids as space-separated words (padding left out), for a tf-idf over a tokenizer's tokens."""
+    return [" ".join(map(str, row[m > 0].tolist())) for row, m in zip(ids, mask)]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fitting
+# ----------------------------------------------------------------------------------------------------
+
+
+def _tuning_split(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng(seed).permutation(n)
+    k = max(1, n // 10)
+    return np.sort(order[k:]), np.sort(order[:k])
+
+
+def _rows(x, idx):
+    return x[idx] if not isinstance(x, list) else [x[i] for i in idx]
+
+
+def fit_report(make, fit_x, fit_y, tune: tuple | None, report_x, report_y, grid=None) -> tuple[float, dict]:
+    """(accuracy on the report split, chosen params): `make(param)` builds an estimator; with a grid, each is scored
+    on `tune` = (x, y) (the validation split) or, when None, on a seeded tenth of the training data; the best is
+    refitted on all of the training data."""
+    chosen: dict = {}
+    if grid:
+        if tune is None:
+            a, b = _tuning_split(len(fit_y))
+            tx, ty, vx, vy = _rows(fit_x, a), fit_y[a], _rows(fit_x, b), fit_y[b]
+        else:
+            tx, ty, (vx, vy) = fit_x, fit_y, tune
+        scores = {p: float((make(p).fit(tx, ty).predict(vx) == vy).mean()) for p in grid}
+        best = max(grid, key=lambda p: (scores[p], -grid.index(p)))
+        chosen = {"C": best, "tuning_scores": {str(p): v for p, v in scores.items()},
+                  "tuned_on": "val" if tune is not None else "train tenth"}
+        model = make(best)
+    else:
+        model = make(None)
+    model.fit(fit_x, fit_y)
+    return float((model.predict(report_x) == report_y).mean()), chosen
+
+
+def logreg(c):
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression(C=c, max_iter=300)
+
+
+def scaled_logreg(c):
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    return make_pipeline(StandardScaler(), logreg(c))
+
+
+def tfidf_logreg(c):
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.pipeline import make_pipeline
+
+    return make_pipeline(TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True, token_pattern=r"\S+"),
+                         logreg(c))
+
+
+def pair_features(first: dict, second: dict, splits: list[str]):
+    """[u, v, u·v, |u − v|, cos(u, v)] of the two documents' tf-idf vectors (fitted on the training documents)."""
+    import scipy.sparse as sp
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    texts = {s: (byte_texts(*first[s]), byte_texts(*second[s])) for s in splits}
+    vec = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True, token_pattern=r"\S+")
+    vec.fit(texts["train"][0] + texts["train"][1])
+    out = {}
+    for s in splits:
+        u, v = vec.transform(texts[s][0]), vec.transform(texts[s][1])
+        uv = u.multiply(v)
+        out[s] = sp.hstack([u, v, uv, abs(u - v), sp.csr_matrix(np.asarray(uv.sum(1)))]).tocsr()
+    return out
+
+
+def kneser_ney(train: np.ndarray, vocab: int, d: float = 0.75):
+    """`p(context, w)`: an interpolated Kneser-Ney trigram (Chen & Goodman 1998, one discount `d` per order) fitted
+    on the `train` token stream; `context` holds the one or two tokens before w. A distribution over all `vocab`
+    tokens: unseen ones get the lowest order's uniform share."""
+    tri = Counter(zip(train[:-2].tolist(), train[1:-1].tolist(), train[2:].tolist()))
+    ctx2, ctx2_types = Counter(), Counter()  # c(u v ·), N1+(u v ·)
+    cont2 = Counter()  # N1+(· v w)
+    for (u, v, w), c in tri.items():
+        ctx2[u, v] += c
+        ctx2_types[u, v] += 1
+        cont2[v, w] += 1
+    mid_den, mid_types = Counter(), Counter()  # Σ_w N1+(· v w), N1+(v ·) over continuation bigrams
+    cont1 = Counter()  # N1+(· w)
+    for (v, w), c in cont2.items():
+        mid_den[v] += c
+        mid_types[v] += 1
+        cont1[w] += 1
+    n_bigram_types = len(cont2)
+
+    def p1(w):
+        return (max(cont1[w] - d, 0) + d * len(cont1) / vocab) / n_bigram_types
+
+    def p2(v, w):
+        den = mid_den[v]
+        if not den:
+            return p1(w)
+        return (max(cont2[v, w] - d, 0) + d * mid_types[v] * p1(w)) / den
+
+    def p(context, w):
+        if len(context) < 2:
+            return p2(context[-1], w)
+        u, v = context[-2:]
+        den = ctx2[u, v]
+        if not den:
+            return p2(v, w)
+        return (max(tri[u, v, w] - d, 0) + d * ctx2_types[u, v] * p2(v, w)) / den
+
+    return p
+
+
+def kneser_ney_loss(train: np.ndarray, blocks: list[np.ndarray], vocab: int, d: float = 0.75) -> tuple[float, int]:
+    """(mean NLL in nats, predictions) of `kneser_ney(train)` over each block's next-token predictions (context:
+    the block's own earlier tokens, at most two), as the LM task counts them."""
+    p = kneser_ney(train, vocab, d)
+    nll, n = 0.0, 0
+    for b in blocks:
+        b = b.tolist()
+        for t in range(1, len(b)):
+            nll -= np.log(p(b[max(0, t - 2):t], b[t]))
+            n += 1
+    return nll / max(n, 1), n
+
+
+# ----------------------------------------------------------------------------------------------------
+# One group's floors
+# ----------------------------------------------------------------------------------------------------
+
+
+def _floor(label: str, value: float, split: str, seconds: float, **extra) -> dict:
+    return {"label": f"floor: {label}", "value": value, "split": split, "seconds": round(seconds, 2), **extra}
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+def compute(cfg: Any, bundle, metric: str) -> list[dict]:
+    """The floors of one data bundle, reported on the split `metric` names (test_*: test, else validation)."""
+    split = "test" if metric.startswith("test") else "val"
+    builder = str(cfg.data.builder)
+    if builder == "lm_text":
+        train = np.asarray(bundle.train.tokens[: len(bundle.train) * bundle.train.seq_len], dtype=np.int64)
+        val = stack(bundle.val)
+        blocks = [row[m > 0] for row, m in zip(val["input_ids"], val["attention_mask"])]
+        (loss, n), s = _timed(lambda: kneser_ney_loss(train, blocks, int(cfg.data.vocab_size)))
+        return [_floor("Kneser-Ney trigram (interpolated, D = 0.75)", loss, "val", s, predictions=n,
+                       unit="nats per token")]
+    if builder == "mlm_text":
+        raise ValueError("no floor for the MLM pretraining data (table 3 reports the GLUE fine-tuning score)")
+    if split == "test" and bundle.test is None:
+        raise ValueError(f"metric {metric} reads the test split but data.builder={builder} has none")
+    names = ["train", "val"] + (["test"] if split == "test" else [])
+    sets = {"train": bundle.train, "val": bundle.val, "test": bundle.test}
+    tune_on_val = split == "test"
+    out = []
+    if builder in ("images", "lra_image", "lra_pathfinder"):
+        data = {s: pixels(sets[s]) for s in names}
+    else:
+        data = {s: stack(sets[s]) for s in names}
+    y = {s: np.asarray(data[s][1] if isinstance(data[s], tuple) else data[s]["labels"]) for s in names}
+    t = time.perf_counter()
+    values, counts = np.unique(y["train"], return_counts=True)
+    majority = values[np.argmax(counts)]
+    out.append(_floor("majority class", float((y[split] == majority).mean()), split, time.perf_counter() - t,
+                      **{"class": int(majority)}))
+
+    def add(label, make, x, grid=None, **extra):
+        tune = (x["val"], y["val"]) if tune_on_val else None
+        (acc, chosen), s = _timed(lambda: fit_report(make, x["train"], y["train"], tune, x[split], y[split], grid))
+        out.append(_floor(label, acc, split, s, **chosen, **extra))
+
+    if builder in ("images", "lra_image", "lra_pathfinder"):
+        from sklearn.neighbors import KNeighborsClassifier
+        from sklearn.neural_network import MLPClassifier
+
+        x = {s: data[s][0] for s in names}
+        add("logistic regression (pixels)", logreg, x, list(C_GRID))
+        if builder == "images":
+            add("kNN, k = 3 (pixels)", lambda _: KNeighborsClassifier(3), x)
+            add("MLP, one hidden layer of 256 (pixels)",
+                lambda _: MLPClassifier((256,), max_iter=200, random_state=0), x)
+    elif builder == "listops":
+        vocab = int(max(data[s]["input_ids"].max() for s in names)) + 1
+        x = {s: np.stack([np.bincount(r[m > 0], minlength=vocab) for r, m in
+                          zip(data[s]["input_ids"], data[s]["attention_mask"])]).astype(np.float32) for s in names}
+        add("logistic regression (bag of tokens)", scaled_logreg, x, list(C_GRID))
+    elif builder == "lra_text":
+        x = {s: byte_texts(data[s]["input_ids"], data[s]["attention_mask"]) for s in names}
+        add("tf-idf logistic regression (words)", tfidf_logreg, x, list(C_GRID))
+    elif builder == "lra_retrieval":
+        docs = [{s: (data[s][f"input_ids_{k}"], data[s][f"attention_mask_{k}"]) for s in names} for k in (0, 1)]
+        x, s0 = _timed(lambda: pair_features(*docs, names))
+        add("tf-idf logistic regression ([u, v, u·v, |u − v|, cos])", logreg, x, list(C_GRID))
+        out[-1]["seconds"] = round(out[-1]["seconds"] + s0, 2)
+    elif builder == "glue":
+        x = {s: id_words(data[s]["input_ids"], data[s]["attention_mask"]) for s in names}
+        add("tf-idf logistic regression (WordPiece tokens)", tfidf_logreg, x, list(C_GRID))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# The cache and the CLI
+# ----------------------------------------------------------------------------------------------------
+
+
+def cache_path(results_root: str | Path, scale: str, table: str) -> Path:
+    return Path(results_root) / scale / "floors" / f"{table}.json"
+
+
+def load(results_root: str | Path, scale: str, table: str) -> dict[str, dict]:
+    """{group: entry} of a table's cached floors (empty when none were computed)."""
+    return (read_json(cache_path(results_root, scale, table)) or {}).get("groups", {})
+
+
+def table_floors(exp: dict, scale: str, results_root: str | Path, force: bool = False,
+                 log=print) -> dict[str, dict]:
+    """Compute (or read from the cache) every group's floors of one experiment and write the cache."""
+    from ..config import compose_cell
+    from ..data.build import build_datasets
+
+    if scale not in SCALES:
+        raise ValueError(f"floors are for the offline scales {SCALES}, not scale={scale!r}")
+    path = cache_path(results_root, scale, exp["table"])
+    cached = load(results_root, scale, exp["table"])
+    out: dict[str, dict] = {}
+    tokenizer = None
+    for group, (metric, overrides) in groups(exp, scale).items():
+        if exp.get("pretrain"):
+            tokenizer = tokenizer or pretrain_tokenizer(exp, scale)
+            overrides = [*overrides, f"data.tokenizer={tokenizer}"]
+        cfg = compose_cell(overrides)
+        (bundle, s) = _timed(lambda cfg=cfg: build_datasets(cfg))
+        key = data_key(cfg, bundle.checksum, bundle.info)
+        entry = cached.get(group)
+        if not force and entry and entry.get("key") == key:
+            log(f"[floors] {exp['table']} {group}: cached (data checksum {bundle.checksum[:12]})")
+            out[group] = {**entry, "cached": True}
+            continue
+        log(f"[floors] {exp['table']} {group}: data {cfg.data.name} built in {s:.1f} s, checksum "
+            f"{bundle.checksum[:12]}")
+        if (key, metric) not in _COMPUTED:
+            _COMPUTED[key, metric] = compute(cfg, bundle, metric)
+        out[group] = {"key": key, "data_checksum": bundle.checksum, "data": str(cfg.data.name), "metric": metric,
+                      "floors": _COMPUTED[key, metric], "cached": False}
+    write_json_atomic(path, {"table": exp["table"], "scale": scale, "version": VERSION,
+                             "groups": {g: {k: v for k, v in e.items() if k != "cached"} for g, e in out.items()}})
+    return out
+
+
+def floor_lines(exp: dict, scale: str, results_root: str | Path, multiplier: float = 100.0,
+                group: str | None = None) -> list[str]:
+    """Markdown rows `| <group> | floor: ... | value |` of a table's cached floors (all groups, or one); [] when the
+    scale has none. A renderer prints them under its table."""
+    if scale not in SCALES:
+        return []
+    entries = load(results_root, scale, exp["table"])
+    rows = []
+    for g, e in entries.items():
+        if group is not None and g != group:
+            continue
+        for f in e["floors"]:
+            rows.append(f"| {g} | {f['label']} | {f['value'] * multiplier:.2f} | {f['split']} |")
+    return rows
+
+
+def floor_table(exp: dict, scale: str, results_root: str | Path, multiplier: float = 100.0) -> str:
+    """The floors block a renderer appends under a small/smoke table ("" when none are cached)."""
+    rows = floor_lines(exp, scale, results_root, multiplier)
+    if not rows:
+        return ""
+    head = ("Floors on the same data split (classical models and the majority class; not methods): "
+            "`python -m condattn.reporting.floors --scale " + scale + "`.")
+    return "\n".join([head, "", "| row | floor | value | split |", "|---|---|---|---|", *rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m condattn.reporting.floors", description=__doc__.split("\n")[0])
+    p.add_argument("--scale", default="small", choices=SCALES)
+    p.add_argument("--tables", nargs="*", default=list(TABLES), help="experiment names (default: every small table)")
+    p.add_argument("--results", default="results")
+    p.add_argument("--force", action="store_true", help="recompute even when the cache matches")
+    args = p.parse_args(argv)
+    from .tables import load_experiment, multiplier
+
+    for table in args.tables:
+        exp = load_experiment(EXPERIMENTS / f"{table}.yaml")
+        t = time.perf_counter()
+        result = table_floors(exp, args.scale, args.results, args.force)
+        for group, e in result.items():
+            for f in e["floors"]:
+                print(f"{table:20s} {group:12s} {f['label']:55s} {f['value'] * multiplier(exp):7.2f} ({f['split']}, "
+                      f"{f['seconds']:.1f} s{', cached' if e['cached'] else ''})")
+        print(f"[floors] {table}: {time.perf_counter() - t:.1f} s -> {cache_path(args.results, args.scale, table)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

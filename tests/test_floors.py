@@ -1,0 +1,82 @@
+"""Floors (condattn/reporting/floors.py): the majority class and classical models on a table's own data split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch.utils.data import Dataset
+
+from condattn.data.registry import DataBundle
+from condattn.reporting import floors
+
+VIT_SMOKE = {"table": "tfloors", "metric": "final_val_acc", "methods": ["none"],
+             "rows": {"vit": {"overrides": ["task=imagenet_vit", "data.source=digits", "data.name=digits",
+                                          "data.holdout_per_class=30"]}}, "scales": {"smoke": {}}}
+
+
+class Tokens(Dataset):
+    def __init__(self, ids, labels):
+        self.ids, self.labels = torch.tensor(ids), torch.tensor(labels)
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": (self.ids[i] != 0).long(), "labels": self.labels[i]}
+
+
+def test_majority_floor_is_the_hand_count():
+    rng = np.random.default_rng(0)
+    train_y, test_y = [2, 2, 2, 1, 0, 2, 1] * 10, [0, 1, 2, 2, 1, 1, 1, 0, 0, 0]
+    make = lambda y: Tokens(rng.integers(1, 9, size=(len(y), 12)), y)  # noqa: E731
+    bundle = DataBundle(make(train_y), make([0, 1, 2] * 4), make(test_y), "x")
+    cfg = OmegaConf.create({"data": {"builder": "listops"}})
+    out = floors.compute(cfg, bundle, "test_acc")
+    majority = next(f for f in out if f["label"] == "floor: majority class")
+    assert majority["class"] == 2 and majority["split"] == "test" and majority["value"] == pytest.approx(2 / 10)
+    bag = next(f for f in out if "bag of tokens" in f["label"])
+    assert bag["tuned_on"] == "val" and 0.0 <= bag["value"] <= 1.0
+
+
+def test_kneser_ney_is_a_distribution_and_beats_uniform():
+    rng = np.random.default_rng(0)
+    stream = np.tile(rng.integers(0, 20, size=50), 40)  # a repeated pattern: a trigram predicts it well
+    p = floors.kneser_ney(stream, vocab=30)
+    for context in ([int(stream[3])], [int(stream[3]), int(stream[4])], [25, 26]):  # seen, seen, unseen
+        assert sum(p(context, w) for w in range(30)) == pytest.approx(1.0)
+    loss, n = floors.kneser_ney_loss(stream, [stream[:64], stream[100:110]], vocab=30)
+    assert n == 63 + 9 and loss < np.log(30) / 4
+
+
+@pytest.mark.slow  # fits an MLP
+def test_image_floors_beat_majority_and_are_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr(floors, "_COMPUTED", {})
+    first = floors.table_floors(VIT_SMOKE, "smoke", tmp_path, log=lambda *_: None)["vit"]
+    assert not first["cached"] and first["data"] == "digits"
+    by = {f["label"]: f for f in first["floors"]}
+    majority = by["floor: majority class"]["value"]
+    assert majority == pytest.approx(0.1)  # digits: 30 held out per class
+    for label in ("floor: logistic regression (pixels)", "floor: kNN, k = 3 (pixels)",
+                  "floor: MLP, one hidden layer of 256 (pixels)"):
+        assert by[label]["value"] > majority + 0.5 and by[label]["split"] == "val", label
+    assert by["floor: logistic regression (pixels)"]["tuned_on"] == "train tenth"  # val is the reported split
+
+    def refuse(*a, **k):
+        raise AssertionError("recomputed a cached floor")
+
+    monkeypatch.setattr(floors, "compute", refuse)
+    second = floors.table_floors(VIT_SMOKE, "smoke", tmp_path, log=lambda *_: None)["vit"]
+    assert second["cached"] and second["floors"] == first["floors"]
+    monkeypatch.undo()
+    monkeypatch.setattr(floors, "_COMPUTED", {})  # nothing remembered from the first call
+    again = floors.table_floors(VIT_SMOKE, "smoke", tmp_path, force=True, log=lambda *_: None)["vit"]
+    assert [f["value"] for f in again["floors"]] == [f["value"] for f in first["floors"]]  # deterministic
+    lines = floors.floor_table(VIT_SMOKE, "smoke", tmp_path)
+    assert "| vit | floor: kNN, k = 3 (pixels) |" in lines and floors.floor_table(VIT_SMOKE, "paper", tmp_path) == ""
+
+
+def test_floors_refuse_paper_scale(tmp_path):
+    with pytest.raises(ValueError, match="offline scales"):
+        floors.table_floors(VIT_SMOKE, "paper", tmp_path)
