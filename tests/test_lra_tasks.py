@@ -98,8 +98,8 @@ def test_paper_scale_without_data_names_the_path(tmp_path, task):
 # ---------------------------------------------------------------------------------------------------- retrieval model
 
 
-def dual_model(seq_len: int = 128):
-    cfg = compose(["model=nystromformer_lra_dual", "data=lra_retrieval", f"data.seq_len={seq_len}"])
+def dual_model(seq_len: int = 128, *extra: str):
+    cfg = compose(["model=nystromformer_lra_dual", "data=lra_retrieval", f"data.seq_len={seq_len}", *extra])
     torch.manual_seed(0)
     return build_model(cfg.model).eval()
 
@@ -213,7 +213,7 @@ def test_diagnostics_read_each_towers_mask_from_the_model():
     the diagnostics of both towers, and padded keys get no attention."""
     from condattn.diagnostics import cheap_diagnostics
 
-    model = dual_model()
+    model = dual_model(128, "model.num_landmarks=128")  # exact softmax: the probe reads its probabilities
     condattn.apply_conditioning(model, "embedded")
     batch = pair_batch()
     out = cheap_diagnostics(model, lambda m, b: m(**b), batch)
