@@ -80,3 +80,28 @@ def test_image_floors_beat_majority_and_are_cached(tmp_path, monkeypatch):
 def test_floors_refuse_paper_scale(tmp_path):
     with pytest.raises(ValueError, match="offline scales"):
         floors.table_floors(VIT_SMOKE, "paper", tmp_path)
+
+
+def test_renderers_print_the_cached_floors_under_small_tables(tmp_path):
+    """Table 9 shows its task's floors as rows of each task's readings; the other renderers as a block under the
+    table (table 1's five models share one split, so one set of lines); none at paper scale."""
+    import shutil
+    from pathlib import Path
+
+    from condattn.reporting import load_experiment, readings, tables
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "small" / "floors").mkdir(parents=True)
+    for t in ("table9_readings", "table1_imagenet"):
+        shutil.copy(root / "results" / "small" / "floors" / f"{t}.json", tmp_path / "small" / "floors")
+    exp9 = load_experiment(root / "experiments" / "table9_readings.yaml")
+    _, md = readings.write_table(exp9, "small", tmp_path / "runs", tmp_path, seeds=[0])
+    vit = md.split("**vit**")[1].split("**listops**")[0]
+    assert "| floor: kNN, k = 3 (pixels) | 93.20 (val) | – |" in vit and "floor: majority class" in vit
+    assert "floor: logistic regression (bag of tokens)" in md.split("**listops**")[1]
+    exp1 = load_experiment(root / "experiments" / "table1_imagenet.yaml")
+    _, md = tables.write_table(exp1, "small", tmp_path / "runs", tmp_path, seeds=[0])
+    assert md.count("floor: MLP, one hidden layer of 256 (pixels)") == 1
+    assert "| vit_base, deit_base, swin_base, xcit_medium, davit_base | floor: kNN" in md
+    _, md = tables.write_table(exp1, "paper", tmp_path / "runs", tmp_path, seeds=[0])
+    assert "floor:" not in md

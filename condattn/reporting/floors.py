@@ -50,12 +50,10 @@ _COMPUTED: dict[tuple[str, str], list[dict]] = {}  # (data key, metric) -> floor
 
 def groups(exp: dict, scale: str) -> dict[str, tuple[str, list[str]]]:
     """{group: (metric, overrides)}: one per row (table 9: one per task, from its first row), composed as
-    reproduce.cells composes the row's baseline cell at seed 0."""
-    from .tables import rows_for
-
+    reproduce.cells composes the row's baseline cell at seed 0 (this module imports no renderer: they import it)."""
     at_scale = list((exp["scales"].get(scale) or {}).get("overrides", []))
     out: dict[str, tuple[str, list[str]]] = {}
-    for row in rows_for(exp, scale):
+    for row in (exp["scales"].get(scale) or {}).get("rows") or list(exp["rows"]):
         spec = exp["rows"][row]
         group = spec.get("task", row)
         if group in out:
@@ -389,12 +387,15 @@ def floor_lines(exp: dict, scale: str, results_root: str | Path, multiplier: flo
     if scale not in SCALES:
         return []
     entries = load(results_root, scale, exp["table"])
-    rows = []
+    same: dict[tuple, list[str]] = {}  # rows on one split (table 1's five models) share their floors' lines
     for g, e in entries.items():
-        if group is not None and g != group:
-            continue
-        for f in e["floors"]:
-            rows.append(f"| {g} | {f['label']} | {f['value'] * multiplier:.2f} | {f['split']} |")
+        if group is None or g == group:
+            same.setdefault((e["key"], e["metric"]), []).append(g)
+    rows = []
+    for names in same.values():
+        for f in entries[names[0]]["floors"]:
+            label = f["label"].replace("|", "\\|")  # |u − v| inside a Markdown cell
+            rows.append(f"| {', '.join(names)} | {label} | {f['value'] * multiplier:.2f} | {f['split']} |")
     return rows
 
 
@@ -415,15 +416,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default="results")
     p.add_argument("--force", action="store_true", help="recompute even when the cache matches")
     args = p.parse_args(argv)
-    from .tables import load_experiment, multiplier
+    import yaml
 
     for table in args.tables:
-        exp = load_experiment(EXPERIMENTS / f"{table}.yaml")
+        path = EXPERIMENTS / f"{table}.yaml"
+        if not path.is_file():
+            p.error(f"--tables {table}: there is no {path}; tables: {', '.join(TABLES)}")
+        exp = yaml.safe_load(path.read_text())
         t = time.perf_counter()
         result = table_floors(exp, args.scale, args.results, args.force)
+        times = float(exp.get("metric_multiplier", 100))  # as the table shows the metric
         for group, e in result.items():
             for f in e["floors"]:
-                print(f"{table:20s} {group:12s} {f['label']:55s} {f['value'] * multiplier(exp):7.2f} ({f['split']}, "
+                print(f"{table:20s} {group:12s} {f['label']:55s} {f['value'] * times:7.2f} ({f['split']}, "
                       f"{f['seconds']:.1f} s{', cached' if e['cached'] else ''})")
         print(f"[floors] {table}: {time.perf_counter() - t:.1f} s -> {cache_path(args.results, args.scale, table)}")
     return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from ..runs import RunId, RunRecord
+from .floors import floor_table
 from .notes import table_notes, tokenizer_notes
 from .stats import diff_ci, mean_std
 
@@ -241,11 +242,15 @@ def plot_curves(exp: dict, scale: str, cells: dict[tuple, TableCell], out: Path)
 
 def save_outputs(exp: dict, scale: str, results_root: str | Path, md: str, csv_rows: list[dict],
                  plot: Callable[[Path], Path | None], caption: str,
-                 fieldnames: list[str] | None = None) -> tuple[Path, str]:
+                 fieldnames: list[str] | None = None, floors: bool = True) -> tuple[Path, str]:
     """Write results/<scale>/<table>.{md,csv,png}: `plot(png_path)` draws the figure (None: nothing to draw), which
-    the Markdown then embeds under `caption`. Returns (md path, md text). Every table renderer ends here."""
+    the Markdown then embeds under `caption`. Returns (md path, md text). Every table renderer ends here. `floors`:
+    print the cached floors of a smoke/small table (reporting/floors.py) under it (False: the renderer has)."""
     out_dir = Path(results_root) / scale
     out_dir.mkdir(parents=True, exist_ok=True)
+    block = floor_table(exp, scale, results_root, multiplier(exp)) if floors else ""
+    if block:
+        md = md.rstrip("\n") + "\n\n" + block + "\n"
     notes = table_notes(exp, scale, rows_for(exp, scale))
     if notes:
         md = md.rstrip("\n") + "\n" + "\n".join(notes) + "\n"
