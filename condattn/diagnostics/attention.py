@@ -91,6 +91,7 @@ class AttentionProbe:
 
     def _accumulate(self, i: int, p: torch.Tensor, allowed: torch.Tensor | None) -> None:
         site = self.sites[i]
+        tol = 1e-3 if p.dtype in (torch.float32, torch.float64) else 0.05  # half-precision probabilities round
         p = p.detach().double()
         b, h, nq, nk = p.shape
         channels = site.attends_over == "channels"
@@ -99,7 +100,7 @@ class AttentionProbe:
         w = w * torch.isfinite(p).all(-1).all(1)  # a query with no key to attend to (NaN row) is left out
         p = torch.nan_to_num(p)
         kept = w[:, None, :] > 0
-        if float(p.amin()) < 0 or (kept.any() and float(((p.sum(-1) - 1).abs() * kept).amax()) > 1e-3):
+        if float(p.amin()) < 0 or (kept.any() and float(((p.sum(-1) - 1).abs() * kept).amax()) > tol):
             self.absent[i] = f"the {self.reader[i]} weights of {type(site.module).__name__} are not probabilities " \
                              "(rows do not sum to 1)"
             return
