@@ -28,6 +28,7 @@ _INFO_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "--in
                "--shell-completion", "--experimental-rerun"}
 
 _names: dict[frozenset, str] = {}  # each job's overrides -> its run name with the variant suffix (set by `check`)
+_checked: dict[frozenset, object] = {}  # each job's overrides -> its preflight's Checked, handed to `train` (once)
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -62,7 +63,7 @@ def check(overrides: list[str], world: int | None = None) -> list[str]:
     """Every problem of one job's overrides, one line each (empty: it may run); records the job's run name."""
     from .config import ConfigError, compose, compose_cell
     from .engine.identity import name_variant, options_not_applying
-    from .engine.preflight import preflight
+    from .engine.preflight import preflight_checked
 
     try:
         cfg = compose_cell(overrides)
@@ -73,7 +74,9 @@ def check(overrides: list[str], world: int | None = None) -> list[str]:
     _names[frozenset(overrides)] = str(cfg.run.name)
     world = world or int(os.environ.get("WORLD_SIZE", "1") or 1)
     out = options_not_applying(cfg, overrides)
-    out += [str(p) for p in preflight(cfg, world, check_data=False, check_run_dir=True)]
+    checked = preflight_checked(cfg, world, check_data=False, check_run_dir=True)
+    _checked[frozenset(overrides)] = checked
+    out += checked.messages
     return list(dict.fromkeys(out))
 
 
@@ -109,7 +112,7 @@ def main(cfg: DictConfig) -> None:
         with read_write(cfg), open_dict(cfg):
             cfg.run.name = name
     try:
-        s = train(cfg)
+        s = train(cfg, _checked.pop(frozenset(HydraConfig.get().overrides.task), None))  # checked by `cli`
     except TrainingInterrupted as e:
         print(f"[condattn] interrupted: {e}", file=sys.stderr)
         sys.exit(3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
@@ -83,7 +84,8 @@ def test_after_an_svd_run_the_same_command_with_lam3_finds_it_finished(tmp_path)
     first = run()
     second = run("conditioning.lam=3")
     assert second["run_dir"] == first["run_dir"] and second["metrics"] == first["metrics"]
-    assert len(list((tmp_path / "runs" / "smoke").iterdir())) == 1
+    assert [d.name for d in (tmp_path / "runs" / "smoke").iterdir() if not d.name.startswith(".")] == \
+        [Path(first["run_dir"]).name]  # one run (.locks holds the run locks)
 
 
 # ---------------------------------------------------------------- checks: the library refuses what the CLI refuses
@@ -189,3 +191,75 @@ def test_variant_of_an_unknown_method_keeps_what_was_given():
     assert science_config(cfg)["conditioning"]["method"] == "nope" and variant(cfg, None)
     with pytest.raises(ValueError, match="valid methods: none, spectral, embedded, spectral\\+embedded"):
         conditioning_spec(cfg)
+
+
+# ---------------------------------------------------------------- the config is checked once per CLI run
+
+
+def _mini(tmp: Path, *extra: str) -> list[str]:
+    """A 4-step ListOps run, batch 8, length 64 (as tests/test_train.py)."""
+    return [
+        "scale=smoke", "logger=none", f"paths.runs={tmp / 'runs'}", f"paths.cache={tmp / 'cache'}",
+        "data.generate.train=64", "data.generate.val=24", "data.generate.test=16", "data.generate.min_length=20",
+        "data.generate.max_length=60", "data.max_length=64", "data.seq_len=64", "task.batch_size=8", "task.steps=4",
+        "task.eval_every=2", "task.log_every=1", "impl.checkpoint_every=2", "diagnostics.batch_size=2", *extra,
+    ]
+
+
+@pytest.fixture
+def config_checks(monkeypatch):
+    """Counts the config checks (engine/preflight.check_config: every caller goes through it) and Budget builds."""
+    from condattn.engine import budget, preflight
+
+    counts = {"check_config": 0, "Budget": 0}
+    check, init = preflight.check_config, budget.Budget.__init__
+
+    def counted_check(cfg):
+        counts["check_config"] += 1
+        return check(cfg)
+
+    def counted_init(self, *a, **k):
+        counts["Budget"] += 1
+        init(self, *a, **k)
+
+    monkeypatch.setattr(preflight, "check_config", counted_check)
+    monkeypatch.setattr(budget.Budget, "__init__", counted_init)
+    return counts
+
+
+def test_reproduce_dry_run_checks_each_cell_once(tmp_path, config_checks, capsys):
+    import yaml
+
+    from condattn.reporting import load_experiment
+    from condattn.reproduce import main
+
+    exp = load_experiment(str(Path(__file__).resolve().parents[1] / "experiments" / "table4_lra.yaml"))
+    exp["rows"] = {"listops": exp["rows"]["listops"]}
+    path = tmp_path / "table4_lra.yaml"
+    path.write_text(yaml.safe_dump(exp, sort_keys=False))
+    assert main([str(path), "--seeds", "0", "--dry-run", "logger=none", f"paths.runs={tmp_path / 'runs'}",
+                 f"paths.results={tmp_path / 'results'}"]) == 0
+    assert "3 of 3 cells would train here" in capsys.readouterr().out
+    assert config_checks == {"check_config": 3, "Budget": 3}
+
+
+@pytest.mark.slow
+def test_one_train_cli_run_checks_its_config_once(tmp_path, config_checks, monkeypatch, capsys):
+    """`python -m condattn.train ...` as its __main__ runs it, in this process: the CLI's preflight checks the
+    config, the trainer and engine/setup.py take its Checked (the spec and the Budget) and check nothing again."""
+    import sys
+
+    from condattn import train as cli_module
+
+    overrides = _mini(tmp_path, "conditioning=spectral")
+    assert cli_module.cli(overrides) is None
+    assert config_checks == {"check_config": 1, "Budget": 1}
+    monkeypatch.setattr(sys, "argv", ["condattn.train", *overrides])
+    cli_module.main()
+    assert "steps=4" in capsys.readouterr().out
+    assert config_checks == {"check_config": 1, "Budget": 1}
+    # the library's own entry point checks once too
+    from condattn.engine.trainer import train
+
+    train(compose(_mini(tmp_path, "conditioning=embedded", "run.name=lib")))
+    assert config_checks == {"check_config": 2, "Budget": 2}

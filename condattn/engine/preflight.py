@@ -1,12 +1,14 @@
 """Checks a composed config before any job starts: one clear message per problem, nothing trained.
 
 `reproduce` runs `preflight` on every cell of a table before the first one trains or is submitted (a typo
-must not cost a day of queue time), and `train` runs it again at start-up with the real process count.
+must not cost a day of queue time); the `train` CLI runs it once per job. The config is checked once per run
+(`check_config`): its `Checked` carries the conditioning spec and the budget on to the trainer, and the trainer
+checks only what the real process count changes (the batch split).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +79,35 @@ def _model_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
-def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
-              check_run_dir: bool = True) -> list[Problem]:
+@dataclass(frozen=True)
+class Checked:
+    """One check of a config: its problems and the values derived on the way, built once and passed down (the
+    trainer and engine/setup.py read them instead of building them again). The derived values are None when the
+    config has problems."""
+
+    problems: tuple[Problem, ...]
+    conditioning: Any = None  # the ConditioningSpec (conditioning/spec.py)
+    budget: Any = None  # the run's Budget (engine/budget.py), for task.steps
+
+    @property
+    def messages(self) -> list[str]:
+        return [p.message for p in self.problems]
+
+    def raise_problems(self, kinds: tuple[str, ...] = ("config",)) -> Checked:
+        """Raise PreflightError with the problems of these kinds; else return self."""
+        if bad := [p for p in self.problems if p.kind in kinds]:
+            raise PreflightError(bad)
+        return self
+
+
+def preflight_checked(cfg: Any, world: int | None = None, *, check_data: bool = True,
+                      check_run_dir: bool = True) -> Checked:
     """Every problem of one cell's config that would stop or spoil its run: the config's choices and numbers, then
-    (check_data) paper-scale data and earlier weights, then (check_run_dir) the checkpoint a resume would load."""
+    (check_data) paper-scale data and earlier weights, then (check_run_dir) the checkpoint a resume would load; with
+    the values derived from the config (Checked)."""
     world = planned_world(cfg) if world is None else world
-    out = [Problem("config", m) for m in config_problems(cfg)]
+    checked = check_config(cfg)
+    out = list(checked.problems)
     try:
         batch_split(cfg, world)
     except ValueError as e:
@@ -91,11 +116,23 @@ def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
         out += [Problem("data", m) for m in data_problems(cfg)]
     if check_run_dir and cfg.resume == "auto":
         out += [Problem("checkpoint", m) for m in run_dir_problems(cfg)]
-    return out
+    return replace(checked, problems=tuple(out))
+
+
+def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
+              check_run_dir: bool = True) -> list[Problem]:
+    """`preflight_checked`'s problems."""
+    return list(preflight_checked(cfg, world, check_data=check_data, check_run_dir=check_run_dir).problems)
 
 
 def config_problems(cfg: Any) -> list[str]:
-    """Unknown builders, methods, options, optimizer, schedule, budget; non-positive step counts; bad precision."""
+    """`check_config`'s problems, one line each."""
+    return check_config(cfg).messages
+
+
+def check_config(cfg: Any) -> Checked:
+    """Unknown builders, methods, options, optimizer, schedule, budget; non-positive step counts; bad precision. The
+    conditioning spec and the budget are built here, once."""
     from ..conditioning.spec import conditioning_spec
     from ..data.build import dataset_entry
     from ..data.registry import unknown_builder
@@ -109,8 +146,9 @@ def config_problems(cfg: Any) -> list[str]:
     seed = cfg.get("seed")
     if not isinstance(seed, int) or isinstance(seed, bool):
         out.append(f"seed={seed!r} must be an integer (e.g. seed=1)")
+    spec = None
     try:
-        conditioning_spec(cfg.conditioning)
+        spec = conditioning_spec(cfg.conditioning)
     except (TypeError, ValueError) as e:
         out.append(str(e))
     if cfg.task.get("kind") not in TASKS:
@@ -118,10 +156,17 @@ def config_problems(cfg: Any) -> list[str]:
                    f"known: {', '.join(TASKS)}")
     if dataset_entry(cfg.data.get("builder")) is None:
         out.append(unknown_builder(cfg.data.get("builder"), cfg.data.get("name")))
-    return out + _optim_problems(cfg)
+    optim, budget = _optim_problems(cfg)
+    out += optim
+    if out:
+        return Checked(tuple(Problem("config", m) for m in out))
+    return Checked((), conditioning=spec, budget=budget)
 
 
-def _optim_problems(cfg: Any) -> list[str]:
+def _optim_problems(cfg: Any) -> tuple[list[str], Any]:
+    """The optimizer's, schedule's, budget's and step counts' problems, and the Budget (None when it is bad)."""
+    from .budget import Budget
+
     out: list[str] = []
     if cfg.optim.get("name") not in OPTIMIZERS:
         out.append(f"unknown optimizer optim.name={cfg.optim.get('name')!r}; known: {', '.join(OPTIMIZERS)}")
@@ -133,12 +178,13 @@ def _optim_problems(cfg: Any) -> list[str]:
     except ValueError:
         out.append(f"unknown schedule optim.schedule={cfg.optim.schedule!r}; known: "
                    f"{', '.join([*(s.value for s in SchedulerType), *PROGRESS_SCHEDULES, *STEP_SCHEDULES])}")
-    if isinstance(cfg.task.get("steps"), int):
-        out += schedule_problems(cfg.optim, int(cfg.task.steps))
+    steps = cfg.task.get("steps")
+    steps = steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+    if steps is not None:
+        out += schedule_problems(cfg.optim, steps)
+    budget = None
     try:
-        from .budget import Budget
-
-        Budget.from_cfg(cfg.task, 1)
+        budget = Budget.from_cfg(cfg.task, steps or 1)
     except (TypeError, ValueError) as e:
         out.append(str(e))
     for key in ("task.steps", "task.eval_every", "task.log_every", "impl.checkpoint_every"):
@@ -147,7 +193,7 @@ def _optim_problems(cfg: Any) -> list[str]:
             out.append(f"{key}={v!r} must be a positive integer")
     from .precision import execution_problems
 
-    return out + execution_problems(cfg.impl)
+    return out + execution_problems(cfg.impl), budget
 
 
 def data_problems(cfg: Any) -> list[str]:

@@ -29,7 +29,7 @@ from .checkpoint import CheckpointUnreadable, architecture_mismatch, load_checkp
 from .logging import RunLogger
 from .optim import build_optimizer
 from .precision import Execution, compile_model, resolve_execution
-from .preflight import PreflightError, batch_split, preflight
+from .preflight import Checked, PreflightError, Problem, batch_split, check_config
 from .state import TrainState
 
 
@@ -90,7 +90,8 @@ def loader(ds, batch_size: int, sampler=None, workers: int = 0, pin: bool = Fals
 
 def _accelerator(cfg: Any, run_dir: Path, deterministic: bool,
                  execution: Execution) -> tuple[Accelerator, tuple[int, int, int]]:
-    """Process settings, accelerate, preflight, a fresh run directory (resume=never) and the seed."""
+    """Process settings, accelerate, the batch split over the real process count, a fresh run directory
+    (resume=never) and the seed."""
     if cfg.impl.threads:
         torch.set_num_threads(int(cfg.impl.threads))
     torch.set_flush_denormal(bool(cfg.impl.get("flush_denormal", True)))
@@ -101,10 +102,10 @@ def _accelerator(cfg: Any, run_dir: Path, deterministic: bool,
     accelerator = Accelerator(mixed_precision=execution.precision, cpu=execution.device_type != "cuda",
                               step_scheduler_with_optimizer=False)
     world = accelerator.num_processes
-    problems = preflight(cfg, world, check_data=False, check_run_dir=False)  # the data loader names missing files
-    if problems:
-        raise PreflightError(problems)
-    split = batch_split(cfg, world)
+    try:  # the config itself was checked once (Checked); the data loader names missing files
+        split = batch_split(cfg, world)
+    except ValueError as e:
+        raise PreflightError([Problem("batch", str(e))]) from None
     if cfg.resume == "never" and accelerator.is_main_process and run_dir.exists():
         shutil.rmtree(run_dir)
     accelerator.wait_for_everyone()
@@ -114,19 +115,21 @@ def _accelerator(cfg: Any, run_dir: Path, deterministic: bool,
     return accelerator, split
 
 
-def build_run(cfg: Any, run_dir: Path, deterministic: bool) -> Run:
+def build_run(cfg: Any, run_dir: Path, deterministic: bool, checked: Checked | None = None) -> Run:
+    """The run of `cfg`, from its one config check (`checked`: the conditioning spec and the budget; checked here when
+    None)."""
+    checked = (checked or check_config(cfg)).raise_problems()
     execution = resolve_execution(cfg.impl, "cuda" if torch.cuda.is_available() else "cpu")
     accelerator, (glob, micro, accum) = _accelerator(cfg, run_dir, deterministic, execution)
     world, rank = accelerator.num_processes, accelerator.process_index
     with accelerator.main_process_first():  # rank 0 generates/caches the data files, the others then read them
         data = build_datasets(cfg)
     model = build_model(cfg.model)
-    cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
-    report = apply_conditioning(model, cond.pop("method"), **cond)
+    report = apply_conditioning(model, checked.conditioning)
     report.check(attention_layers=cfg.model.get("attention_layers"))
     task = build_task(cfg)
     steps = int(cfg.task.steps)
-    budget = Budget.from_cfg(cfg.task, steps)  # wall-clock budget + batch ramp (engine/budget.py); off by default
+    budget = checked.budget  # wall-clock budget + batch ramp (engine/budget.py); off by default
     optimizer, scheduler = build_optimizer(model, cfg, glob, steps, progress=budget.progress,
                                            fused=execution.fused_adamw)
     model = compile_model(model, execution)

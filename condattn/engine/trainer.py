@@ -23,24 +23,25 @@ import torch
 
 from ..runs import RunLock, summary_is_finished
 from ..utils.ranks import launcher_rank
+from . import preflight
 from .errors import TrainingDiverged, TrainingInterrupted
 from .identity import config_mismatch
 from .loop import StepLoop
-from .preflight import PreflightError, Problem, config_problems
+from .preflight import Checked, PreflightError, Problem
 from .setup import build_run, process_settings
 from .state import TrainState
 
 __all__ = ["TrainState", "TrainingDiverged", "TrainingInterrupted", "train"]
 
 
-def train(cfg: Any) -> dict:
-    """Train the run `cfg` names. Its config is checked first (PreflightError: nothing written); then the run
+def train(cfg: Any, checked: Checked | None = None) -> dict:
+    """Train the run `cfg` names. Its config is checked first (PreflightError: nothing written), unless the caller
+    passes its own check of it (`checked`: the preflight of the train CLI or of reproduce); then the run
     directory's lock is taken (a second process on the same run waits for the first, then finds it finished); a
     directory that records another science config is refused (engine/identity.py), a finished one is returned."""
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per checkpoint file otherwise
     run_dir = Path(cfg.run.dir)
-    if problems := config_problems(cfg):
-        raise PreflightError([Problem("config", m) for m in problems])
+    checked = (checked or preflight.check_config(cfg)).raise_problems()
     lock = RunLock(run_dir) if launcher_rank() == 0 else None  # the other ranks follow rank 0 through accelerate
     if lock is not None:
         lock.acquire()
@@ -54,7 +55,7 @@ def train(cfg: Any) -> dict:
         was_deterministic = torch.are_deterministic_algorithms_enabled()
         deterministic = process_settings(cfg)
         try:
-            return StepLoop(build_run(cfg, run_dir, deterministic)).train()
+            return StepLoop(build_run(cfg, run_dir, deterministic, checked)).train()
         finally:  # a process that trains several cells (reproduce, tests) gets its global setting back
             torch.use_deterministic_algorithms(was_deterministic)
     finally:
