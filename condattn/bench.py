@@ -197,7 +197,7 @@ def trainer_vs_reference(overrides: list[str], steps: int, out_runs: str, repeat
     from torch.utils.data import DataLoader
 
     from .config import compose
-    from .data.build import build_datasets
+    from .data.registry import build_datasets
     from .engine.trainer import train
     from .models import build_model
     from .tasks.classification import model_inputs

@@ -195,7 +195,7 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
 
     from .conditioning import apply_conditioning
     from .conditioning.spec import conditioning_spec
-    from .data.build import build_datasets
+    from .data.registry import build_datasets
     from .engine import provenance
     from .models import build_model
     from .tasks import build_task

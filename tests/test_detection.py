@@ -44,7 +44,7 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bundle(cache):
-    from condattn.data.build import build_datasets
+    from condattn.data.registry import build_datasets
 
     return build_datasets(cfg_for(MASKRCNN, cache))
 
@@ -109,7 +109,7 @@ def test_coco_loader_augments_boxes_masks_together(bundle):
 
 
 def test_missing_coco_names_the_path_and_layout(tmp_path):
-    from condattn.data.build import build_datasets
+    from condattn.data.registry import build_datasets
     from condattn.engine.preflight import preflight
 
     cfg = compose([f"task={MASKRCNN}", f"paths.data_root={tmp_path}"])

@@ -14,7 +14,7 @@ import yaml
 
 import condattn
 from condattn.config import compose
-from condattn.data.build import build_datasets
+from condattn.data.registry import build_datasets
 from condattn.data.glue_tasks import GLUE_TASKS
 from condattn.models import build_model
 from condattn.models.crammed_bert import CrammedBertForMLM

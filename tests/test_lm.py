@@ -14,7 +14,7 @@ import yaml
 import condattn
 from condattn.conditioning import find_attention, find_tokens
 from condattn.config import compose
-from condattn.data.build import build_datasets
+from condattn.data.registry import build_datasets
 from condattn.engine.trainer import train
 from condattn.models import build_model
 from condattn.tasks.lm import LMTask

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import condattn
 from condattn.conditioning import find_attention, find_tokens
 from condattn.config import compose
-from condattn.data.build import build_datasets
+from condattn.data.registry import build_datasets
 from condattn.engine.budget import Budget, budget_triangle
 from condattn.engine.trainer import TrainingInterrupted, train
 from condattn.models import build_model

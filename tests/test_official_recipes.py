@@ -159,7 +159,7 @@ def test_crammed_data_trash_removal_and_sentence_length_curriculum(tmp_path):
     import numpy as np
 
     from condattn.config import compose
-    from condattn.data.build import build_datasets
+    from condattn.data.registry import build_datasets
     from condattn.data.mlm_text import curriculum_order
 
     base = ["task=mlm_crammed", "scale=smoke", "logger=none", f"paths.runs={tmp_path / 'runs'}",

@@ -357,7 +357,9 @@ def test_table9_renderer_from_run_summaries(tmp_path):
             (d / "summary.json").write_text(json.dumps(summary))
     md_path, md = write_table(exp, "small", runs, tmp_path / "results", [0, 1, 2])
     assert md_path.name == "table9_readings.md" and "**vit**" in md and "**listops**" in md
-    assert "| baseline (no conditioning) | 51.00 ± 1.00 (n=3) | (baseline) | 0.800 | 0.200 | 0.100 | 1.00e-02 |" in md
+    # no lr grid, no curves: lr and steps-to-target are "–"; the MDE from the baseline's std 1.00 over 3 seeds
+    assert ("| baseline (no conditioning) | 51.00 ± 1.00 (n=3) | (baseline) | – | 3.04 | – | 0.800 | 0.200 | 0.100 | "
+            "1.00e-02 |") in md
     assert "missing seeds [2]" in md
     assert "Readings above the baseline beyond their 95% interval: vit: SCA Theorem 3.5" in md
     assert "listops: SCA Theorem 3.5" in md

@@ -24,7 +24,7 @@ from replicas import (
 )
 
 from condattn.config import compose
-from condattn.data.build import build_datasets
+from condattn.data.registry import build_datasets
 from condattn.engine.preflight import preflight
 
 REPO = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from ..conditioning import apply_conditioning
-from ..data.build import build_datasets
+from ..data.registry import build_datasets
 from ..data.sampler import EpochSampler
 from ..models import build_model
 from ..runs import RunRecord, list_checkpoints, set_aside

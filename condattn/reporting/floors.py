@@ -69,7 +69,7 @@ def groups(exp: dict, scale: str) -> dict[str, tuple[str, list[str]]]:
 def pretrain_tokenizer(exp: dict, scale: str) -> str:
     """The tokenizer.json the pretraining cell's data builder trains (what GLUE's fine-tuning reads from its run)."""
     from ..config import compose_cell
-    from ..data.build import build_datasets
+    from ..data.registry import build_datasets
 
     pre = exp["pretrain"]
     cfg = compose_cell([*pre.get("overrides", []), *(pre.get("scales", {}).get(scale) or []), "conditioning=none",
@@ -349,7 +349,7 @@ def table_floors(exp: dict, scale: str, results_root: str | Path, force: bool = 
                  log=print) -> dict[str, dict]:
     """Compute (or read from the cache) every group's floors of one experiment and write the cache."""
     from ..config import compose_cell
-    from ..data.build import build_datasets
+    from ..data.registry import build_datasets
 
     if scale not in SCALES:
         raise ValueError(f"floors are for the offline scales {SCALES}, not scale={scale!r}")

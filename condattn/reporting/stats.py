@@ -77,3 +77,45 @@ def diff_ci(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> Diff
     except ImportError:
         return bootstrap_ci(a, b, level)
     return welch_ci(a, b, level)
+
+
+def mde(std: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float | None:
+    """The minimum detectable effect of a two-sided two-sample t-test with n seeds per arm at this power:
+    (t_{1−α/2, df} + t_{power, df}) · s · √(2/n), df = 2n − 2, s the baseline's std (the usual normal-theory
+    approximation with t quantiles). None below 2 seeds."""
+    from scipy import stats
+
+    if n < 2:
+        return None
+    df = 2 * n - 2
+    return float(stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * std * math.sqrt(2 / n)
+
+
+MDE_FORMULA = "MDE = (t_{0.975,df} + t_{0.8,df}) · s_baseline · √(2/n), df = 2n − 2 (two-sided α = 0.05, 80% power)"
+
+
+def steps_to_target(curve: Sequence[tuple[int, float]], target: float, higher_is_better: bool = True) -> int | None:
+    """The first evaluated step whose value reaches `target` (≥, or ≤ when lower is better); None if none does."""
+    for step, value in curve:
+        if (value >= target) if higher_is_better else (value <= target):
+            return int(step)
+    return None
+
+
+def median_steps(steps: Sequence[int | None]) -> float | None:
+    """The median over seeds of steps-to-target, a run that never reached it counting as later than any that did;
+    None when the median is such a run (or there are none)."""
+    if not steps:
+        return None
+    ranked = sorted(steps, key=lambda s: math.inf if s is None else s)
+    mid = ranked[(len(ranked) - 1) // 2], ranked[len(ranked) // 2]
+    return None if None in mid else (mid[0] + mid[1]) / 2  # type: ignore[operator]
+
+
+def last_quarter_change(curve: Sequence[tuple[int, float]], total_steps: int) -> float | None:
+    """The curve's last value minus its value at the last evaluation at or before 3/4 of training (the convergence
+    figure: how much a run still gains over its last quarter). None without an evaluation in both places."""
+    before = [v for s, v in curve if s <= 0.75 * total_steps]
+    if not before or not curve or curve[-1][0] <= 0.75 * total_steps:
+        return None
+    return curve[-1][1] - before[-1]
