@@ -15,7 +15,6 @@ import pytest
 
 from condattn.config import compose
 from condattn.data import (
-    catalog,
     coco,
     glue,
     images,
@@ -27,8 +26,16 @@ from condattn.data import (
     mlm_text,
     pathfinder,
 )
-from condattn.data.build import DATASETS, build_datasets, dataset_entry
-from condattn.data.registry import DataBundle, data_root_exists, register_dataset
+from condattn.data.registry import (
+    DATASETS,
+    MODULES,
+    DataBundle,
+    build_datasets,
+    data_root_exists,
+    dataset_entry,
+    register_dataset,
+    registered,
+)
 from condattn.engine.preflight import preflight
 from condattn.utils import files
 from condattn.utils.io import write_json_atomic
@@ -39,11 +46,15 @@ BUILDERS = ("listops", "images", "lra_text", "lra_retrieval", "lra_image", "lra_
 
 
 def test_every_config_builder_is_registered():
+    registered()
     used = {line.split(":", 1)[1].strip() for p in (CONDATTN.parent / "configs" / "data").glob("*.yaml")
             for line in p.read_text().splitlines() if line.startswith("builder:")}
     assert used and used <= set(DATASETS)
     assert set(BUILDERS) == set(DATASETS)
-    assert len(catalog.MODULES) == len(set(catalog.MODULES))
+    assert len(MODULES) == len(set(MODULES))
+    registering = {p.stem for p in (CONDATTN / "data").glob("*.py")
+                   if p.name != "registry.py" and "\n@register_dataset(" in p.read_text()}
+    assert registering == set(MODULES)
 
 
 def test_each_dataset_carries_its_paper_data_check():
@@ -87,15 +98,17 @@ def test_preflight_calls_the_registered_check(tmp_path, monkeypatch):
         DATASETS.pop("toy", None)
 
 
-def test_data_modules_import_no_builder_back():
-    """Dataset modules import the registry, never data/build.py or the catalog (that would be the old cycle)."""
-    for path in (CONDATTN / "data").rglob("*.py"):
-        if path.name in ("build.py", "catalog.py"):
-            continue
-        tree = ast.parse(path.read_text())
-        names = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
-        assert not names & {"build", "catalog"}, path
+def test_registry_imports_no_dataset_module():
+    """Dataset modules import the registry; the registry names them only as strings (MODULES), so no cycle closes."""
+    tree = ast.parse((CONDATTN / "data" / "registry.py").read_text())
+    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    assert not imported & {*MODULES, "condattn.data"}
+    code = ("import sys, condattn.data.listops as m; from condattn.data.registry import registered; "
+            "print(len(registered()), 'condattn.data.coco' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(CONDATTN.parent)})
+    assert out.stdout.split() == [str(len(MODULES)), "True"]
 
 
 def test_standins_sit_below_the_dataset_modules():

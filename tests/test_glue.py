@@ -14,8 +14,8 @@ import yaml
 
 import condattn
 from condattn.config import compose
-from condattn.data.registry import build_datasets
 from condattn.data.glue_tasks import GLUE_TASKS
+from condattn.data.registry import build_datasets
 from condattn.models import build_model
 from condattn.models.crammed_bert import CrammedBertForMLM
 from condattn.tasks.glue import GlueTask, glue_metrics

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from condattn.config import compose
-from condattn.data.registry import build_datasets
 from condattn.data.images import RepeatAugEpochSampler, _fix_posterize, _posterize_keep_bits, build_transforms
+from condattn.data.registry import build_datasets
 from condattn.tasks.classification import ClassificationTask
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.py)

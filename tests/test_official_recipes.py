@@ -159,8 +159,8 @@ def test_crammed_data_trash_removal_and_sentence_length_curriculum(tmp_path):
     import numpy as np
 
     from condattn.config import compose
-    from condattn.data.registry import build_datasets
     from condattn.data.mlm_text import curriculum_order
+    from condattn.data.registry import build_datasets
 
     base = ["task=mlm_crammed", "scale=smoke", "logger=none", f"paths.runs={tmp_path / 'runs'}",
             f"paths.cache={tmp_path / 'cache'}", "data.vocab_size=512", "data.val_max_blocks=4"]

@@ -1,13 +1,15 @@
 """The dataset registry: what a data builder returns (`DataBundle`) and, per `data.builder` name, the function
 that builds it and the check that says whether its paper-scale files are there.
 
-A dataset module registers itself with `@register_dataset(name, check=...)`; `data/catalog.py` imports every
-dataset module so that they register, and `data/build.py::build_datasets` looks the builder up. This module
-imports nothing of the project, so a dataset module importing it closes no cycle.
+A dataset module registers itself with `@register_dataset(name, check=...)`; `build_datasets` and `dataset_entry`
+first import every module of `MODULES` (by name, once), so that they register, then look the builder up. The
+dataset modules import this one; it names them only as strings, so no import cycle closes. A new dataset is one
+module with `@register_dataset(...)` plus its name in `MODULES`.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,4 +66,28 @@ def register_dataset(name: str, check: Callable[[Any], None] | None = None):
 
 def unknown_builder(builder: Any, data_name: Any) -> str:
     """The message for a `data.builder` nothing registered, naming the known ones."""
-    return f"unknown data builder {builder!r} (data={data_name!r}); known: {', '.join(DATASETS)}"
+    return f"unknown data builder {builder!r} (data={data_name!r}); known: {', '.join(registered())}"
+
+
+MODULES = ("listops", "images", "lra_text", "lra_retrieval", "lra_image", "pathfinder", "lm_text", "mlm_text", "glue",
+           "coco")  # every dataset module (condattn/data/<name>.py)
+
+
+def registered() -> dict[str, DatasetEntry]:
+    """Every registered dataset: imports each of `MODULES` the first time (importing one registers it)."""
+    for name in MODULES:
+        importlib.import_module(f"{__package__}.{name}")
+    return DATASETS
+
+
+def dataset_entry(builder: str) -> DatasetEntry | None:
+    """The registered dataset of `data.builder`, or None."""
+    return registered().get(builder)
+
+
+def build_datasets(cfg: Any) -> DataBundle:
+    """The train/val/test splits a config names (`data.builder`), with their provenance."""
+    entry = dataset_entry(cfg.data.builder)
+    if entry is None:
+        raise ValueError(unknown_builder(cfg.data.builder, cfg.data.name))
+    return entry.build(cfg)

@@ -134,8 +134,7 @@ def check_config(cfg: Any) -> Checked:
     """Unknown builders, methods, options, optimizer, schedule, budget; non-positive step counts; bad precision. The
     conditioning spec and the budget are built here, once."""
     from ..conditioning.spec import conditioning_spec
-    from ..data.registry import dataset_entry
-    from ..data.registry import unknown_builder
+    from ..data.registry import dataset_entry, unknown_builder
     from ..models import MODEL_BUILDERS
     from ..tasks import TASKS
 
@@ -198,8 +197,7 @@ def _optim_problems(cfg: Any) -> tuple[list[str], Any]:
 
 def data_problems(cfg: Any) -> list[str]:
     """Paper-scale data (each dataset's registered check), timm's cached backbone weights, earlier runs' weights."""
-    from ..data.registry import dataset_entry
-    from ..data.registry import data_root_exists
+    from ..data.registry import data_root_exists, dataset_entry
 
     out: list[str] = []
     entry = dataset_entry(cfg.data.get("builder"))
