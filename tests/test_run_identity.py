@@ -57,7 +57,7 @@ def test_options_outside_the_name_give_a_variant_name(tmp_path):
 
 def test_science_config_ignores_paths_and_options_of_other_methods(tmp_path):
     a = compose(["conditioning=none", f"paths.runs={tmp_path}", "logger=none"])
-    b = compose(["conditioning=none", "conditioning.lam=2", "impl.threads=1"])
+    b = compose(["conditioning=none", "conditioning.lam=2", "impl.checkpoint_every=7"])
     assert science_config(a) == science_config(b) and variant(b, a) == ""
     # the dry run's cost inputs and how the step is compiled are not what a run computes: an older run dir whose
     # config has other loader rates is still this run
@@ -149,3 +149,29 @@ def test_two_processes_on_one_run_train_it_once(tmp_path):
     assert f"is being trained by pid {other} on " in outs[waited[0]][1]
     steps = [r["step"] for r in RunRecord(tmp_path / "runs" / "smoke" / "shared").metrics_rows("train")]
     assert steps == sorted(set(steps)) and steps[-1] == 8  # every training row once
+
+
+def test_the_thread_count_is_part_of_the_identity_where_it_differs_from_the_recipes(tmp_path):
+    """CPU reductions split by thread count: a 1-thread and a 2-thread run of one cell are two runs. The count enters
+    the name only where it differs from the scale recipe's (smoke LRA: 1), so earlier runs keep their names."""
+    plain = mini(tmp_path, "conditioning=spectral")
+    one, two = name_of([*plain, "impl.threads=1"]), name_of([*plain, "impl.threads=2"])
+    assert one == name_of(plain) != two
+    assert name_of(["scale=smoke", "logger=none", "impl.threads=1"]) == "lra_listops_none_smoke_s0"
+    assert HEX.search(name_of(["scale=smoke", "logger=none", "impl.threads=2"]))
+    base = compose(["scale=smoke"])
+    assert variant(compose(["scale=smoke", "impl.threads=2"]), base) != "" == variant(compose(plain[:1]), base)
+    assert variant(compose([*plain, "conditioning.lam=2"]), base) == \
+        variant(compose([*plain, "conditioning.lam=2", "impl.threads=1"]), base)  # variant hashes stay
+    # a run dir of one count answers only for that count, also when its config said null (torch's default)
+    s = train(compose([*plain, "run.name=mine"]))
+    assert s["hardware"]["torch_threads"] == 1
+    run_dir = Path(s["run_dir"])
+    assert config_mismatch(compose([*plain, "run.name=mine"]), run_dir) is None
+    why = config_mismatch(compose([*plain, "run.name=mine", "impl.threads=2"]), run_dir)
+    assert "impl.threads is 1 there and 2 here" in why
+    cfg = (run_dir / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text(cfg.replace("threads: 1", "threads: null"))
+    assert "impl.threads is 1 there and 2 here" in config_mismatch(
+        compose([*plain, "run.name=mine", "impl.threads=2"]), run_dir)
+    assert config_mismatch(compose([*plain, "run.name=mine"]), run_dir) is None

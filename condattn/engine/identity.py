@@ -24,11 +24,25 @@ from ..runs import RunRecord
 NOT_SCIENCE = (
     "run", "paths", "resume", "logger", "launcher", "hydra", "debug",
     "impl.micro_batch_size", "impl.compile", "impl.num_workers", "impl.pin_memory", "impl.deterministic",
-    "impl.threads", "impl.flush_denormal", "impl.checkpoint_every", "impl.keep_checkpoints", "impl.max_loss",
+    "impl.flush_denormal", "impl.checkpoint_every", "impl.keep_checkpoints", "impl.max_loss",
     "impl.compile_mode", "impl.cpu_compile", "impl.fused_adamw",
     "impl.worker_samples_per_s",  # the dry run's cost estimate only
     "task.log_every", "data.root", "data.cache", "model.runs_root",
 )
+
+
+# Science keys kept out of the hashed science config, so that the names of runs made before they counted stay: one
+# enters a run's identity only where it differs from the config the name composes (`variant`), and a recorded run of
+# another value is not reused (`config_mismatch`). impl.threads: CPU reductions split by thread count, so a 1-thread and
+# a 2-thread run of one cell differ in the last bits and, over a run, in its metrics.
+DEFAULT_RELATIVE = ("impl.threads",)
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    d = _container(cfg) if cfg is not None else {}
+    for part in dotted.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
 
 
 def _container(cfg: Any) -> dict:
@@ -57,9 +71,8 @@ def science_config(cfg: Any) -> dict:
     correction=svd, so it does not rename the run)."""
     from ..conditioning.spec import conditioning_spec
 
-
     d = _container(cfg)
-    for key in NOT_SCIENCE:
+    for key in (*NOT_SCIENCE, *DEFAULT_RELATIVE):
         _drop(d, key)
     try:
         d["conditioning"] = conditioning_spec(d.get("conditioning") or {}).identity()
@@ -76,6 +89,9 @@ def config_hash(science: dict) -> str:
 def variant(cfg: Any, base: Any | None) -> str:
     """'' when `cfg` is the config its readable name composes (`base`), else the hash of its science config."""
     science = science_config(cfg)
+    for key in DEFAULT_RELATIVE:  # e.g. impl.threads=2 where the scale's recipe says 1: a run of its own
+        if base is not None and (value := _get(cfg, key)) != _get(base, key):
+            science[key] = value
     if base is not None and science_config(base) == science:
         return ""
     return config_hash(science)
@@ -111,12 +127,22 @@ def recorded_config(run_dir: str | Path) -> dict | None:
     return s.get("config") if s and isinstance(s.get("config"), dict) else None
 
 
+def _threads_differ(run_dir: str | Path, recorded: dict, cfg: Any) -> list[tuple[str, Any, Any]]:
+    """[('impl.threads', used there, set here)] when both are known and differ: a recorded null (torch's default) is
+    read as the count its summary says the run used; a null here (torch's default, GPU scales) is not compared."""
+    here = _get(cfg, "impl.threads")
+    there = _get(recorded, "impl.threads")
+    if there is None:
+        there = ((RunRecord(run_dir).read_summary() or {}).get("hardware") or {}).get("torch_threads")
+    return [] if here is None or there is None or int(here) == int(there) else [("impl.threads", there, here)]
+
+
 def config_mismatch(cfg: Any, run_dir: str | Path) -> str | None:
     """Why the run in `run_dir` is not a run of `cfg` (its science keys that differ, named), or None."""
     recorded = recorded_config(run_dir)
     if recorded is None:
         return None
-    diff = differing_keys(recorded, _container(cfg))
+    diff = differing_keys(recorded, _container(cfg)) + _threads_differ(run_dir, recorded, cfg)
     if not diff:
         return None
     shown = "; ".join(f"{k} is {v0!r} there and {v1!r} here" for k, v0, v1 in diff[:4])

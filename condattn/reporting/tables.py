@@ -117,6 +117,7 @@ def provenance_line(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> str
     sums = [s for c in cells.values() for s in c.summaries]
     commits = sorted({s.get("commit", "unknown") for s in sums}) or ["none"]
     hardware = sorted({s.get("hardware_line", "unknown") for s in sums}) or ["none"]
+    threads = sorted({str((s.get("hardware") or {}).get("torch_threads", "unknown")) for s in sums}) or ["none"]
     seeds = sorted({seed for c in cells.values() for seed in c.seeds})
     stand_in = any(s.get("data", {}).get("stand_in") for s in sums)
     if not sums:
@@ -131,7 +132,7 @@ def provenance_line(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> str
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"Ours: scale={scale}, {data}, seeds {seeds}, commit {', '.join(commits)}, hardware {', '.join(hardware)}, "
-        f"{len(sums)} finished runs{device_hours(sums)}; written {when}."
+        f"torch threads {', '.join(threads)}, {len(sums)} finished runs{device_hours(sums)}; written {when}."
     )
 
 
