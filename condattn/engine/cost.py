@@ -91,6 +91,7 @@ def _meta_friendly():
 
 def _count_on(cfg: Any, device: torch.device) -> float:
     from ..conditioning import apply_conditioning
+    from ..conditioning.spec import conditioning_spec
     from ..models import build_model
 
     mcfg = OmegaConf.to_container(cfg.model, resolve=True)
@@ -101,11 +102,11 @@ def _count_on(cfg: Any, device: torch.device) -> float:
     mcfg.pop("backbone_checkpoint", None)
     with torch.random.fork_rng(devices=[]), torch.device(device):  # the caller's RNG stream is left as it was
         model = build_model(mcfg).train()
-        cond = OmegaConf.to_container(cfg.conditioning, resolve=True)
+        spec = conditioning_spec(cfg.conditioning)
         # conditioned_init and SCA with mode=init change the weights once: no per-step cost (CET beside it keeps its)
-        once = {"conditioned_init", *(["spectral"] if cond.get("mode") == "init" else [])}
-        method = "+".join(m for m in cond.pop("method").split("+") if m not in once) or "none"
-        apply_conditioning(model, method, **cond)
+        once = {"conditioned_init", *(["spectral"] if spec.values.get("mode") == "init" else [])}
+        method = "+".join(m for m in spec.parts if m not in once) or "none"
+        apply_conditioning(model, method, **dict(spec.values))
         batch = _synthetic_batch(cfg, _COUNT_BATCH, device)
         with _meta_friendly() if device.type == "meta" else nullcontext():
             return training_step_flops(model, _loss_fn(cfg, batch)) / _COUNT_BATCH
