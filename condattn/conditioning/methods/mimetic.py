@@ -1,0 +1,116 @@
+"""Mimetic initialisation (Trockman & Kolter 2023, "Mimetic Initialization of Self-Attention Layers"): at
+initialisation only, the attention weights are set so that they look like a pre-trained ViT's, then trained as usual.
+Nothing is attached to the model.
+
+In the paper's notation (x W, W of D_in × D_out), with Z a Gaussian D × D matrix of entries N(0, 1/D), drawn afresh
+for every head and every product:
+- per head h: W_Q^h W_K^hᵀ ≈ α₁ Z + β₁ I (D × D, of rank head_dim): the top-head_dim part of the SVD UΣVᵀ of the
+  target, W_Q^h = U Σ^½, W_K^h = V Σ^½. Grouped-query attention shares W_K^g among the query heads of a group g:
+  W_K^g comes from the group's first head and every W_Q^h of the group is the least-squares solution
+  T_h W_K^g (W_K^gᵀ W_K^g)⁻¹ (exactly U Σ^½ for the first head).
+- over all heads: W_V W_O ≈ α₂ Z − β₂ I (W_V of D × H·d, W_O of H·d × D), W_V = U Σ^½, W_O = Σ^½ Vᵀ (the paper
+  treats value and projection as full rank); under grouped-query attention each kv head's share of W_O is split
+  evenly among the query heads that read it.
+W_O is found structurally (methods/common.py); a site without one gets QK only, and the report says so. Biases
+are left as built. Sites whose softmax runs over channels (XCiT's XCA, DaViT's channel attention) are skipped:
+W_Q W_Kᵀ ≈ I means something else there.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..report import PatchEntry, PatchReport
+from ..sites import AttentionSite, require_attention, stored_weight
+from .common import head_rows, not_token_softmax, output_projection
+
+# Paper defaults: QK α₁ = β₁ = 0.7, VO α₂ = β₂ = 0.4. These are the values of a public timm fork implementing the
+# method; the paper's own values could not be read in the sources searched here, so the fork's are used.
+DEFAULTS = {"qk_alpha": 0.7, "qk_beta": 0.7, "vo_alpha": 0.4, "vo_beta": 0.4}
+
+
+def _target(n: int, alpha: float, beta: float, g: torch.Generator | None) -> torch.Tensor:
+    z = torch.randn(n, n, generator=g) / n**0.5
+    return alpha * z + beta * torch.eye(n)
+
+
+def _factors(t: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, B) of D × rank with A Bᵀ the best rank-`rank` approximation of t: A = U Σ^½, B = V Σ^½."""
+    u, s, vh = torch.linalg.svd(t)
+    r = s[:rank].sqrt()
+    return u[:, :rank] * r, vh[:rank].T * r
+
+
+def _set_rows(p, rows: torch.Tensor, block: torch.Tensor) -> None:
+    """Write a torch-layout (rows, in) block into a projection's stored weight (Conv1D stores it transposed)."""
+    w = stored_weight(p)
+    if p.transposed:
+        w[:, rows] = block.T.to(w)
+    else:
+        w[rows] = block.to(w)
+
+
+def _d_in(p) -> int:
+    w = stored_weight(p)
+    return w.shape[0] if p.transposed else w.shape[1]
+
+
+@torch.no_grad()
+def mimetic_site(model: nn.Module, site: AttentionSite, qk: tuple[float, float], vo: tuple[float, float],
+                 g: torch.Generator | None = None) -> str:
+    """Initialise one site; returns what was set ("qk+vo", or "qk" with the reason VO was not)."""
+    d = site.head_dim
+    pq, pk, pv = site.proj["q"], site.proj["k"], site.proj["v"]
+    dim = _d_in(pq)
+    q_rows, k_rows = head_rows(pq, d), head_rows(pk, d)
+    group = len(q_rows) // len(k_rows)
+    for j, kr in enumerate(k_rows):
+        wk = None
+        for h in range(j * group, (j + 1) * group):
+            t = _target(dim, *qk, g)
+            if wk is None:
+                wq, wk = _factors(t, d)
+            else:
+                wq = t @ wk @ torch.linalg.inv(wk.T @ wk)
+            _set_rows(pq, q_rows[h], wq.T)
+        _set_rows(pk, kr, wk.T)
+    out = output_projection(model, site)
+    if out is None:
+        return "qk (no output projection W_O found: VO left as built)"
+    w_o = out.weight()
+    d_out = w_o.shape[1] if out.transposed else w_o.shape[0]
+    if d_out != dim or _d_in(pv) != dim:
+        return f"qk (W_O maps to {d_out}, W_V reads {_d_in(pv)}, not the width {dim}: VO left as built)"
+    v_rows = head_rows(pv, d)
+    a, b = _factors(_target(dim, vo[0], -vo[1], g), len(v_rows) * d)  # W_V = a, W_O = bᵀ (paper layout)
+    o = torch.empty(dim, site.num_heads * d)  # torch layout (D, H·d) of W_O
+    for j, vr in enumerate(v_rows):
+        _set_rows(pv, vr, a[:, j * d:(j + 1) * d].T)
+        for h in range(j * group, (j + 1) * group):
+            o[:, h * d:(h + 1) * d] = b[:, j * d:(j + 1) * d] / group
+    w_o.copy_((o.T if out.transposed else o).to(w_o))
+    return "qk+vo"
+
+
+def apply_mimetic(model: nn.Module, report: PatchReport, qk_alpha: float = 0.7, qk_beta: float = 0.7,
+                  vo_alpha: float = 0.4, vo_beta: float = 0.4, generator: torch.Generator | None = None) -> list:
+    """Mimetic initialisation of every token-softmax attention site of `model`, once; attaches nothing."""
+    sites, warnings = require_attention(model, "mimetic_init")
+    report.warnings += warnings
+    for site in sites:
+        reason = not_token_softmax(site)
+        if not reason and _d_in(site.proj["k"]) != _d_in(site.proj["q"]):
+            reason = (f"keys read width {_d_in(site.proj['k'])}, queries {_d_in(site.proj['q'])}: W_Q W_Kᵀ ≈ I "
+                      "needs one width")
+        if reason:
+            report.skipped.append(PatchEntry(site.name, f"mimetic_init:{site.layout}", reason))
+            continue
+        done = mimetic_site(model, site, (qk_alpha, qk_beta), (vo_alpha, vo_beta), generator)
+        report.entries.append(PatchEntry(site.name, f"mimetic_init:{site.layout}", done))
+    if not report.entries:
+        raise ValueError(f"mimetic_init: no attention layer of {type(model).__name__} has token-softmax logits "
+                         f"({report.skipped[0].detail})")
+    report.notes.append("mimetic_init: W_Q, W_K (per head) and W_V, W_O set once so that W_Q W_Kᵀ ≈ α₁Z + β₁I and "
+                        "W_V W_O ≈ α₂Z − β₂I; plain weights trained from here (remove_conditioning cannot undo it)")
+    return []
