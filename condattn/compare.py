@@ -15,6 +15,10 @@ statistics code as the tables), steps and wall time; writes one figure overlayin
 each group's last step, so the figure shows the number the table reports even when that metric (test accuracy)
 has no per-step curve.
 
+Runs are pooled as seeds only when their science configs (engine/identity.py) agree in everything but the seed: a
+prefix over λ variants gives one group per config, labelled with the readable difference (`[lam=5]`), with a
+warning naming the differing keys; a variant run is listed as `s0-<8 hex>`.
+
 A group whose runs belong to several tasks (a glob such as 'runs/smoke/table4_*') is split per task, with a
 warning, and each task gets its own table and figure: runs of different tasks are never averaged together.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import glob as globlib
 import hashlib
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -162,6 +167,61 @@ def split_by_task(groups: list[Group]) -> tuple[list[tuple[str | None, list[Grou
     return list(by_task.items()), warnings
 
 
+def _science_key(summary: dict) -> str | None:
+    """The run's science config without its seed (engine/identity.py), as a key; None without a recorded config."""
+    from .engine.identity import science_config
+
+    cfg = summary.get("config")
+    if not isinstance(cfg, dict):
+        return None
+    sci = science_config(cfg)
+    sci.pop("seed", None)
+    return json.dumps(sci, sort_keys=True)
+
+
+def _flat(d: object, prefix: str = "") -> dict:
+    if not isinstance(d, dict):
+        return {prefix.rstrip("."): d}
+    out: dict = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return out
+
+
+def _readable(keys: list[str], values: dict) -> str:
+    """'lam=5, identity=per_head': the differing keys by their last part (the full key where two last parts clash)."""
+    short = [k.rsplit(".", 1)[-1] for k in keys]
+    shown = [f"{s if short.count(s) == 1 else k}={values.get(k, '–')}" for s, k in zip(short, keys)]
+    return ", ".join(shown[:3]) + (f" +{len(shown) - 3} more" if len(shown) > 3 else "")
+
+
+def split_by_config(groups: list[Group]) -> tuple[list[Group], list[str]]:
+    """Runs are pooled as seeds only when their science configs agree in everything but the seed: a group whose runs
+    hold several configs (a prefix over λ variants) becomes one group per config, labelled with the readable
+    difference ("label [lam=5]"), with a warning naming the keys that differ."""
+    out, warnings = [], []
+    for g in groups:
+        parts: dict[str | None, Group] = {}
+        for run, summary, hist in zip(g.runs, g.summaries, g.histories):
+            sub = parts.setdefault(_science_key(summary), Group(g.label))
+            sub.runs.append(run)
+            sub.summaries.append(summary)
+            sub.histories.append(hist)
+        if len(parts) <= 1:
+            out.append(g)
+            continue
+        flat = {k: _flat(json.loads(k)) if k else {} for k in parts}
+        keys = sorted({k for f in flat.values() for k in f
+                       if len({json.dumps(x.get(k), default=str) for x in flat.values()}) > 1})
+        for k, sub in parts.items():
+            sub.label = f"{g.label} [{_readable(keys, flat[k]) if k else 'no recorded config'}]"
+            out.append(sub)
+        out[-1].unfinished = g.unfinished
+        warnings.append(f"{g.label!r} matches runs of {len(parts)} configs that differ in {', '.join(keys) or '?'}; "
+                        "compared as separate groups, not pooled as seeds")
+    return out, warnings
+
+
 def _default_metric(groups: list[Group]) -> str:
     sums = [s for g in groups for s in g.summaries]
     for key in ("test_acc", "val_acc"):
@@ -171,8 +231,9 @@ def _default_metric(groups: list[Group]) -> str:
 
 
 def _seed_tag(d: Path) -> str:
-    m = re.search(r"_s(\d+)$", d.name)
-    return f"s{m.group(1)}" if m else d.name
+    """'s0', or 's0-1a2b3c4d' for a variant run (its hash; the group label carries the readable difference)."""
+    m = re.search(r"_s(\d+)(-[0-9a-f]{8})?$", d.name)
+    return f"s{m.group(1)}{m.group(2) or ''}" if m else d.name
 
 
 def table(groups: list[Group], metric: str, level: float = 0.95) -> tuple[str, list[dict]]:
@@ -321,7 +382,11 @@ def main(argv: list[str] | None = None) -> int:
               f"known metrics: {', '.join(known)}", file=sys.stderr)
         return 2
     tables, warnings = split_by_task(groups)
-    for w in warnings:
+    config_warnings = []
+    for i, (task, task_groups) in enumerate(tables):
+        split_groups, w = split_by_config(task_groups)
+        tables[i], config_warnings = (task, split_groups), config_warnings + w
+    for w in warnings + config_warnings:
         print(f"[compare] warning: {w}", file=sys.stderr)
     split, _, key = args.curve.partition(":")
     digest = hashlib.sha1("\n".join(args.groups).encode()).hexdigest()[:8]

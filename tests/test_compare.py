@@ -219,3 +219,41 @@ def test_figure_shows_the_tables_metric_and_draws_the_bold_mean(tmp_path, monkey
         [(120.0, pytest.approx(32.0)), (120.0, pytest.approx(50.0))]  # the table's test_acc means
     assert "the table's test_acc" in ax.get_title()
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a_s (mean of 2)", "b_s (mean of 1)"]
+
+
+def test_runs_of_different_configs_are_never_pooled_as_seeds(tmp_path, capsys):
+    """A prefix over λ variants (the issue's `lra_listops_spectral_smoke`): one group per science config, labelled with
+    the readable difference, with a warning naming the differing keys; seeds of one config are still one group."""
+    import json as json_
+
+    root = tmp_path / "runs"
+
+    def run(name, acc, lam, seed, **extra):
+        d = fake_run(root, name, acc)
+        s = json_.loads((d / "summary.json").read_text())
+        s["config"] = {"task": {"name": "lra_listops", "steps": 120}, "seed": seed, "run": {"name": name},
+                       "conditioning": {"method": "spectral", "lam": lam, **extra}}
+        (d / "summary.json").write_text(json_.dumps(s))
+
+    run("t4_listops_spectral_smoke_s0", 0.20, 10.0, 0)
+    run("t4_listops_spectral_smoke_s1", 0.24, 10.0, 1)
+    run("t4_listops_spectral_smoke_s0-1a2b3c4d", 0.30, 5.0, 0)
+    run("t4_listops_spectral_smoke_s0-5e6f7a8b", 0.40, 2.0, 0, identity="per_head")
+    assert main(["t4_listops_spectral_smoke", "--runs-root", str(root), "--out", str(tmp_path / "c.png")]) == 0
+    captured = capsys.readouterr()
+    assert ("warning: 't4_listops_spectral_smoke' matches runs of 3 configs that differ in conditioning.identity, "
+            "conditioning.lam; compared as separate groups, not pooled as seeds") in captured.err
+    out = captured.out
+    assert "| t4_listops_spectral_smoke [identity=full, lam=10.0] | 2 | 22.00 ± 2.83 | – |" in out
+    assert "| t4_listops_spectral_smoke [identity=full, lam=5.0] | 1 | 30.00 ± n/a |" in out
+    assert "| s0-1a2b3c4d |" in out and "| s0-5e6f7a8b |" in out
+    assert "[identity=per_head, lam=2.0] | 1 | 40.00 ± n/a |" in out
+    assert "| 4 |" not in out  # never one group of all four runs
+    # one config: no warning, one group
+    assert main(["t4_listops_spectral_smoke_s", "--runs-root", str(root), "--out", str(tmp_path / "c.png")]) == 0
+    captured = capsys.readouterr()
+    assert "warning" in captured.err  # the prefix still matches the variants (…_s0-<hex>)
+    assert main([str(root / "smoke" / "t4_listops_spectral_smoke_s?"), "--runs-root", str(root),
+                 "--out", str(tmp_path / "c.png")]) == 0
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err and "| 2 | 22.00 ± 2.83 |" in captured.out
