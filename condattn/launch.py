@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ class RunSpec:
     overrides: list[str]
     cfg: DictConfig | None = None
     problems: list[Problem] = field(default_factory=list)
+    checked: Any = None  # the preflight's Checked (engine/preflight.py), handed to `train` so it checks nothing again
 
     @property
     def run_dir(self) -> Path:
@@ -332,3 +334,61 @@ def _wait(pairs: list[tuple[RunSpec, Any]], stop: Any, say: Callable[[str], None
             say(f"[reproduce] {c.name}: job {j.job_id} failed: {why} (log: {j.paths.stderr})")
             failed.append(c.name)
     return failed
+
+
+# --------------------------------------------------------------------------------------------- in this process
+
+
+@dataclass
+class LocalResult:
+    failed: list[str] = field(default_factory=list)  # cells that failed or were interrupted
+    not_started: list[str] = field(default_factory=list)
+    interrupted: bool = False  # a stop request (Ctrl-C, SIGTERM) ended the table
+    ran: int = 0
+
+
+def run_local(cells: list[RunSpec], metric: str, *, force: bool = False,
+              needs: Callable[[str], str | None] = lambda name: None, say: Callable[..., None] = print) -> LocalResult:
+    """Train the cells here, one after another (launcher=local). A failed cell is reported and the next one runs; a
+    cell whose pretraining run (`needs(name)`) failed here is skipped; a stop request checkpoints the running cell
+    and ends the loop. `force`: start every cell over (resume=never)."""
+    from .engine.signals import StopFlag
+    from .engine.trainer import TrainingDiverged, TrainingInterrupted, train
+
+    out = LocalResult()
+    t_all = time.time()
+    with StopFlag() as stop:
+        for i, c in enumerate(cells, 1):
+            if stop.requested:
+                out.interrupted, out.not_started = True, [x.name for x in cells[i - 1:]]
+                say(f"[reproduce] stop requested ({stop.name})")
+                break
+            if (first_stage := needs(c.name)) in out.failed:
+                say(f"[reproduce] {i}/{len(cells)} {c.name}: skipped, its pretraining run {first_stage} failed "
+                    "(reported as missing)", flush=True)
+                out.failed.append(c.name)
+                continue
+            if force:
+                c.cfg.resume = "never"
+            say(f"[reproduce] {i}/{len(cells)} {c.name}", flush=True)
+            out.ran += 1
+            t0 = time.time()
+            try:
+                s = train(c.cfg, c.checked)
+                key = metric if metric in s["metrics"] else next(iter(s["metrics"]))  # (a pretraining cell)
+                say(f"[reproduce]   {key}={s['metrics'][key]:.4f} in {time.time() - t0:.0f} s", flush=True)
+            except (TrainingInterrupted, KeyboardInterrupt) as e:
+                why = str(e).split("; run the same command")[0] if str(e) else "KeyboardInterrupt"
+                say(f"[reproduce] stopped at {c.name}: {why}", flush=True)
+                out.interrupted = True
+                out.failed.append(c.name)
+                out.not_started = [x.name for x in cells[i:]]
+                break
+            except Exception as e:
+                if not isinstance(e, TrainingDiverged):  # its message says it all
+                    traceback.print_exc()
+                say(f"[reproduce] {c.name} FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                    "(reported as missing in the table); continuing", flush=True)
+                out.failed.append(c.name)
+    say(f"[reproduce] {out.ran} of {len(cells)} cells run in {time.time() - t_all:.0f} s")
+    return out

@@ -8,21 +8,28 @@ composed and checked (overrides, options, data, batch split, checkpoints in its 
 problem. Finished cells are skipped (their summary.json is valid), unfinished ones resume from their last
 checkpoint, failed ones are reported in the table as missing. A stop request (Ctrl-C, SIGTERM) checkpoints
 the running cell and ends the table; running the command again finishes only what is missing.
-Launchers: local (in this process), slurm (a submitit job array), submitit_local (the SLURM code path on
-this machine); see README "Cluster".
+
+With `scales: {<scale>: {lr_grid: [0.5, 1, 2]}}` every row picks its lr first (the fair protocol): stage 1 runs the
+row's first seed at each multiplier of its optim.lr (`optim.lr=<value>`, a variant run like any other), stage 2 its
+other seeds at the multiplier with the best validation score (`selection_key`: never a test metric); the table
+records the pick and the grid's scores.
+
+The parts: `plan()` (cells, overrides, identity, lr picks, cost; no side effects), the launch
+(`launch.run_local`, or a submitit job array: slurm / submitit_local, see README "Cluster"), and `report()`.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import math
 import shutil
 import sys
-import time
-import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from .engine.preflight import preflight
+from .engine.preflight import preflight_checked
 from .engine.signals import StopFlag
 from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, ConfigError, RunSpec, active_job, compose_cell, launcher_problems
 from .reporting import load_experiment, write_table
@@ -41,11 +48,22 @@ def select_rows(exp: dict, scale: str, patterns: list[str]) -> list[str]:
     return [r for r in rows if any(fnmatch.fnmatchcase(r, pat) for pat in patterns)]
 
 
-def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
-          launcher: str = "local", only_rows: list[str] | None = None) -> list[tuple[str, list[str]]]:
-    """(run name, overrides) of every cell, in the order they run: with a `pretrain:` stage (table 3), first one
-    pretraining run per method, then the rows' runs of that method, each given `model.init_from=<its pretraining
-    run's name>`. `only_rows`: train just these rows (the table still shows every row from the runs there are)."""
+@dataclass
+class Part:
+    """One cell before it is composed: its readable name and the overrides that name accounts for (`own`; the
+    command's extra overrides and an lr-grid value come after them)."""
+
+    name: str
+    own: list[str]
+    row: str
+    method: str
+    seed: int
+    pretrain: bool = False
+
+
+def parts(exp: dict, scale: str, seeds: list[int], launcher: str = "local") -> list[Part]:
+    """Every cell of the table in the order they run: with a `pretrain:` stage (table 3), first one pretraining run
+    per method, then the rows' runs of that method, each given `model.init_from=<its pretraining run's name>`."""
     out = []
     at_scale = list((exp["scales"].get(scale) or {}).get("overrides", []))  # `scales: {<scale>: {overrides: [...]}}`
     common = [f"run.table={exp['table']}", f"launcher={launcher}"]
@@ -55,12 +73,10 @@ def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
         pseed = int(pre.get("seed", 0))
         for method in exp["methods"]:
             name = pre_names[method] = RunId(exp["table"], "pretrain", method, scale, pseed).name
-            out.append((name, [*pre.get("overrides", []), *(pre.get("scales", {}).get(scale) or []),
-                               f"conditioning={method}", f"scale={scale}", f"seed={pseed}", "run.row=pretrain",
-                               f"run.name={name}", *common, *extra]))
+            out.append(Part(name, [*pre.get("overrides", []), *(pre.get("scales", {}).get(scale) or []),
+                                   f"conditioning={method}", f"scale={scale}", f"seed={pseed}", "run.row=pretrain",
+                                   f"run.name={name}", *common], "pretrain", method, pseed, pretrain=True))
     for row in rows_for(exp, scale):
-        if only_rows is not None and row not in only_rows:
-            continue
         spec = exp["rows"][row]
         for method in methods_for(exp, row):
             init = [f"model.init_from={pre_names[method]}"] if pre else []
@@ -70,10 +86,18 @@ def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
                          for o in (spec.get("scales") or {}).get(scale) or []]
             for seed in seeds:
                 name = RunId(exp["table"], row, method, scale, seed).name
-                overrides = [*spec.get("overrides", []), *at_scale, *row_scale, *init, f"conditioning={method}",
-                             f"scale={scale}", f"seed={seed}", f"run.row={row}", f"run.name={name}", *common, *extra]
-                out.append((name, overrides))
+                out.append(Part(name, [*spec.get("overrides", []), *at_scale, *row_scale, *init,
+                                       f"conditioning={method}", f"scale={scale}", f"seed={seed}", f"run.row={row}",
+                                       f"run.name={name}", *common], row, method, seed))
     return out
+
+
+def cells(exp: dict, scale: str, seeds: list[int], extra: list[str],
+          launcher: str = "local", only_rows: list[str] | None = None) -> list[tuple[str, list[str]]]:
+    """(run name, overrides) of every cell, in the order they run (`parts`, the command's `extra` overrides last);
+    `only_rows`: train just these rows (the table still shows every row from the runs there are)."""
+    return [(p.name, [*p.own, *extra]) for p in parts(exp, scale, seeds, launcher)
+            if p.pretrain or only_rows is None or p.row in only_rows]
 
 
 def needs(exp: dict, name: str, scale: str) -> str | None:
@@ -87,6 +111,237 @@ def needs(exp: dict, name: str, scale: str) -> str | None:
     return RunId(**{**vars(pre), "variant": (exp.get("variants") or {}).get(pre.name, "")}).name
 
 
+# --------------------------------------------------------------------------------------------- the lr grid
+
+
+def lr_grid(exp: dict, scale: str) -> list[float]:
+    """The scale's `lr_grid`: multipliers of each row's optim.lr ([] without one); ConfigError for a bad grid."""
+    grid = (exp["scales"].get(scale) or {}).get("lr_grid") or []
+    ok = isinstance(grid, list) and all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0
+                                        for m in grid)
+    if not ok or len(set(grid)) != len(grid):
+        raise ConfigError(f"scales.{scale}.lr_grid={grid!r} in {exp['table']}: give distinct positive multipliers "
+                         "of each row's optim.lr, e.g. lr_grid: [0.5, 1, 2]")
+    return [float(m) for m in grid]
+
+
+def selection_key(exp: dict, row: str) -> str:
+    """The validation metric a row's lr grid picks by, never a test metric: the row's (or the experiment's)
+    `select_metric`, else the validation twin of the row's metric: test_<k> (scored at the best validation
+    checkpoint, LRA) -> val_<k> (the best validation value), final_test_<k> -> final_val_<k>, and a validation
+    metric (final_val_<k>: ViT's final validation top-1) itself."""
+    spec = exp["rows"][row]
+    metric = spec.get("metric", exp["metric"])
+    key = spec.get("select_metric", exp.get("select_metric"))
+    if key is None:
+        for test, val in (("final_test_", "final_val_"), ("test_", "val_")):
+            if metric.startswith(test):
+                key = val + metric[len(test):]
+                break
+        else:
+            key = metric if metric.startswith(("val_", "final_val_")) else None
+    if not key or "test" in key:
+        raise ConfigError(f"row {row!r} of {exp['table']}: no validation metric to pick its lr by (its metric is "
+                         f"{metric!r}, select_metric {key!r}); set select_metric: final_val_<k> or val_<k>")
+    return str(key)
+
+
+@dataclass
+class LrPick:
+    """Stage 1 of one row's lr grid: the lr of each multiplier, its validation score (None: not finished yet; nan:
+    the run failed), and the multiplier picked (None until every stage-1 run has ended)."""
+
+    row: str
+    key: str
+    base_lr: float
+    lrs: dict[float, float]
+    scores: dict[float, float | None] = field(default_factory=dict)
+    pick: float | None = None
+
+    def choose(self, higher_is_better: bool) -> float | None:
+        """The multiplier with the best finite score (a tie goes to the one nearest ×1), once every run has ended."""
+        if not self.scores or any(s is None for s in self.scores.values()):
+            return None
+        done = [m for m, s in self.scores.items() if s is not None and math.isfinite(s)]
+        sign = 1.0 if higher_is_better else -1.0
+        self.pick = max(done, key=lambda m: (sign * self.scores[m], -abs(math.log(m))), default=None)
+        return self.pick
+
+    def as_dict(self) -> dict:
+        return {"key": self.key, "base_lr": self.base_lr, "lrs": self.lrs, "scores": self.scores, "pick": self.pick,
+                "lr": self.lrs.get(self.pick) if self.pick is not None else None}
+
+
+def lr_override(lr: float) -> str:
+    return f"optim.lr={float(f'{lr:.6g}')!r}"
+
+
+def grid_score(record: RunRecord, key: str) -> float | None:
+    """A stage-1 run's validation score: its summary's `key` when finished, nan when it failed (a diverged lr loses
+    the grid), None while it has not ended."""
+    s = record.summary
+    if s is not None:
+        if key not in s["metrics"]:
+            raise ConfigError(f"{record.dir}: summary.json has no {key!r} to pick an lr by (it has "
+                              f"{', '.join(s['metrics'])}); set select_metric in the experiment")
+        return float(s["metrics"][key])
+    return math.nan if record.status == "failed" else None
+
+
+# --------------------------------------------------------------------------------------------- the plan
+
+
+class _Composer:
+    """compose_cell with the errors collected (one message per distinct bad override) and the configs the readable
+    names compose cached (they are only compared, never changed)."""
+
+    def __init__(self) -> None:
+        self.errors: dict[str, list[str]] = {}
+        self._base: dict[tuple, Any] = {}
+        self.n = 0  # cells composed
+
+    def cell(self, name: str, overrides: list[str]) -> RunSpec | None:
+        self.n += 1
+        try:
+            return RunSpec(name, overrides, compose_cell(overrides))
+        except ConfigError as e:
+            self.errors.setdefault(str(e), []).append(name)
+            return None
+
+    def base(self, overrides: list[str]) -> Any:
+        key = tuple(overrides)
+        if key not in self._base:
+            self._base[key] = compose_cell(overrides)
+        return self._base[key]
+
+
+@dataclass
+class Plan:
+    """What a table is at this moment: its cells to train (composed, named), the lr picks, where runs and results go,
+    and the experiment as its renderer reads it (`variants`: the variant of each cell run with overrides its name
+    does not carry; `lr_picks`)."""
+
+    exp: dict
+    cells: list[RunSpec]
+    picks: dict[str, LrPick]
+    runs_root: Path
+    results_root: Path
+
+    @property
+    def waiting(self) -> list[str]:
+        """The rows whose lr grid has no pick yet: their other seeds are not planned."""
+        return [row for row, p in self.picks.items() if p.pick is None]
+
+    def cost(self, specs: list[RunSpec]) -> list[str]:
+        """What these cells will cost before anything is queued (engine/cost.py)."""
+        from .engine.cost import describe_cost
+
+        return describe_cost(self.exp["table"], [(c.name, c.cfg) for c in specs])
+
+
+def _named(comp: _Composer, part: Part, tail: list[str], renamed: dict[str, str]) -> tuple[RunSpec | None, str]:
+    """The cell of `part` with `tail` after its own overrides, composed, with its variant name `<name>-<8 hex>`
+    (engine/identity.py) when the tail changes its science config, so `ARGS="conditioning.lam=2"` or an lr-grid value
+    trains its own run beside the table's; a tail that changes nothing (λ on a baseline) keeps the name and its
+    finished run. A renamed pretraining run follows into the `model.init_from` of its fine-tuning cells."""
+    from .engine.identity import variant
+
+    def follow(o: str) -> str:
+        key, _, value = o.partition("=")
+        return f"{key}={renamed[value]}" if key == "model.init_from" and value in renamed else o
+
+    spec = comp.cell(part.name, [follow(o) for o in [*part.own, *tail]])
+    if spec is None or not tail:
+        return spec, ""
+    v = variant(spec.cfg, comp.base(part.own))
+    if v:
+        renamed[part.name] = new = f"{part.name}-{v}"
+        spec.overrides = [f"run.name={new}" if o.startswith("run.name=") else o for o in spec.overrides]
+        spec.cfg.run.name, spec.name = new, new
+    return spec, v
+
+
+def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list[str], exp: dict,
+              read_records: bool, shown: dict[str, str]) -> tuple[list[tuple[Part, RunSpec]], LrPick | None]:
+    """One row's cells under an lr grid: stage 1 (its first seed at every multiplier) and, once stage 1 has picked,
+    stage 2 (its other seeds at the pick; the first seed's run at the pick is that seed's). Adds the variants of the
+    runs the table shows (at the pick, at ×1 until there is one) to `shown`."""
+    first = group[0]
+    try:
+        base_lr = float(comp.base([*first.own, *extra]).optim.lr)
+    except ConfigError as e:
+        comp.errors.setdefault(str(e), []).append(first.name)
+        return [], None
+    pick = LrPick(first.row, selection_key(exp, first.row), base_lr, {m: base_lr * m for m in grid})
+    out: list[tuple[Part, RunSpec]] = []
+    stage1: dict[float, str] = {}
+    for m in grid:  # ×1 is the row's own cell: no lr override, its usual name
+        spec, stage1[m] = _named(comp, first, [*([] if m == 1 else [lr_override(base_lr * m)]), *extra], {})
+        if spec is not None:
+            out.append((first, spec))
+            pick.scores[m] = grid_score(RunRecord(spec.run_dir), pick.key) if read_records else None
+    higher = bool(exp["rows"][first.row].get("higher_is_better", exp.get("higher_is_better", True)))
+    if len(out) == len(grid) and pick.choose(higher) is not None:
+        lr_tail = [] if pick.pick == 1 else [lr_override(base_lr * pick.pick)]
+        for part in group[1:]:
+            spec, v = _named(comp, part, [*lr_tail, *extra], {})
+            if spec is not None:
+                out.append((part, spec))
+                shown[part.name] = v
+    shown[first.name] = stage1.get(pick.pick if pick.pick is not None else 1.0, "")
+    return out, pick
+
+
+def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: str = "local",
+         only_rows: list[str] | None = None, read_records: bool = True) -> Plan:
+    """Every cell of the table at this scale, composed and named, without side effects (it reads run records, writes
+    nothing). With an lr grid, a row's other seeds are planned once its stage-1 runs have ended (`read_records`
+    False, as under --force: none has). The cells of rows outside `only_rows` are planned too (their variants and
+    picks name the runs the table shows) but not returned to train. ConfigError: the overrides that do not compose
+    (one message each), an optim.lr override beside an lr grid, cells that would share a run dir."""
+    grid = lr_grid(exp, scale)
+    if grid and (bad := [o for o in extra if o.split("=", 1)[0].lstrip("+~") == "optim.lr"]):
+        raise ConfigError(f"{bad[0]} conflicts with scales.{scale}.lr_grid, which sets every row's lr (multiples of "
+                          "its optim.lr): drop the override, or change the row's optim.lr in the experiment")
+    comp, renamed, shown = _Composer(), {}, {}
+    planned: list[tuple[Part, RunSpec]] = []
+    picks: dict[str, LrPick] = {}
+    groups: dict[tuple, list[Part]] = {}
+    for p in parts(exp, scale, seeds, launcher):
+        groups.setdefault((p.name,) if p.pretrain else (p.row, p.method), []).append(p)
+    for group in groups.values():
+        if grid and not group[0].pretrain:
+            row_cells, pick = _grid_row(comp, group, grid, extra, exp, read_records, shown)
+            planned += row_cells
+            if pick is not None:
+                picks[group[0].row] = pick
+            continue
+        for part in group:
+            spec, shown[part.name] = _named(comp, part, list(extra), renamed)
+            if spec is not None:
+                planned.append((part, spec))
+    if comp.errors:
+        raise ConfigError("\n" + "\n".join(_problem_report(comp.errors, comp.n)))
+    _check_shared_dirs([spec for _, spec in planned])
+    variants = {name: v for name, v in shown.items() if v}
+    exp = {**exp, **({"variants": variants} if variants else {}),
+           **({"lr_picks": {row: p.as_dict() for row, p in picks.items()}} if grid else {})}
+    todo = [spec for part, spec in planned if part.pretrain or only_rows is None or part.row in only_rows]
+    first = planned[0][1].cfg
+    return Plan(exp, todo, picks, Path(first.paths.runs), Path(first.paths.results))
+
+
+def _check_shared_dirs(specs: list[RunSpec]) -> None:
+    by_dir: dict[str, list[str]] = {}
+    for c in specs:
+        by_dir.setdefault(str(c.run_dir), []).append(c.name)
+    shared = {d: names for d, names in by_dir.items() if len(names) > 1}
+    if shared:  # e.g. an extra run.name= override: the cells would overwrite each other's runs
+        d, names = next(iter(shared.items()))
+        raise ConfigError(f"{len(names)} cells ({', '.join(names[:3])}{', …' if len(names) > 3 else ''}) would share "
+                          f"the run dir {d}; do not override run.name or run.dir for a whole table")
+
+
 def _problem_report(problems: dict[str, list[str]], n_cells: int) -> list[str]:
     lines = []
     for msg, names in problems.items():
@@ -98,6 +353,200 @@ def _problem_report(problems: dict[str, list[str]], n_cells: int) -> list[str]:
             where = ", ".join(names)
         lines.append(f"  - {msg}  [{where}]")
     return lines
+
+
+# --------------------------------------------------------------------------------------------- checks and launch
+
+
+@dataclass
+class Todo:
+    """What the cells of a plan need now."""
+
+    pending: list[RunSpec] = field(default_factory=list)  # to train or submit
+    stale: list[RunSpec] = field(default_factory=list)  # --force on SLURM: waiting cells whose old results must go
+    waiting: dict[str, list[str]] = field(default_factory=dict)  # pretraining run -> the cells waiting for it
+    queued: int = 0
+
+
+def problems(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> tuple[dict, dict]:
+    """The preflight of every cell (options, data, batch split over the launcher's processes, checkpoints):
+    ({message: cell names} that refuse the table, the same of warnings)."""
+    found: dict[str, list[str]] = {}
+    warnings: dict[str, list[str]] = {}
+    for prob in launcher_problems(specs[0].cfg):
+        found.setdefault(prob.message, []).append("launcher")
+    for c in specs:
+        c.checked = preflight_checked(c.cfg, check_data=bool(c.cfg.launcher.get("check_data", True)),
+                                      check_run_dir=not args.force)
+        for prob in c.checked.problems:
+            # a dry run is often made away from the data (a laptop, a login node): missing data is a warning
+            target = warnings if (args.dry_run and prob.kind == "data") else found
+            target.setdefault(prob.message, []).append(c.name)
+    return found, warnings
+
+
+def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
+    """Skip finished cells and cells whose SLURM job is still queued or running; on a job array, fine-tuning cells
+    wait for their pretraining run (a job array has no order)."""
+    out = Todo()
+    by_name = {c.name: c for c in p.cells}
+    n = len(specs)
+    for i, c in enumerate(specs, 1):
+        status = RunRecord(c.run_dir).status
+        first_stage = needs(p.exp, c.name, args.scale)
+        if first_stage and c.cfg.launcher.name in SUBMITIT_LAUNCHERS and \
+                (args.force or not RunRecord(by_name[first_stage].run_dir).finished):
+            out.waiting.setdefault(first_stage, []).append(c.name)
+            if args.force:
+                out.stale.append(c)
+            out.queued += 1
+            continue
+        if args.force:
+            out.pending.append(c)
+            continue
+        if status == "finished":
+            print(f"[reproduce] {i}/{n} {c.name}: finished earlier, skipped")
+            continue
+        if status == "corrupt":
+            print(f"[reproduce] {i}/{n} {c.name}: summary.json is unreadable (corrupt or half-written); "
+                  "treating the cell as unfinished")
+        elif status == "failed":
+            print(f"[reproduce] {i}/{n} {c.name}: failed earlier; running it again")
+        if c.cfg.launcher.name == "slurm" and (job := active_job(c.run_dir)):
+            print(f"[reproduce] {i}/{n} {c.name}: job {job} is still queued or running, skipped")
+            out.queued += 1
+            continue
+        out.pending.append(c)
+    return out
+
+
+def _checked(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo | None:
+    """The preflight, then what the cells need, with the waiting and warnings said; None when a problem refuses."""
+    found, warnings = problems(p, args, specs)
+    t = todo(p, args, specs)
+    for first_stage, names in t.waiting.items():
+        print(f"[reproduce] {len(names)} cells ({names[0]} … {names[-1]}) wait for their pretraining run "
+              f"{first_stage}; run the same command again (without --force) once it has finished")
+    if p.waiting:
+        grid = ", ×".join(f"{m:g}" for m in p.picks[p.waiting[0]].lrs)
+        keys = ", ".join(sorted({p.picks[r].key for r in p.waiting}))
+        rows = ", ".join(p.waiting) if len(p.waiting) <= 4 else f"{p.waiting[0]} … {p.waiting[-1]}"
+        print(f"[reproduce] lr grid ×{grid} of each row's optim.lr: {len(p.waiting)} rows ({rows}) run their first "
+              f"seed at each multiplier first, picked by validation ({keys}); their other seeds are planned once "
+              "those runs have ended")
+    if warnings:
+        print("[reproduce] warnings (a real submission would refuse these):")
+        print("\n".join(_problem_report(warnings, len(specs))))
+    if found:
+        print("[reproduce] refused before starting any job:\n" + "\n".join(_problem_report(found, len(specs))),
+              file=sys.stderr)
+        return None
+    return t
+
+
+def _submit(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int]) -> int:
+    """The SLURM path (slurm, submitit_local): one job array of the pending cells."""
+    from .launch import submit
+
+    launcher = p.cells[0].cfg.launcher
+    if args.dry_run and t.pending:
+        print("\n".join(p.cost(t.pending)))
+    if not t.pending:
+        print("[reproduce] nothing to submit: every cell is finished or queued"
+              + (f", or waits for its lr grid ({', '.join(p.waiting)})" if p.waiting else ""))
+        if t.queued or p.waiting:
+            print(f"[reproduce] {t.queued} cells are still queued or running; run the same command again once they "
+                  f"end (lr grids: their stage 2), then `make report-table-N SCALE={args.scale}` writes the table")
+            return 0
+        return 0 if args.dry_run else report(p, args.scale, seeds, [])
+    if args.force and not args.dry_run:
+        for c in [*t.pending, *t.stale]:  # a requeued job must resume, never wipe: clear the run dirs now instead
+            shutil.rmtree(c.run_dir, ignore_errors=True)
+    with StopFlag() as stop:
+        failed = submit(t.pending, launcher, p.exp["table"], args.scale, dry_run=args.dry_run, stop=stop)
+    if args.dry_run or (launcher.name == "slurm" and not launcher.get("wait")):
+        return 0
+    return report(p, args.scale, seeds, failed)
+
+
+def _local(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int], plan_again) -> int:
+    """Train the pending cells here, one after another; with lr grids, plan again once a stage has run and train
+    what the picks add (each cell at most once per command)."""
+    from .launch import run_local
+
+    if args.dry_run:
+        print("\n".join(p.cost(t.pending)) if t.pending else "")
+        print(f"[reproduce] dry run: {len(t.pending)} of {len(p.cells)} cells would train here, one after another "
+              "(launcher=local)" + (f"; then the other seeds of {len(p.waiting)} rows at their lr pick"
+                                    if p.waiting else ""))
+        for c in t.pending:
+            print(f"  {c.name} -> {c.run_dir}")
+        return 0
+    attempted: set[str] = set()
+    failed: list[str] = []
+    pending = t.pending
+    while True:
+        attempted |= {c.name for c in pending}
+        exp = p.exp
+        res = run_local(pending, exp["metric"], force=args.force,
+                        needs=lambda name, exp=exp: needs(exp, name, args.scale))
+        failed += res.failed
+        if res.interrupted or not p.waiting:
+            break
+        p = plan_again()  # stage 1 has run: the picks add the rows' other seeds
+        new = [c for c in p.cells if c.name not in attempted]
+        if not new:
+            break
+        if (t := _checked(p, args, new)) is None:
+            return 2
+        if not (pending := [c for c in t.pending if c.name not in attempted]):
+            break
+    code = report(p, args.scale, seeds, failed)
+    if res.interrupted:
+        print(f"[reproduce] stopped: {len(res.failed)} cell(s) interrupted or failed, {len(res.not_started)} not "
+              "started. Finished cells are kept; rerun the same command to finish the missing ones (interrupted "
+              "cells resume from their checkpoint).")
+        return 3
+    return code
+
+
+def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
+    def plan_now(read_records: bool = True) -> Plan:
+        return plan(exp, args.scale, seeds, list(args.overrides), args.launcher, args.only_rows, read_records)
+
+    p = plan_now(read_records=not args.force)  # --force: stage 1 of an lr grid runs again before anything picks
+    if args.report_only:
+        return report(p, args.scale, seeds, [])
+    if (t := _checked(p, args, p.cells)) is None:
+        return 2
+    if p.cells[0].cfg.launcher.name in SUBMITIT_LAUNCHERS:
+        return _submit(p, args, t, seeds)
+    return _local(p, args, t, seeds, plan_now)
+
+
+# --------------------------------------------------------------------------------------------- the table
+
+
+def _renderer(exp: dict):
+    """The experiment's `renderer: module:function` (same signature as reporting.write_table), or the generic one."""
+    spec = exp.get("renderer")
+    if not spec:
+        return write_table
+    import importlib
+
+    module, _, fn = str(spec).partition(":")
+    return getattr(importlib.import_module(module), fn or "write_table")
+
+
+def report(p: Plan, scale: str, seeds: list[int], failed: list[str]) -> int:
+    """Render the table from the runs there are (with the plan's variants and lr picks); 1 when cells failed."""
+    md_path, md = _renderer(p.exp)(p.exp, scale, p.runs_root, p.results_root, seeds)
+    print()
+    print(md)
+    print(f"[reproduce] wrote {md_path} (+ .csv, .png)")
+    if failed:
+        print(f"[reproduce] failed or interrupted cells: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,225 +590,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[reproduce] refused before starting any job:{'' if msg.startswith(chr(10)) else ' '}{msg}",
               file=sys.stderr)
         return 2
-
-
-def _name_variants(todo: list[RunSpec], n_extra: int) -> dict[str, str]:
-    """Give every cell whose extra overrides (the command's, after the cell's own) change its science config its
-    variant name `<cell name>-<8 hex>` (engine/identity.py), so `ARGS="conditioning.lam=2"` trains its own runs
-    beside the table's; a cell they do not change (λ on a baseline) keeps its name and its finished run. A pretraining
-    run's new name follows into the `model.init_from` of its fine-tuning cells. Returns {cell name: variant}."""
-    from .engine.identity import variant
-
-    if not n_extra:
-        return {}
-    out: dict[str, str] = {}
-    renamed: dict[str, str] = {}
-    for c in todo:
-        own = c.overrides[:-n_extra]  # cells() puts the command's overrides last
-        if any(o.startswith("model.init_from=") and o.split("=", 1)[1] in renamed for o in c.overrides):
-            c.overrides = [f"model.init_from={renamed[o.split('=', 1)[1]]}"
-                           if o.startswith("model.init_from=") and o.split("=", 1)[1] in renamed else o
-                           for o in c.overrides]
-            c.cfg = compose_cell(c.overrides)
-        v = variant(c.cfg, compose_cell(own))
-        if v:
-            out[c.name] = v
-            renamed[c.name] = new = f"{c.name}-{v}"
-            c.overrides = [f"run.name={new}" if o.startswith("run.name=") else o for o in c.overrides]
-            c.cfg.run.name, c.name = new, new
-    return out
-
-
-def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
-    todo = [RunSpec(name, ov) for name, ov in cells(exp, args.scale, seeds, list(args.overrides), args.launcher,
-                                                     args.only_rows)]
-    # 1. every override of every cell composes (one message per distinct bad override)
-    errors: dict[str, list[str]] = {}
-    for c in todo:
-        try:
-            c.cfg = compose_cell(c.overrides)
-        except ConfigError as e:
-            errors.setdefault(str(e), []).append(c.name)
-    if errors:
-        raise ConfigError("\n" + "\n".join(_problem_report(errors, len(todo))))
-    variants = _name_variants(todo, len(args.overrides))
-    exp = {**exp, "variants": variants} if variants else exp  # the renderers read these cells' runs
-    first = todo[0].cfg
-    runs_root, results_root = Path(first.paths.runs), Path(first.paths.results)
-    by_dir: dict[str, list[str]] = {}
-    for c in todo:
-        by_dir.setdefault(str(c.run_dir), []).append(c.name)
-    shared = {d: names for d, names in by_dir.items() if len(names) > 1}
-    if shared:  # e.g. an extra run.name= override: the cells would overwrite each other's runs
-        d, names = next(iter(shared.items()))
-        raise ConfigError(f"{len(names)} cells ({', '.join(names[:3])}{', …' if len(names) > 3 else ''}) would share "
-                          f"the run dir {d}; do not override run.name or run.dir for a whole table")
-
-    if args.report_only:
-        return _report(exp, args.scale, runs_root, results_root, seeds, [])
-
-    # 2. the preflight of every cell: options, data, batch split over the launcher's processes, checkpoints
-    problems: dict[str, list[str]] = {}
-    warnings: dict[str, list[str]] = {}
-    for prob in launcher_problems(first):
-        problems.setdefault(prob.message, []).append("launcher")
-    for c in todo:
-        for prob in preflight(c.cfg, check_data=bool(c.cfg.launcher.get("check_data", True)),
-                              check_run_dir=not args.force):
-            # a dry run is often made away from the data (a laptop, a login node): missing data is a warning
-            target = warnings if (args.dry_run and prob.kind == "data") else problems
-            target.setdefault(prob.message, []).append(c.name)
-
-    # 3. what each cell needs: skip finished ones and cells whose SLURM job is still queued or running
-    pending: list[RunSpec] = []
-    by_name = {c.name: c for c in todo}
-    waiting: dict[str, list[str]] = {}  # pretraining run -> the fine-tuning cells waiting for it
-    queued = 0
-    n = len(todo)
-    stale: list[RunSpec] = []  # --force on SLURM: waiting cells whose old results must go with their pretraining's
-    for i, c in enumerate(todo, 1):
-        status = RunRecord(c.run_dir).status
-        first_stage = needs(exp, c.name, args.scale)
-        if first_stage and c.cfg.launcher.name in SUBMITIT_LAUNCHERS and \
-                (args.force or not RunRecord(by_name[first_stage].run_dir).finished):
-            # a job array has no order: fine-tuning jobs are submitted by a later call, once their pretraining ended
-            waiting.setdefault(first_stage, []).append(c.name)
-            if args.force:
-                stale.append(c)
-            queued += 1
-            continue
-        if args.force:
-            pending.append(c)
-            continue
-        if status == "finished":
-            print(f"[reproduce] {i}/{n} {c.name}: finished earlier, skipped")
-            continue
-        if status == "corrupt":
-            print(f"[reproduce] {i}/{n} {c.name}: summary.json is unreadable (corrupt or half-written); "
-                  "treating the cell as unfinished")
-        elif status == "failed":
-            print(f"[reproduce] {i}/{n} {c.name}: failed earlier; running it again")
-        if c.cfg.launcher.name == "slurm" and (job := active_job(c.run_dir)):
-            print(f"[reproduce] {i}/{n} {c.name}: job {job} is still queued or running, skipped")
-            queued += 1
-            continue
-        pending.append(c)
-
-    for first_stage, names in waiting.items():
-        print(f"[reproduce] {len(names)} cells ({names[0]} … {names[-1]}) wait for their pretraining run "
-              f"{first_stage}; run the same command again (without --force) once it has finished")
-    if warnings:
-        print("[reproduce] warnings (a real submission would refuse these):")
-        print("\n".join(_problem_report(warnings, n)))
-    if problems:
-        print("[reproduce] refused before starting any job:\n" + "\n".join(_problem_report(problems, n)),
-              file=sys.stderr)
-        return 2
-
-    if args.dry_run and pending:  # what the cells to run will cost, before anything is queued (engine/cost.py)
-        from .engine.cost import describe_cost
-
-        print("\n".join(describe_cost(exp["table"], [(c.name, c.cfg) for c in pending])))
-    launcher = first.launcher
-    if launcher.name in SUBMITIT_LAUNCHERS:
-        from .launch import submit
-
-        if not pending:
-            print("[reproduce] nothing to submit: every cell is finished or queued")
-            if queued:
-                print(f"[reproduce] {queued} cells are still queued or running; `make report-table-N "
-                      f"SCALE={args.scale}` writes the table once they end")
-                return 0
-        else:
-            if args.force and not args.dry_run:
-                for c in [*pending, *stale]:  # a requeued job must resume, never wipe: clear the run dirs now instead
-                    shutil.rmtree(c.run_dir, ignore_errors=True)
-            with StopFlag() as stop:
-                failed = submit(pending, launcher, exp["table"], args.scale, dry_run=args.dry_run, stop=stop)
-            if args.dry_run or (launcher.name == "slurm" and not launcher.get("wait")):
-                return 0
-            return _report(exp, args.scale, runs_root, results_root, seeds, failed)
-        if args.dry_run:
-            return 0
-        return _report(exp, args.scale, runs_root, results_root, seeds, [])
-
-    if args.dry_run:
-        print(f"[reproduce] dry run: {len(pending)} of {n} cells would train here, one after another (launcher=local)")
-        for c in pending:
-            print(f"  {c.name} -> {c.run_dir}")
-        return 0
-
-    from .engine.trainer import TrainingDiverged, TrainingInterrupted, train
-
-    failed: list[str] = []
-    not_started: list[str] = []
-    interrupted = False
-    ran = 0
-    t_all = time.time()
-    with StopFlag() as stop:
-        for i, c in enumerate(pending, 1):
-            if stop.requested:
-                interrupted = True
-                not_started = [x.name for x in pending[i - 1:]]
-                print(f"[reproduce] stop requested ({stop.name})")
-                break
-            cfg = c.cfg
-            if (first_stage := needs(exp, c.name, args.scale)) in failed:
-                print(f"[reproduce] {i}/{len(pending)} {c.name}: skipped, its pretraining run {first_stage} failed "
-                      "(reported as missing)", flush=True)
-                failed.append(c.name)
-                continue
-            if args.force:
-                cfg.resume = "never"
-            print(f"[reproduce] {i}/{len(pending)} {c.name}", flush=True)
-            ran += 1
-            t0 = time.time()
-            try:
-                s = train(cfg)
-                key = exp["metric"] if exp["metric"] in s["metrics"] else next(iter(s["metrics"]))  # (a pretrain cell)
-                print(f"[reproduce]   {key}={s['metrics'][key]:.4f} in {time.time() - t0:.0f} s", flush=True)
-            except (TrainingInterrupted, KeyboardInterrupt) as e:
-                why = str(e).split("; run the same command")[0] if str(e) else "KeyboardInterrupt"
-                print(f"[reproduce] stopped at {c.name}: {why}", flush=True)
-                interrupted = True
-                failed.append(c.name)
-                not_started = [x.name for x in pending[i:]]
-                break
-            except Exception as e:
-                if not isinstance(e, TrainingDiverged):  # its message says it all
-                    traceback.print_exc()
-                print(f"[reproduce] {c.name} FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-                      "(reported as missing in the table); continuing", flush=True)
-                failed.append(c.name)
-    print(f"[reproduce] {ran} of {len(pending)} cells run in {time.time() - t_all:.0f} s")
-    code = _report(exp, args.scale, runs_root, results_root, seeds, failed)
-    if interrupted:
-        print(f"[reproduce] stopped: {len(failed)} cell(s) interrupted or failed, {len(not_started)} not started. "
-              "Finished cells are kept; rerun the same command to finish the missing ones (interrupted cells "
-              "resume from their checkpoint).")
-        return 3
-    return code
-
-
-def _renderer(exp: dict):
-    """The experiment's `renderer: module:function` (same signature as reporting.write_table), or the generic one."""
-    spec = exp.get("renderer")
-    if not spec:
-        return write_table
-    import importlib
-
-    module, _, fn = str(spec).partition(":")
-    return getattr(importlib.import_module(module), fn or "write_table")
-
-
-def _report(exp: dict, scale: str, runs_root: Path, results_root: Path, seeds: list[int], failed: list[str]) -> int:
-    md_path, md = _renderer(exp)(exp, scale, runs_root, results_root, seeds)
-    print()
-    print(md)
-    print(f"[reproduce] wrote {md_path} (+ .csv, .png)")
-    if failed:
-        print(f"[reproduce] failed or interrupted cells: {', '.join(failed)}")
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,192 @@
+"""The fair protocol (issue 25): `reproduce.plan` with an lr grid plans stage 1 (the first seed at every multiplier),
+picks by validation (never test) from finished stage-1 run records and then plans stage 2; the statistics the tables
+report (MDE, steps-to-target, the convergence figure) against hand computations; the table 9 renderer's columns."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from condattn.config import ConfigError
+from condattn.reporting import load_experiment
+from condattn.reporting.stats import last_quarter_change, mde, median_steps, steps_to_target
+from condattn.reproduce import LrPick, plan, selection_key
+from condattn.runs import RunRecord
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def grid_exp(rows=("vit_baseline", "vit_sca10", "listops_baseline")) -> dict:
+    exp = load_experiment(REPO / "experiments" / "table9_readings.yaml")
+    exp["rows"] = {r: exp["rows"][r] for r in rows}
+    exp["scales"]["small"] = {"seeds": [0, 1, 2], "lr_grid": [0.5, 1, 2]}
+    return exp
+
+
+def finish(spec, metrics: dict, curve: list[tuple[int, float]] | None = None, steps: int = 100) -> None:
+    """A finished run record for a planned cell (what the trainer leaves: metrics.jsonl val rows, summary.json)."""
+    rec = RunRecord(spec.run_dir)
+    rec.dir.mkdir(parents=True)
+    if curve:
+        rec.metrics_path.write_text("".join(json.dumps({"step": s, "split": "val", "acc": a, "loss": 2 - a}) + "\n"
+                                            for s, a in curve))
+    rec.write_summary({"status": "finished", "run_dir": str(rec.dir), "metrics": metrics, "steps": steps,
+                       "wall_time_s": 1.0, "data": {"stand_in": True}})
+
+
+def test_selection_key_is_validation_never_test():
+    exp = grid_exp()
+    assert selection_key(exp, "vit_baseline") == "final_val_acc"  # ViT: final validation top-1
+    assert selection_key(exp, "listops_baseline") == "val_acc"  # ListOps: test at best val -> the best val acc
+    exp["rows"]["vit_baseline"]["metric"] = "mcc_median"
+    with pytest.raises(ConfigError, match="select_metric"):
+        selection_key(exp, "vit_baseline")
+    exp["rows"]["vit_baseline"]["select_metric"] = "test_acc"
+    with pytest.raises(ConfigError, match="no validation metric"):
+        selection_key(exp, "vit_baseline")
+
+
+def test_lr_pick_best_validation_ties_nearest_unit_and_waits_for_every_run():
+    p = LrPick("r", "val_acc", 1e-3, {0.5: 5e-4, 1.0: 1e-3, 2.0: 2e-3}, {0.5: 0.6, 1.0: 0.6, 2.0: math.nan})
+    assert p.choose(higher_is_better=True) == 1.0  # a tie goes to ×1; the failed (nan) run never wins
+    assert LrPick("r", "k", 1.0, {0.5: 0.5, 2.0: 2.0}, {0.5: 3.0, 2.0: 2.0}).choose(higher_is_better=False) == 2.0
+    assert LrPick("r", "k", 1.0, {0.5: 0.5, 1.0: 1.0}, {0.5: 0.9, 1.0: None}).choose(True) is None
+
+
+@pytest.mark.slow  # composes 30 configs (about 25 s on a loaded core)
+def test_plan_lr_grid_stage1_then_pick_by_validation_then_stage2(tmp_path):
+    exp = grid_exp()
+    extra = [f"paths.runs={tmp_path / 'runs'}", "logger=none"]
+    p = plan(exp, "small", [0, 1, 2], extra)
+    by_row = {}
+    for c in p.cells:
+        by_row.setdefault(c.cfg.run.row, []).append(c)
+    assert {r: len(cs) for r, cs in by_row.items()} == {"vit_baseline": 3, "vit_sca10": 3, "listops_baseline": 3}
+    assert all(int(c.cfg.seed) == 0 for c in p.cells)  # stage 1: the first seed only
+    assert sorted(p.waiting) == sorted(exp["rows"])
+    vit = by_row["vit_baseline"]
+    base_lr = float(vit[1].cfg.optim.lr)
+    assert [float(c.cfg.optim.lr) for c in vit] == pytest.approx([0.5 * base_lr, base_lr, 2 * base_lr])
+    assert vit[1].name == "table9_readings_vit_baseline_none_small_s0"  # ×1: the row's own run, its usual name
+    assert vit[0].name.startswith(vit[1].name + "-") and vit[2].name.startswith(vit[1].name + "-")
+    assert not any(o.startswith("optim.lr=") for o in vit[1].overrides)
+    assert len({c.run_dir for c in p.cells}) == 9
+
+    # stage 1 finished: the baseline's best validation is at ×2, the SCA row's ×2 diverged (failed) and its best is
+    # ×0.5; ListOps' best *test* is at ×0.5 but its best *validation* at ×1, and validation decides
+    for mult, c in zip((0.5, 1, 2), vit):
+        finish(c, {"final_val_acc": {0.5: 0.5, 1: 0.6, 2: 0.7}[mult]})
+    sca = by_row["vit_sca10"]
+    finish(sca[0], {"final_val_acc": 0.55})
+    finish(sca[1], {"final_val_acc": 0.40})
+    RunRecord(sca[2].run_dir).dir.mkdir(parents=True)
+    RunRecord(sca[2].run_dir).write_failure("loss is nan", 5, None, sca[2].name, {})
+    lo = by_row["listops_baseline"]
+    for mult, c in zip((0.5, 1, 2), lo):
+        finish(c, {"val_acc": {0.5: 0.3, 1: 0.4, 2: 0.35}[mult], "test_acc": {0.5: 0.9, 1: 0.2, 2: 0.2}[mult]})
+
+    p2 = plan(exp, "small", [0, 1, 2], extra)
+    assert p2.waiting == []
+    picks = p2.exp["lr_picks"]
+    assert (picks["vit_baseline"]["pick"], picks["vit_sca10"]["pick"], picks["listops_baseline"]["pick"]) == (2, 0.5, 1)
+    assert math.isnan(picks["vit_sca10"]["scores"][2.0])
+    stage2 = [c for c in p2.cells if int(c.cfg.seed) > 0]
+    assert len(stage2) == 6
+    for c in stage2:
+        want = {"vit_baseline": 2 * base_lr, "vit_sca10": 0.5 * base_lr,
+                "listops_baseline": float(lo[1].cfg.optim.lr)}[c.cfg.run.row]
+        assert float(c.cfg.optim.lr) == pytest.approx(want)
+    # the table reads each row's first seed at its pick: the baseline's ×2 run, ListOps' own ×1 run
+    assert p2.exp["variants"]["table9_readings_vit_baseline_none_small_s0"] == vit[2].name.rsplit("-", 1)[1]
+    assert "table9_readings_listops_baseline_none_small_s0" not in p2.exp["variants"]
+    assert not any(o.startswith("optim.lr=") for c in stage2 if c.cfg.run.row == "listops_baseline"
+                   for o in c.overrides)
+
+    # --force: stage 1 runs again before anything picks; --rows: only the row's cells, the picks of all
+    assert plan(exp, "small", [0, 1, 2], extra, read_records=False).waiting
+    only = plan(exp, "small", [0, 1, 2], extra, only_rows=["vit_sca10"])
+    assert {c.cfg.run.row for c in only.cells} == {"vit_sca10"} and len(only.exp["lr_picks"]) == 3
+
+
+def test_plan_refuses_lr_override_beside_a_grid_and_a_bad_grid(tmp_path):
+    exp = grid_exp(("vit_baseline",))
+    with pytest.raises(ConfigError, match="optim.lr=0.1 conflicts with scales.small.lr_grid"):
+        plan(exp, "small", [0], ["optim.lr=0.1"])
+    exp["scales"]["small"]["lr_grid"] = [1, -2]
+    with pytest.raises(ConfigError, match=r"lr_grid=\[1, -2\]"):
+        plan(exp, "small", [0], [])
+
+
+def test_mde_against_hand_computation():
+    # n = 5 per arm, s = 2: df = 8, t_{0.975,8} = 2.3060, t_{0.8,8} = 0.8889 (t tables) -> 3.1949 · 2 · √(2/5)
+    assert mde(2.0, 5) == pytest.approx(3.1949 * 2 * math.sqrt(0.4), abs=2e-3)
+    assert mde(1.0, 1) is None
+
+
+def test_steps_to_target_and_convergence_on_a_synthetic_curve():
+    curve = [(s, 1 - math.exp(-s / 200)) for s in range(0, 1001, 100)]  # 0, 0.39, 0.63, 0.78, ...
+    assert steps_to_target(curve, 0.75) == 300
+    assert steps_to_target(curve, 0.999) is None
+    assert steps_to_target([(0, 3.0), (10, 2.0), (20, 1.0)], 1.5, higher_is_better=False) == 20
+    assert median_steps([300, None, 200]) == 300 and median_steps([300, None, None]) is None
+    # last quarter of 1000 steps: from step 700 (0.9698) to step 1000 (0.9933)
+    assert last_quarter_change(curve, 1000) == pytest.approx(math.exp(-3.5) - math.exp(-5))
+
+
+def test_readings_table_reports_the_protocol(tmp_path):
+    from condattn.reporting.readings import write_table
+
+    exp = grid_exp(("vit_baseline", "vit_sca10"))
+    runs = tmp_path / "runs" / "small"
+    exp["lr_picks"] = {r: {"key": "final_val_acc", "base_lr": 1e-3, "lrs": {0.5: 5e-4, 1.0: 1e-3, 2.0: 2e-3},
+                           "scores": {0.5: 0.5, 1.0: 0.6, 2.0: 0.55}, "pick": 1.0, "lr": 1e-3} for r in exp["rows"]}
+    for row, method in (("vit_baseline", "none"), ("vit_sca10", "spectral")):
+        for seed in range(3):
+            d = runs / f"table9_readings_{row}_{method}_small_s{seed}"
+            fast = row == "vit_sca10"
+            curve = [(s, min(0.6 + 0.01 * seed, s / (200 if fast else 400))) for s in range(0, 401, 100)]
+            spec = type("S", (), {"run_dir": d})
+            finish(spec, {"final_val_acc": curve[-1][1]}, curve, steps=400)
+    md_path, md = write_table(exp, "small", tmp_path / "runs", tmp_path / "results", [0, 1, 2])
+    # the baseline's final mean val acc is 61.00; it reaches its own seed's plateau at 300 (median), SCA at 200
+    assert "| baseline (no conditioning) | 61.00 ± 1.00 (n=3) | (baseline) | ×1 (1e-03) | 3.04 | 300 |" in md
+    assert "| ×1 (1e-03) | 3.04 | 200 |" in md
+    assert "gains +0.00 points" in md and "holds" in md
+    assert "MDE = (t_{0.975,df} + t_{0.8,df})" in md
+    csv = md_path.with_suffix(".csv").read_text()
+    assert "×0.5: 0.5000, ×1: 0.6000, ×2: 0.5500" in csv and "converged" in csv.splitlines()[0]
+
+
+@pytest.mark.slow
+def test_reproduce_runs_both_stages_locally_and_reuses_them(tmp_path, capsys):
+    """One command: stage 1 (seed 0 at ×1 and ×2), the pick, stage 2 (seed 1 at the pick), the table; the same
+    command again trains nothing."""
+    import yaml
+    from test_reproduce import listops_only, tiny
+
+    from condattn.reproduce import main
+
+    path = listops_only(tmp_path, steps=4)
+    exp = yaml.safe_load(path.read_text())
+    exp["methods"] = ["none"]
+    exp["scales"]["smoke"]["lr_grid"] = [1, 2]
+    path.write_text(yaml.safe_dump(exp, sort_keys=False))
+    args = [str(path), "--scale", "smoke", "--seeds", "0 1", *tiny(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    runs = sorted(p.name for p in (tmp_path / "runs" / "smoke").iterdir() if not p.name.startswith("."))
+    assert len(runs) == 3 and "table4_lra_listops_none_smoke_s0" in runs  # ×1, ×2 at seed 0; seed 1 at the pick
+    assert "[reproduce] 2 of 2 cells run" in out and "[reproduce] 1 of 1 cells run" in out
+    scores = {r: RunRecord(tmp_path / "runs" / "smoke" / r).summary["metrics"]["val_acc"] for r in runs if "_s0" in r}
+    assert len(scores) == 2
+    assert main(args) == 0
+    again = capsys.readouterr().out
+    assert again.count("finished earlier, skipped") == 3 and "[reproduce] 0 of 0 cells run" in again
+    # seed 1 ran at the lr of seed 0's best validation run (ties: ×1)
+    lr = {r: RunRecord(tmp_path / "runs" / "smoke" / r).summary["config"]["optim"]["lr"] for r in runs}
+    best = max(scores, key=lambda r: (scores[r], "-" not in r))
+    (seed1,) = [r for r in runs if "_s1" in r]
+    assert lr[seed1] == lr[best]
