@@ -60,8 +60,10 @@ class Budget:
 
     @classmethod
     def from_cfg(cls, task: Any, steps: int) -> Budget:
-        get = task.get if hasattr(task, "get") else (lambda k, default=None: getattr(task, k, default))
-        return cls(get("budget_hours"), steps, get("batch_size_ramp"), str(get("batch_size_ramp_rule") or "cramming"))
+        from ..utils.typed_config import task_config
+
+        t = task_config(task)
+        return cls(t.budget_hours, steps, t.batch_size_ramp, str(t.batch_size_ramp_rule))
 
     def bind(self, state: Any) -> None:
         self.state = state

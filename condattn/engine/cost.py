@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from ..utils.typed_config import impl_config, task_config
 from .flops import peak_flops, training_step_flops
 from .precision import resolve_execution
 
@@ -45,7 +46,7 @@ def _synthetic_batch(cfg: Any, n: int, device: torch.device) -> dict[str, torch.
         return {"input_ids_0": ids, "attention_mask_0": mask, "input_ids_1": ids, "attention_mask_1": mask}
     batch = {"input_ids": ids, "attention_mask": mask}
     if kind == "mlm":
-        p = float(cfg.task.get("mlm_probability", 0.25))
+        p = float(task_config(cfg.task).mlm_probability)
         batch["labels"] = torch.where(torch.rand(n, seq, generator=g).to(device) < p, ids, torch.full_like(ids, -100))
     return batch
 
@@ -180,7 +181,7 @@ def cell_cost(name: str, cfg: Any) -> CellCost:
         step_hours = int(cfg.task.steps) * float(floor_ms) / 1000 / 3600 * gpus
         if step_hours > hours:
             hours, note = step_hours, f"{note}; step-bound: launcher.min_step_ms={floor_ms} (assumed) per step"
-    budget = cfg.task.get("budget_hours")
+    budget = task_config(cfg.task).budget_hours
     if budget:  # a wall-clock budget ends the run first when it is shorter
         cap = float(budget) * gpus
         if hours is None or hours > cap:
@@ -200,7 +201,7 @@ def _fmt(x: float | None, unit: str = "") -> str:
 def worker_rate(cfg: Any) -> float | None:
     """One data worker's measured training samples/s for this data (impl.worker_samples_per_s, looked up by
     data.source, then data.builder), or None."""
-    rates = cfg.impl.get("worker_samples_per_s") or {}
+    rates = impl_config(cfg.impl).worker_samples_per_s
     for key in (cfg.data.get("source"), cfg.data.get("builder")):
         if key is not None and rates.get(str(key)):
             return float(rates[str(key)])

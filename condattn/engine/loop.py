@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from accelerate.utils import send_to_device
 
+from ..utils.typed_config import optim_config
 from .errors import TrainingDiverged, TrainingInterrupted
 from .parts import (
     BestModel,
@@ -33,6 +34,7 @@ class StepLoop:
     def __init__(self, run: Run):
         self.run = run
         self.tty = sys.stderr.isatty()  # a progress bar on a terminal; one line per evaluation in logs
+        self.clip = optim_config(run.cfg.optim).clip_grad_norm  # max global grad norm (None: no clipping)
         self.progress = Progress(run, self.tty)
         self.throughput = Throughput(run)  # samples/s (and MFU on GPUs) rows; not checkpointed (timing only)
         self.best = BestModel(run)
@@ -142,7 +144,7 @@ class StepLoop:
 
     def _optimizer_step(self) -> None:
         run = self.run
-        clip = run.cfg.optim.get("clip_grad_norm")
+        clip = self.clip
         self.grad_norm = run.accelerator.clip_grad_norm_(run.model.parameters(), float(clip)) if clip else None
         run.optimizer.step()
         if not run.accelerator.optimizer_step_was_skipped:  # fp16: a step skipped on overflow does not advance

@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from transformers import get_scheduler
 
+from ..utils.typed_config import optim_config
+
 
 def no_decay(name: str, p: torch.Tensor, names: list[str] | None) -> bool:
     """Whether a parameter is exempt from weight decay. `names` None: 1-D parameters (biases, norms) and position
@@ -60,9 +62,10 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
 
 
 def scaled_lr(cfg: Any, global_batch: int) -> float:
-    lr = float(cfg.optim.lr)
-    if cfg.optim.get("lr_ref_batch"):
-        lr *= global_batch / float(cfg.optim.lr_ref_batch)
+    o = optim_config(cfg.optim)
+    lr = float(o.lr)
+    if o.lr_ref_batch:
+        lr *= global_batch / float(o.lr_ref_batch)
     return lr
 
 
@@ -98,39 +101,40 @@ def multistep_factor(step: int, milestones: list[int], gamma: float = 0.1, warmu
 
 def schedule_problems(o: Any, total_steps: int) -> list[str]:
     """What is wrong with the `multistep` / `onecycle` / `timm_cosine` keys of `cfg.optim` (empty for others)."""
-    if o.get("schedule") == "onecycle":
+    o = optim_config(o)
+    if o.schedule == "onecycle":
         if total_steps < 2:
             return [f"task.steps={total_steps}: the onecycle schedule needs at least 2 steps"]
-        if o.get("anneal", "linear") not in ("linear", "cos"):
-            return [f"optim.anneal={o.get('anneal')!r}: choose linear or cos"]
+        if o.anneal not in ("linear", "cos"):
+            return [f"optim.anneal={o.anneal!r}: choose linear or cos"]
         return []
-    if o.get("schedule") == "timm_cosine":
-        if o.get("min_lr") is None or o.get("warmup_lr") is None:
+    if o.schedule == "timm_cosine":
+        if o.min_lr is None or o.warmup_lr is None:
             return ["the timm_cosine schedule needs optim.min_lr and optim.warmup_lr (e.g. 1e-5 and 1e-6, DeiT's)"]
-        cool = int(o.get("cooldown_steps") or 0)
+        cool = int(o.cooldown_steps)
         if cool and not 0 < cool < total_steps - _warmup(o, total_steps):
             return [f"optim.cooldown_steps={cool}: must leave room for the warmup and the cosine within "
                     f"task.steps={total_steps}"]
-        spe = o.get("steps_per_epoch")
+        spe = o.steps_per_epoch
         if spe is not None and int(spe) < 1:
             return [f"optim.steps_per_epoch={spe!r}: a positive number of optimizer steps, or null (every step)"]
         return []
-    if o.get("schedule") != "multistep":
+    if o.schedule != "multistep":
         return []
-    ms = o.get("milestones")
+    ms = o.milestones
     try:
         ms = [int(m) for m in ms] if ms is not None else None
     except (TypeError, ValueError):
         ms = None
     if ms is None or ms != sorted(ms) or any(m < 1 or m > total_steps for m in ms):
-        return [f"optim.milestones={o.get('milestones')!r}: the multistep schedule needs increasing optimizer steps "
+        return [f"optim.milestones={o.milestones!r}: the multistep schedule needs increasing optimizer steps "
                 f"within task.steps={total_steps}, e.g. "
                 f"optim.milestones=[{total_steps * 3 // 4},{total_steps * 11 // 12}]"]
     return _multistep_gamma_problems(o)
 
 
 def _multistep_gamma_problems(o: Any) -> list[str]:
-    gamma = o.get("gamma", 0.1)
+    gamma = optim_config(o).gamma
     if not isinstance(gamma, (int, float)) or not 0 < float(gamma) <= 1:
         return [f"optim.gamma={gamma!r} must be a number in (0, 1]"]
     return []
@@ -141,12 +145,11 @@ def build_optimizer(model: nn.Module, cfg: Any, global_batch: int, total_steps: 
     """AdamW over `param_groups` and the schedule `cfg.optim.schedule`. `progress(step) -> [0, 1]` drives the
     PROGRESS_SCHEDULES (default step / total_steps); transformers' schedules count steps. `fused`: torch's fused
     AdamW kernel (CUDA; the same update up to float rounding)."""
-    o = cfg.optim
+    o = optim_config(cfg.optim)
     if o.name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {o.name!r}; known: {', '.join(OPTIMIZERS)}")
     lr = scaled_lr(cfg, global_batch)
-    mults = o.get("lr_multipliers")
-    names = o.get("no_decay_names")
+    mults, names = o.lr_multipliers, o.no_decay_names
     groups = param_groups(model, float(o.weight_decay), lr, dict(mults) if mults else None,
                           [str(n) for n in names] if names is not None else None)
     opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(o.betas), eps=o.eps, **({"fused": True} if fused else {}))
@@ -157,7 +160,7 @@ def build_optimizer(model: nn.Module, cfg: Any, global_batch: int, total_steps: 
         sched = torch.optim.lr_scheduler.OneCycleLR(
             opt, max_lr=[g["lr"] for g in opt.param_groups], total_steps=total_steps,
             pct_start=_onecycle_pct(_warmup(o, total_steps), total_steps),
-            anneal_strategy=str(o.get("anneal", "linear")))
+            anneal_strategy=str(o.anneal))
         return opt, sched
     if o.schedule == "timm_cosine":
         problems = schedule_problems(o, total_steps)
@@ -168,9 +171,9 @@ def build_optimizer(model: nn.Module, cfg: Any, global_batch: int, total_steps: 
         problems = schedule_problems(o, total_steps)
         if problems:
             raise ValueError(problems[0])
-        ms, gamma = [int(m) for m in o.milestones], float(o.get("gamma", 0.1))
-        warm = round(float(o.warmup_ratio) * total_steps) if o.get("warmup_ratio") else int(o.warmup_steps or 0)
-        start = float(o.get("warmup_start_factor") or 0.0)
+        ms, gamma = [int(m) for m in o.milestones], float(o.gamma)
+        warm = _warmup(o, total_steps)
+        start = float(o.warmup_start_factor)
 
         def factor(step: int) -> float:  # a plain function: LambdaLR's state_dict stores nothing for it
             return multistep_factor(step, ms, gamma, warm, start)
@@ -196,7 +199,8 @@ def _onecycle_pct(warmup: int, total_steps: int) -> float:
 
 
 def _warmup(o: Any, total_steps: int) -> int:
-    return round(float(o.warmup_ratio) * total_steps) if o.get("warmup_ratio") else int(o.warmup_steps or 0)
+    o = optim_config(o)
+    return round(float(o.warmup_ratio) * total_steps) if o.warmup_ratio else int(o.warmup_steps)
 
 
 def timm_cosine(opt: torch.optim.Optimizer, o: Any, total_steps: int, batch_scale: float = 1.0):
@@ -205,9 +209,10 @@ def timm_cosine(opt: torch.optim.Optimizer, o: Any, total_steps: int, batch_scal
     parameter optimizer at each group's lr), so the trainer's step() / state_dict stay torch's."""
     from timm.scheduler import CosineLRScheduler
 
-    spe = int(o.steps_per_epoch) if o.get("steps_per_epoch") else None
-    floors = batch_scale if o.get("scale_floors") else 1.0
-    warm, cosine = _warmup(o, total_steps), total_steps - int(o.get("cooldown_steps") or 0)
+    o = optim_config(o)
+    spe = int(o.steps_per_epoch) if o.steps_per_epoch else None
+    floors = batch_scale if o.scale_floors else 1.0
+    warm, cosine = _warmup(o, total_steps), total_steps - int(o.cooldown_steps)
     if spe and (warm % spe or cosine % spe):  # shortened recipes (smoke/small): not whole epochs, update every step
         spe = None
     unit = spe or 1  # timm counts epochs when it steps per epoch
@@ -216,9 +221,9 @@ def timm_cosine(opt: torch.optim.Optimizer, o: Any, total_steps: int, batch_scal
         base = float(group["lr"])
         dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base)
         sched = CosineLRScheduler(
-            dummy, t_initial=(cosine - (warm if o.get("warmup_prefix") else 0)) // unit,
+            dummy, t_initial=(cosine - (warm if o.warmup_prefix else 0)) // unit,
             lr_min=float(o.min_lr) * floors, warmup_t=warm // unit, warmup_lr_init=float(o.warmup_lr) * floors,
-            warmup_prefix=bool(o.get("warmup_prefix")), t_in_epochs=spe is not None, cycle_limit=1)
+            warmup_prefix=bool(o.warmup_prefix), t_in_epochs=spe is not None, cycle_limit=1)
 
         def factor(step: int, sched=sched, dummy=dummy, base=base) -> float:
             if spe:

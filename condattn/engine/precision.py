@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..utils.typed_config import impl_config
+
 PRECISIONS = ("no", "bf16", "fp16")
 FUSED_CHOICES = ("auto", "true", "false")
 
@@ -34,9 +36,8 @@ class Execution:
         return asdict(self)
 
 
-def _get(impl: Any, key: str, default: Any) -> Any:
-    v = impl.get(key, default) if hasattr(impl, "get") else getattr(impl, key, default)
-    return default if v is None else v
+def _get(impl: Any, key: str) -> Any:
+    return getattr(impl_config(impl), key)  # the typed view's default where the key is absent or null
 
 
 def _fused_flag(value: Any) -> str:
@@ -48,12 +49,12 @@ def execution_problems(impl: Any) -> list[str]:
     """Bad values of the impl keys this module reads (one line each, with the choices)."""
     out = []
     for key in ("precision", "cpu_precision"):
-        v = str(_get(impl, key, "no"))
+        v = str(_get(impl, key))
         if v not in PRECISIONS:
             out.append(f"impl.{key}={v!r}: choose no, bf16 or fp16")
-    if _fused_flag(_get(impl, "fused_adamw", "auto")) not in FUSED_CHOICES:
-        out.append(f"impl.fused_adamw={_get(impl, 'fused_adamw', 'auto')!r}: choose auto, true or false")
-    mode = _get(impl, "compile_mode", "default")
+    if _fused_flag(_get(impl, "fused_adamw")) not in FUSED_CHOICES:
+        out.append(f"impl.fused_adamw={_get(impl, 'fused_adamw')!r}: choose auto, true or false")
+    mode = _get(impl, "compile_mode")
     if str(mode) not in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
         out.append(f"impl.compile_mode={mode!r}: choose default, reduce-overhead, max-autotune or "
                    "max-autotune-no-cudagraphs (torch.compile's modes)")
@@ -66,13 +67,13 @@ def resolve_execution(impl: Any, device_type: str) -> Execution:
     problems = execution_problems(impl)
     if problems:
         raise ValueError(problems[0])
-    requested = str(_get(impl, "precision", "no"))
+    requested = str(_get(impl, "precision"))
     on_cuda = device_type == "cuda"
-    precision = requested if on_cuda else str(_get(impl, "cpu_precision", "no"))
-    compile_ = bool(_get(impl, "compile", False)) if on_cuda else bool(_get(impl, "cpu_compile", False))
-    fused = _fused_flag(_get(impl, "fused_adamw", "auto"))
+    precision = requested if on_cuda else str(_get(impl, "cpu_precision"))
+    compile_ = bool(_get(impl, "compile")) if on_cuda else bool(_get(impl, "cpu_compile"))
+    fused = _fused_flag(_get(impl, "fused_adamw"))
     fused_adamw = on_cuda if fused == "auto" else fused == "true"
-    mode = str(_get(impl, "compile_mode", "default"))
+    mode = str(_get(impl, "compile_mode"))
     return Execution(device_type, precision, requested, compile_, mode if compile_ else None, fused_adamw)
 
 

@@ -24,6 +24,7 @@ from ..data.sampler import EpochSampler
 from ..models import build_model
 from ..runs import RunRecord, list_checkpoints, set_aside
 from ..tasks import build_task
+from ..utils.typed_config import impl_config
 from .budget import Budget
 from .checkpoint import CheckpointUnreadable, architecture_mismatch, load_checkpoint
 from .logging import RunLogger
@@ -94,7 +95,7 @@ def _accelerator(cfg: Any, run_dir: Path, deterministic: bool,
     (resume=never) and the seed."""
     if cfg.impl.threads:
         torch.set_num_threads(int(cfg.impl.threads))
-    torch.set_flush_denormal(bool(cfg.impl.get("flush_denormal", True)))
+    torch.set_flush_denormal(bool(impl_config(cfg.impl).flush_denormal))
     # step_scheduler_with_optimizer=False: our schedule counts optimizer steps of the global batch; accelerate's
     # default steps a prepared scheduler num_processes times per step (it assumes per-process batches), which
     # ran the warmup and decay twice as fast with 2 processes

@@ -17,15 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..utils.typed_config import task_config
 from .base import Task
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in batch.items() if k != "labels"}
-
-
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
 
 
 class ClassificationTask(Task):
@@ -34,14 +31,15 @@ class ClassificationTask(Task):
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
-        self.label_smoothing = float(_get(cfg, "label_smoothing", 0.0) or 0.0)
-        self.top5 = bool(_get(cfg, "top5", False))
+        t = task_config(cfg)
+        self.label_smoothing = float(t.label_smoothing)
+        self.top5 = bool(t.top5)
         self.mixup = None
-        mix = _get(cfg, "mixup")
+        mix = t.mixup
         if mix is not None and (float(mix.mixup_alpha) > 0 or float(mix.cutmix_alpha) > 0):
             from timm.data import Mixup
 
-            num_classes = _get(cfg, "num_classes")
+            num_classes = t.num_classes
             if not num_classes:
                 raise ValueError("task.mixup needs task.num_classes (the soft targets' width)")
             self.mixup = Mixup(

@@ -33,14 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..utils.typed_config import task_config
 from .base import TokenLossTask
 
 IGNORE_INDEX = -100
-
-
-def _get(cfg: Any, key: str, default: Any) -> Any:
-    v = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if v is None else v
 
 
 def mask_tokens(
@@ -79,10 +75,11 @@ class MLMTask(TokenLossTask):
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
-        self.p = float(_get(cfg, "mlm_probability", 0.25))
-        self.mask_fraction = float(_get(cfg, "mask_fraction", 0.8))
-        self.random_fraction = float(_get(cfg, "random_fraction", 0.1))
-        self.eval_seed = int(_get(cfg, "eval_seed", 0))
+        t = task_config(cfg)
+        self.p = float(t.mlm_probability)
+        self.mask_fraction = float(t.mask_fraction)
+        self.random_fraction = float(t.random_fraction)
+        self.eval_seed = int(t.eval_seed)
         fractions_ok = self.mask_fraction >= 0 and self.random_fraction >= 0 and \
             self.mask_fraction + self.random_fraction <= 1.0
         if not (0.0 < self.p < 1.0 and fractions_ok):

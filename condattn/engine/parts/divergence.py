@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ...utils.typed_config import impl_config
 from ..errors import TrainingDiverged
 from ..summary import write_failure
 from .base import Part
@@ -17,7 +18,7 @@ class Divergence(Part):
     def __init__(self, run: Any, checkpoints: Checkpointing):
         self.run = run
         self.checkpoints = checkpoints
-        self.max_loss = run.cfg.impl.get("max_loss")
+        self.max_loss = impl_config(run.cfg.impl).max_loss
 
     def after_backward(self, loop: Any) -> None:
         loss = loop.loss

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ...utils.typed_config import task_config
 from .base import Part
 
 
@@ -20,7 +21,7 @@ class BestModel(Part):
         self.key = str(run.task.metric)
         # best_val holds sign × value, so "larger is better" and the checkpoints' -inf start hold for both directions
         self.sign = 1.0 if run.task.higher_is_better else -1.0
-        self.save = bool(run.cfg.task.get("save_best", True))
+        self.save = bool(task_config(run.cfg.task).save_best)
         self.best_val = -math.inf
         self.best_step = -1
 
