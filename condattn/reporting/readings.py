@@ -19,12 +19,14 @@ import statistics
 import sys
 from pathlib import Path
 
+from . import protocol
 from .floors import SCALES as FLOOR_SCALES
 from .floors import load as load_floors
 from .stats import diff_ci
 from .tables import (
     TableCell,
     collect,
+    multiplier,
     provenance_line,
     renderer_cli,
     rows_for,
@@ -81,13 +83,23 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -
     cells = row_cells(exp, scale, runs_root, seeds)
     base_reading = exp.get("baseline_reading", "baseline")
     base = {exp["rows"][r]["task"]: r for r in cells if r == f"{exp['rows'][r]['task']}_{base_reading}"}
+    key, higher = (exp.get("curve") or {}).get("key", "acc"), bool(exp.get("higher_is_better", True))
+    targets = {task: protocol.baseline_target(cells[b].summaries, key, multiplier(exp), higher)
+               for task, b in base.items()}
     out = []
     for row, c in cells.items():
         spec = exp["rows"][row]
         d0 = [s.get("diagnostics", {}).get("step0", {}) for s in c.summaries]
         b = base.get(spec["task"])
         ci = diff_ci(cells[b].values, c.values) if b and b != row else None
+        target = targets.get(spec["task"])
+        n_arm = min(len(c.values), len(cells[b].values)) if b else 0
         out.append({
+            "lr": protocol.lr_text(exp, row), "lr_grid": protocol.grid_text(exp, row),
+            "mde": protocol.mde_text(cells[b].values if b else [], n_arm),
+            "steps": protocol.steps_column(c.summaries, target.value if target else None, key, multiplier(exp),
+                                           higher),
+            "target": target,
             "row": row, "task": spec["task"], "reading": spec.get("reading", row), "method": c.method,
             "metric": spec.get("metric", exp["metric"]), "cell": c, "ci": ci, "is_baseline": row == b,
             "step0": {k: _mean([f(d) for d in d0]) for k, f in STEP0.items()},
@@ -99,7 +111,8 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -
 def render(exp: dict, scale: str, rows: list[dict], cells: dict,
            floors: dict | None = None) -> tuple[str, list[dict]]:
     """`floors`: {task: cached floors entry} (reporting/floors.py), printed as rows under each task's readings."""
-    head = ["reading", "final accuracy (%)", "Δ vs baseline [95% CI]", *(f"step 0: {h}" for h in STEP0)]
+    head = ["reading", "final accuracy (%)", "Δ vs baseline [95% CI]", "lr (pick)", "MDE (80% power)",
+            "steps to baseline's final val", *(f"step 0: {h}" for h in STEP0)]
     intro = ("Each row is one reading of a method (experiments/table9_readings.yaml names its options). Final "
              "accuracy: mean ± std over seeds (ViT: validation top-1 at the end of training; ListOps: test accuracy "
              "at the best validation checkpoint). Δ: difference of the means to the same task's baseline with a 95% "
@@ -116,7 +129,7 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
             c, ci = r["cell"], r["ci"]
             acc = c.text()
             delta = "(baseline)" if r["is_baseline"] else (ci.text() if ci else "–")
-            cols = [r["reading"], acc, delta]
+            cols = [r["reading"], acc, delta, r["lr"], r["mde"][0], r["steps"][0]]
             cols += [_fmt(r["step0"][k], sci=k.startswith("‖")) for k in STEP0]
             lines.append("| " + " | ".join(cols) + " |")
             if ci and ci.low > 0:
@@ -130,11 +143,21 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
                    "missing_seeds": " ".join(map(str, c.missing)),
                    "diff_vs_baseline": f"{ci.diff:.4f}" if ci else "",
                    "diff_ci95_low": f"{ci.low:.4f}" if ci else "", "diff_ci95_high": f"{ci.high:.4f}" if ci else "",
+                   "lr": r["lr"], "lr_grid_scores": r["lr_grid"],
+                   "select_metric": ((exp.get("lr_picks") or {}).get(r["row"]) or {}).get("key", ""),
+                   "mde_80": f"{r['mde'][1]:.4f}" if r["mde"][1] is not None else "",
+                   "steps_to_target_median": r["steps"][0],
+                   "steps_to_target": " ".join("never" if x is None else str(x) for x in r["steps"][1]),
+                   "target": f"{r['target'].value:.4f}" if r["target"] and r["target"].value is not None else "",
+                   **_convergence_csv(r),
                    "wall_time_s": " ".join(f"{w:.1f}" for w in c.wall),
                    "commit": " ".join(sorted({s.get("commit", "") for s in c.summaries}))}
             for k, st in {**r["step0"], **r["extra"]}.items():
                 row[f"step0_{k}"] = f"{st[0]:.6g}" if st else ""
             csv_rows.append(row)
+        base = next((x for x in rows if x["task"] == task and x["is_baseline"]), None)
+        if base and base["target"]:
+            lines += ["", base["target"].text()]
         for f in ((floors or {}).get(task) or {}).get("floors", []):  # same split, a classical model: not a method
             lines.append(f"| {f['label']} | {100 * f['value']:.2f} ({f['split']}) | – |" + " – |" * (len(head) - 3))
     n_seeds = max((len(r["cell"].values) for r in rows), default=0)
@@ -144,8 +167,15 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
         verdict = "Readings above the baseline beyond their 95% interval: " + "; ".join(winners) + "."
     else:
         verdict = "No reading beats its task's baseline beyond its 95% interval."
-    lines += ["", verdict, "", provenance_line(exp, scale, cells)]
+    lines += ["", verdict, "", protocol.FOOTER, "", provenance_line(exp, scale, cells)]
     return "\n".join(lines) + "\n", csv_rows
+
+
+def _convergence_csv(r: dict) -> dict:
+    t = r["target"] if r["is_baseline"] else None
+    return {"last_quarter_gain": f"{t.gain:.4f}" if t and t.gain is not None else "",
+            "last_quarter_loss_fall_pct": f"{t.loss_fall:.3f}" if t and t.loss_fall is not None else "",
+            "converged": "" if t is None or t.converged is None else str(t.converged).lower()}
 
 
 def plot(rows: list[dict], out: Path, title: str) -> Path | None:
