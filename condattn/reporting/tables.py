@@ -132,8 +132,22 @@ def provenance_line(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> str
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"Ours: scale={scale}, {data}, seeds {seeds}, commit {', '.join(commits)}, hardware {', '.join(hardware)}, "
-        f"torch threads {', '.join(threads)}, {len(sums)} finished runs{device_hours(sums)}; written {when}."
+        f"torch threads {', '.join(threads)}, {len(sums)} finished runs{device_hours(sums)}{validation(cells)}; "
+        f"written {when}."
     )
+
+
+def validation(cells: dict[tuple, TableCell]) -> str:
+    """'; validation of text: held-out 0.1 of train (seed 0)' for rows whose release has no validation split (the
+    reader records how it made one, `data.val_source`); '' when every row validated on its release's own split."""
+    by_how: dict[str, list[str]] = {}
+    for (row, _), cell in cells.items():
+        for s in cell.summaries:
+            how = (s.get("data") or {}).get("validation")
+            if how and row not in by_how.setdefault(how, []):
+                by_how[how].append(row)
+    return "".join(f"; validation of {', '.join(rows)}: {how} (data.val_source)"
+                   for how, rows in sorted(by_how.items()))
 
 
 def device_hours(summaries: list[dict]) -> str:
