@@ -19,7 +19,6 @@ Model-specific code lives in the registries (models, tasks, conditioning layouts
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 import textwrap
 from datetime import datetime, timezone
@@ -195,10 +194,8 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
 
     from .conditioning import apply_conditioning
     from .conditioning.spec import conditioning_spec
-    from .data.registry import build_datasets
     from .engine import provenance
-    from .models import build_model
-    from .tasks import build_task
+    from .engine.setup import build_components
     from .utils.io import write_json_atomic
 
     try:
@@ -209,17 +206,14 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
     if cfg.impl.get("threads"):
         torch.set_num_threads(int(cfg.impl.threads))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    set_seed(int(cfg.seed))  # the trainer's order: seed, data, model -> the model `train` starts from
+    set_seed(int(cfg.seed))  # the trainer's order (engine/setup.py): seed, data, model -> the model train starts from
     try:
-        data = build_datasets(cfg)
+        data, conditioned, report, task = parts = build_components(cfg, spec, prepare=lambda m: m.to(device).eval(),
+                                                                   keep_unpatched=True)
     except FileNotFoundError as e:
         raise DiagnoseError(str(e)) from e
-    model = build_model(cfg.model).to(device).eval()
-    models = {"baseline": model, "conditioned": copy.deepcopy(model)}
+    models = {"baseline": parts.unpatched, "conditioned": conditioned}
     apply_conditioning(models["baseline"], "none")
-    report = apply_conditioning(models["conditioned"], spec)
-    report.check(attention_layers=cfg.model.get("attention_layers"))
-    task = build_task(cfg)
     batch = {k: v.to(device) for k, v in _first(data.val, batch_size).items()}
 
     arms = {arm: measure(m, task, batch) for arm, m in models.items()}
@@ -246,8 +240,28 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
     ]
     flat = (arms["baseline"]["flat"], arms["conditioned"]["flat"])
     rows = max(len(arms["baseline"]["weights"]), len(arms["baseline"]["blocks"]))
+    lines = [*head, "", *table(flat, rows), *notes(arms, report)]
+    if jacobian:
+        lines += ["", *jacobian_lines(arms["baseline"]["jacobian"], arms["conditioned"]["jacobian"])]
+
+    out = Path(out) if out is not None else Path(cfg.paths.results) / "diagnose"
+    stem = f"{prov['model']}_{method}_{prov['scale']}"
+    png, js = out / f"{stem}.png", out / f"{stem}.json"
+    result = {"provenance": prov, "patch": report.to_dict(), **arms}
+    write_json_atomic(js, result)
+    footer = (f"seed {prov['seed']} | batch {prov['batch']} val | commit {prov['commit']} | {prov['hardware_line']} | "
+              f"data: {data.info.get('source', '?')}")
+    plot(png, arms, f"{prov['model']}: baseline (solid) vs {method_line} (dashed), scale {prov['scale']}", footer)
+    lines += ["", f"wrote {png}", f"wrote {js}"]
+    print("\n".join(lines))
+    return result
+
+
+def notes(arms: dict, report) -> list[str]:
+    """What the table's cells are, the saturation figures, the patch's notes and absent entropies."""
+    flat = (arms["baseline"]["flat"], arms["conditioned"]["flat"])
     uniform = [_fmt(a["entropy_uniform"]) for a in arms["baseline"]["attention"]]
-    notes = [
+    return [
         "each cell: baseline → conditioned. κ(W): full H·d×D block, effective (W + λI under SCA); κ(X in): tokens "
         "entering block i, mean over samples, padding excluded;",
         f"entropy (nats; uniform = {', '.join(uniform)}) / max prob: the layer's own attention probabilities (masks, "
@@ -262,34 +276,24 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
         *(f"patch note: {n}" for n in report.notes),
         *absent_notes(arms["baseline"]["attention"]),
     ]
-    lines = [*head, "", *table(flat, rows), *notes]
-    if jacobian:
-        jb, jc = arms["baseline"]["jacobian"], arms["conditioned"]["jacobian"]
-        how = "jacrev + float64 SVD" if jb["solver"] == "exact" else "Lanczos on J Jᵀ"
-        sub = (f"SUBSAMPLED: the first {jb['tokens']} of its {jb['tokens_total']} tokens ({jb['subsampled']})"
-               if jb["subsampled"] else f"all {jb['tokens']} tokens")
-        form = FORMS[jb["formula"]].describe(jb)
-        lines += ["", f"κ(J) of layer 0 ({jb['layer']}) head 0 w.r.t. (W_Q, W_K, W_V): {form}, no bias, "
-                  f"on sample 0, {sub}; {jb['solver']} ({how}), J {jb['J_shape'][0]}×{jb['J_shape'][1]}"]
-        for arm, j in (("baseline", jb), ("conditioned", jc)):
-            info = j.get("info")
-            if info and not info["converged"]:
-                lines.append(f"  {arm}: Lanczos not converged after {info['iterations']} steps: κ(J) is a lower bound")
-            if j["kappa"] == float("inf"):
-                lines.append(f"  {arm}: J Jᵀ is numerically singular, κ(J) undefined matrix-free")
-        lines.append(f"  κ(J): {_fmt(jb['kappa'])}{ARROW}{_fmt(jc['kappa'])}  ({jb['seconds']}s, {jc['seconds']}s)")
 
-    out = Path(out) if out is not None else Path(cfg.paths.results) / "diagnose"
-    stem = f"{prov['model']}_{method}_{prov['scale']}"
-    png, js = out / f"{stem}.png", out / f"{stem}.json"
-    result = {"provenance": prov, "patch": report.to_dict(), **arms}
-    write_json_atomic(js, result)
-    footer = (f"seed {prov['seed']} | batch {prov['batch']} val | commit {prov['commit']} | {prov['hardware_line']} | "
-              f"data: {data.info.get('source', '?')}")
-    plot(png, arms, f"{prov['model']}: baseline (solid) vs {method_line} (dashed), scale {prov['scale']}", footer)
-    lines += ["", f"wrote {png}", f"wrote {js}"]
-    print("\n".join(lines))
-    return result
+
+def jacobian_lines(jb: dict, jc: dict) -> list[str]:
+    """The κ(J) lines of `--jacobian`: what was differentiated, how, and both arms' values."""
+    how = "jacrev + float64 SVD" if jb["solver"] == "exact" else "Lanczos on J Jᵀ"
+    sub = (f"SUBSAMPLED: the first {jb['tokens']} of its {jb['tokens_total']} tokens ({jb['subsampled']})"
+           if jb["subsampled"] else f"all {jb['tokens']} tokens")
+    form = FORMS[jb["formula"]].describe(jb)
+    lines = [f"κ(J) of layer 0 ({jb['layer']}) head 0 w.r.t. (W_Q, W_K, W_V): {form}, no bias, "
+             f"on sample 0, {sub}; {jb['solver']} ({how}), J {jb['J_shape'][0]}×{jb['J_shape'][1]}"]
+    for arm, j in (("baseline", jb), ("conditioned", jc)):
+        info = j.get("info")
+        if info and not info["converged"]:
+            lines.append(f"  {arm}: Lanczos not converged after {info['iterations']} steps: κ(J) is a lower bound")
+        if j["kappa"] == float("inf"):
+            lines.append(f"  {arm}: J Jᵀ is numerically singular, κ(J) undefined matrix-free")
+    lines.append(f"  κ(J): {_fmt(jb['kappa'])}{ARROW}{_fmt(jc['kappa'])}  ({jb['seconds']}s, {jc['seconds']}s)")
+    return lines
 
 
 def absent_notes(attention: list[dict]) -> list[str]:

@@ -116,6 +116,41 @@ def _accelerator(cfg: Any, run_dir: Path, deterministic: bool,
     return accelerator, split
 
 
+@dataclass
+class Components:
+    """The zoo objects of a run, built in the engine's order."""
+
+    data: Any
+    model: Any  # conditioned
+    report: Any  # the conditioning patch report, checked against the config
+    task: Any
+    unpatched: Any = None  # a copy of the model before its patch (build_components(keep_unpatched=True))
+
+    def __iter__(self):
+        return iter((self.data, self.model, self.report, self.task))
+
+
+def build_components(cfg: Any, conditioning: Any, data_guard: Any = None, prepare: Any = None,
+                     keep_unpatched: bool = False) -> Components:
+    """Data, model, its conditioning patch (checked against `model.attention_layers`), task: the order `train` and
+    `diagnose` share (each draws from the RNG after the seed). `conditioning`: what apply_conditioning takes (the
+    run's ConditioningSpec); `data_guard`: a context around the data build (accelerate's main_process_first);
+    `prepare(model) -> model`: before the patch (diagnose: to its device, eval mode); `keep_unpatched`: also keep a
+    copy of the model before its patch."""
+    import contextlib
+    import copy
+
+    with data_guard or contextlib.nullcontext():
+        data = build_datasets(cfg)
+    model = build_model(cfg.model)
+    if prepare is not None:
+        model = prepare(model)
+    unpatched = copy.deepcopy(model) if keep_unpatched else None
+    report = apply_conditioning(model, conditioning)
+    report.check(attention_layers=cfg.model.get("attention_layers"))
+    return Components(data, model, report, build_task(cfg), unpatched)
+
+
 def build_run(cfg: Any, run_dir: Path, deterministic: bool, checked: Checked | None = None) -> Run:
     """The run of `cfg`, from its one config check (`checked`: the conditioning spec and the budget; checked here when
     None)."""
@@ -123,12 +158,8 @@ def build_run(cfg: Any, run_dir: Path, deterministic: bool, checked: Checked | N
     execution = resolve_execution(cfg.impl, "cuda" if torch.cuda.is_available() else "cpu")
     accelerator, (glob, micro, accum) = _accelerator(cfg, run_dir, deterministic, execution)
     world, rank = accelerator.num_processes, accelerator.process_index
-    with accelerator.main_process_first():  # rank 0 generates/caches the data files, the others then read them
-        data = build_datasets(cfg)
-    model = build_model(cfg.model)
-    report = apply_conditioning(model, checked.conditioning)
-    report.check(attention_layers=cfg.model.get("attention_layers"))
-    task = build_task(cfg)
+    # rank 0 generates/caches the data files, the others then read them
+    data, model, report, task = build_components(cfg, checked.conditioning, accelerator.main_process_first())
     steps = int(cfg.task.steps)
     budget = checked.budget  # wall-clock budget + batch ramp (engine/budget.py); off by default
     optimizer, scheduler = build_optimizer(model, cfg, glob, steps, progress=budget.progress,
