@@ -6,7 +6,10 @@ else of condattn. `spec.py` holds every method's options and which act (`Conditi
 site's attention logits are formed, `tokens.py` how tokens and padding masks are read.
 """
 
-from . import layouts  # noqa: F401  (registers every family's layouts)
+from . import (
+    layouts,  # noqa: F401  (registers every family's layouts)
+    methods,  # noqa: F401  (registers qk_norm, sigma_reparam, mimetic_init, ns_attention: methods/)
+)
 from .api import (
     EMBEDDED_DEFAULTS,
     METHODS,

@@ -21,6 +21,7 @@ __all__ = ["EMBEDDED_DEFAULTS", "METHODS", "SPECTRAL_DEFAULTS", "apply_condition
 # Every method's options, defaults, checks and which of them act: spec.py (ConditioningSpec). Defaults and the meaning
 # of each open choice: configs/conditioning/_options.yaml.
 SPECTRAL_DEFAULTS: dict[str, Any] = dict(SPECTRAL_OPTIONS)
+INIT_ONLY = ("conditioned_init", "mimetic_init")  # methods that only set weights once: nothing to remove
 EMBEDDED_DEFAULTS: dict[str, Any] = dict(EMBEDDED_OPTIONS)
 
 
@@ -140,8 +141,8 @@ def remove_conditioning(model: nn.Module) -> None:
     if state is None:
         return
     r = state.report
-    if r.method == "conditioned_init" or ("spectral" in r.method and r.options.get("mode") == "init"):
-        what = "conditioned_init" if r.method == "conditioned_init" else "spectral with mode=init"
+    if r.method in INIT_ONLY or ("spectral" in r.method and r.options.get("mode") == "init"):
+        what = r.method if r.method in INIT_ONLY else "spectral with mode=init"
         raise RuntimeError(f"remove_conditioning: {what} changed the weights themselves (and training has moved them "
                            "since), so there is nothing to remove; rebuild the model, or load its original weights")
     for h in state.handles:

@@ -104,8 +104,9 @@ def _count_on(cfg: Any, device: torch.device) -> float:
     with torch.random.fork_rng(devices=[]), torch.device(device):  # the caller's RNG stream is left as it was
         model = build_model(mcfg).train()
         spec = conditioning_spec(cfg.conditioning)
-        # conditioned_init and SCA with mode=init change the weights once: no per-step cost (CET beside it keeps its)
-        once = {"conditioned_init", *(["spectral"] if spec.values.get("mode") == "init" else [])}
+        # conditioned_init, mimetic_init and SCA with mode=init change the weights once: no per-step cost (CET beside
+        # it keeps its)
+        once = {"conditioned_init", "mimetic_init", *(["spectral"] if spec.values.get("mode") == "init" else [])}
         method = "+".join(m for m in spec.parts if m not in once) or "none"
         apply_conditioning(model, method, **dict(spec.values))
         batch = _synthetic_batch(cfg, _COUNT_BATCH, device)

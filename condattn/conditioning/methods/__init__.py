@@ -8,3 +8,7 @@
 | mimetic       | `mimetic_init`  | W_Q W_Kᵀ ≈ αZ + βI per head, W_V W_O ≈ αZ − βI, once at init    | nothing          |
 | ns_attention  | `ns_attention`  | Newton–Schulz step on each head's normalised output before W_O | hooks only       |
 """
+
+from . import mimetic, ns_attention, qk_norm, sigma_reparam  # noqa: E402  (each registers its MethodSpec)
+
+__all__ = ["mimetic", "ns_attention", "qk_norm", "sigma_reparam"]

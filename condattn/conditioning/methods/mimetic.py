@@ -23,6 +23,7 @@ from torch import nn
 
 from ..report import PatchEntry, PatchReport
 from ..sites import AttentionSite, require_attention, stored_weight
+from ..spec import MethodSpec, finite_number, register_method
 from .common import head_rows, not_token_softmax, output_projection
 
 # Paper defaults: QK α₁ = β₁ = 0.7, VO α₂ = β₂ = 0.4. These are the values of a public timm fork implementing the
@@ -114,3 +115,11 @@ def apply_mimetic(model: nn.Module, report: PatchReport, qk_alpha: float = 0.7, 
     report.notes.append("mimetic_init: W_Q, W_K (per head) and W_V, W_O set once so that W_Q W_Kᵀ ≈ α₁Z + β₁I and "
                         "W_V W_O ≈ α₂Z − β₂I; plain weights trained from here (remove_conditioning cannot undo it)")
     return []
+
+
+def _apply(model: nn.Module, spec, report: PatchReport) -> list:
+    return apply_mimetic(model, report, **{k: spec[k] for k in DEFAULTS})
+
+
+register_method(MethodSpec("mimetic_init", dict(DEFAULTS), label="mimetic_init (mimetic initialisation)",
+                           validators={k: finite_number(0) for k in DEFAULTS}, apply=_apply))

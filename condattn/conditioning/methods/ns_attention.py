@@ -15,11 +15,14 @@ a module call (nn.MultiheadAttention applies out_proj inside F.multi_head_attent
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from ..report import PatchEntry, PatchReport
 from ..sites import find_tokens, require_attention
+from ..spec import MethodSpec, integer, register_method
 from ..tokens import track_model_mask
 from .common import is_causal, output_projection
 
@@ -105,3 +108,23 @@ class _Broadcast:
     def __call__(self, mask: torch.Tensor | None) -> None:
         for h in self.hooks:
             h.set_mask(mask)
+
+
+def _coefficients(key: str, v) -> tuple[float, float, float]:
+    try:
+        out = tuple(float(x) for x in v)
+    except (TypeError, ValueError):
+        out = ()
+    if len(out) != 3 or not all(math.isfinite(x) for x in out):
+        raise ValueError(f"conditioning.{key}={v!r} must be three finite numbers (a, b, c), e.g. Muon's "
+                         f"{list(MUON)}")
+    return out
+
+
+def _apply(model: nn.Module, spec, report: PatchReport) -> list:
+    return apply_ns_attention(model, report, ns_steps=spec["ns_steps"], ns_coefficients=spec["ns_coefficients"])
+
+
+register_method(MethodSpec("ns_attention", {"ns_steps": 1, "ns_coefficients": MUON},
+                           label="ns_attention (NS-attention)", apply=_apply,
+                           validators={"ns_steps": integer(1), "ns_coefficients": _coefficients}))

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..report import PatchEntry, PatchReport
 from ..sites import require_attention
+from ..spec import MethodSpec, choice, register_method
 from .common import Undo, not_token_softmax
 
 NORMS = ("layernorm", "rmsnorm")
@@ -119,3 +120,11 @@ def apply_qk_norm(model: nn.Module, report: PatchReport, norm: str = "layernorm"
     report.notes.append(f"qk_norm adds {added} {norm} modules ({per} parameter vector(s) of head_dim each): the "
                         "state_dict gains their keys (weight 1, bias 0 at init)")
     return handles
+
+
+def _apply(model: nn.Module, spec, report: PatchReport) -> list:
+    return apply_qk_norm(model, report, norm=spec["norm"])
+
+
+register_method(MethodSpec("qk_norm", {"norm": "layernorm"}, label="qk_norm (QK-norm)",
+                           validators={"norm": choice(NORMS)}, apply=_apply))

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..report import PatchEntry, PatchReport
 from ..sites import require_attention
+from ..spec import MethodSpec, choice, register_method
 from .common import Undo, _is_conv1d
 
 SCOPES = ("attention", "all_linear")
@@ -138,3 +139,11 @@ def apply_sigma_reparam(model: nn.Module, report: PatchReport, scope: str = "att
     report.notes.append(f"sigma_reparam adds {blocks} learnable γ (init σ_max(W)) and {2 * blocks} power-iteration "
                         "buffers u, v: the state_dict gains their keys (sigma_gamma*, sigma_u*, sigma_v*)")
     return handles
+
+
+def _apply(model: nn.Module, spec, report: PatchReport) -> list:
+    return apply_sigma_reparam(model, report, scope=spec["scope"])
+
+
+register_method(MethodSpec("sigma_reparam", {"scope": "attention"}, label="sigma_reparam (σReparam)",
+                           validators={"scope": choice(SCOPES)}, apply=_apply))
