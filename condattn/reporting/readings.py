@@ -67,12 +67,18 @@ def _fmt(st: tuple[float, float] | None, sci: bool = False) -> str:
     return f"{st[0]:.2e}" if sci else f"{st[0]:.3f}"
 
 
+def row_metric(exp: dict, scale: str, spec: dict) -> str:
+    """The summary key a row reports: its `metrics: {scale: key}` entry, else its `metric:`, else the experiment's
+    (the small ViT reports its test split; the medium and paper ViT, like ImageNet, their validation split)."""
+    return (spec.get("metrics") or {}).get(scale) or spec.get("metric") or exp["metric"]
+
+
 def row_cells(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -> dict[str, TableCell]:
     """One TableCell per row (its method, its metric)."""
     out = {}
     for row in rows_for(exp, scale):
         spec = exp["rows"][row]
-        sub = {**exp, "metric": spec.get("metric", exp["metric"]), "rows": {row: spec},
+        sub = {**exp, "metric": row_metric(exp, scale, spec), "rows": {row: spec},
                "scales": {scale: {"seeds": seeds}}}
         (cell,) = collect(sub, scale, runs_root, seeds).values()
         out[row] = cell
@@ -101,7 +107,7 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -
                                            higher),
             "target": target,
             "row": row, "task": spec["task"], "reading": spec.get("reading", row), "method": c.method,
-            "metric": spec.get("metric", exp["metric"]), "cell": c, "ci": ci, "is_baseline": row == b,
+            "metric": row_metric(exp, scale, spec), "cell": c, "ci": ci, "is_baseline": row == b,
             "step0": {k: _mean([f(d) for d in d0]) for k, f in STEP0.items()},
             "extra": {k: _mean([f(d) for d in d0]) for k, f in EXTRA.items()},
         })
