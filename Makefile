@@ -48,7 +48,8 @@ test: lint
 test-fast:
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# forward+backward step time of baseline / SCA / CET-svd / CET-fast per model, side by side (results/bench/)
+# forward+backward step time of baseline / SCA / CET-svd / CET-fast / QK-norm / σReparam / mimetic / NS-attn per
+# model, side by side (results/bench/)
 bench:
 	$(BIN)/python -m condattn.bench $(ARGS)
 

@@ -1,7 +1,8 @@
 """`python -m condattn.bench` (`make bench`): what each method costs, measured side by side in one run.
 
 For each model at a fixed batch: forward+backward step time and samples/s for baseline, SCA, CET with the
-exact SVD and CET with Newton–Schulz, and each arm's ratio to baseline. Arms are interleaved (one step
+exact SVD and CET with Newton–Schulz, the field's methods (QK-norm, σReparam, mimetic init, NS-attention; one
+refused where it does not apply, with its reason), and each arm's ratio to baseline. Arms are interleaved (one step
 of each in turn, medians over the timed rounds after warm-up), so drift on a shared machine hits all arms
 alike. Peak memory is reported on CUDA. Results go to results/bench/<host>_<device>.{md,json}.
 """
@@ -31,6 +32,11 @@ ARMS = {
     "SCA": ("spectral", {}),
     "CET-svd": ("embedded", {"solver": "svd"}),
     "CET-fast": ("embedded", {"solver": "newton_schulz"}),
+    # the field's methods beside them (conditioning/methods/); mimetic_init only sets weights (≈ 1× by design)
+    "QK-norm": ("qk_norm", {}),
+    "σReparam": ("sigma_reparam", {}),
+    "mimetic": ("mimetic_init", {}),
+    "NS-attn": ("ns_attention", {}),
 }
 
 
@@ -129,12 +135,16 @@ def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters:
     factory = MODELS[name][0]
     torch.manual_seed(0)
     base, loss_fn = factory(batch, device)
-    arms = {}
+    arms, refused = {}, {}
     for arm, (method, opts) in ARMS.items():
         if arm_names and arm != "baseline" and arm not in arm_names:
             continue
         model = copy.deepcopy(base).to(device).train()
-        apply_conditioning(model, method, **opts)
+        try:
+            apply_conditioning(model, method, **opts)
+        except ValueError as e:  # a method that does not apply to this model (its one-line reason)
+            refused[arm] = str(e).splitlines()[0]
+            continue
         arms[arm] = (model, torch.optim.AdamW(model.parameters(), lr=1e-6))
     # training FLOPs per sample of each arm: one forward + backward under torch.utils.flop_counter (engine/flops.py)
     flops = {arm: training_step_flops(model, loss_fn) / batch for arm, (model, _) in arms.items()}
@@ -172,7 +182,7 @@ def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters:
             "mfu": None if device.type != "cuda" else _round(mfu(flops[arm], batch / med, dev_name, precision)),
         }
     return {"model": name, "batch": batch, "warmup": warmup, "iters": iters, "precision": precision,
-            "compile": compile_, "arms": rows}
+            "compile": compile_, "arms": rows, **({"refused": refused} if refused else {})}
 
 
 def _peak_note(device: torch.device, precision: str) -> str:
@@ -331,6 +341,8 @@ def render(results: list[dict], header: str) -> str:
                          f"{v.get('tokens_per_s', '–')} | {v['ratio_to_baseline']:.3f} | "
                          f"{v['ratio_iqr'][0]:.3f}–{v['ratio_iqr'][1]:.3f} | {mem} | "
                          f"{v.get('train_gflop_per_sample', '–')} | {v.get('achieved_tflop_per_s', '–')} | {util} |")
+    for r in results:
+        lines += [f"\n{r['model']}: {arm} not run: {why}" for arm, why in r.get("refused", {}).items()]
     return "\n".join(lines) + "\n"
 
 
@@ -368,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_flush_denormal(True)  # as the trainer does (impl.flush_denormal)
     hw = provenance.hardware(device, 1)
     header = (
-        f"# condattn bench: forward+backward+AdamW step, baseline vs SCA vs CET (measured)\n\n"
+        f"# condattn bench: forward+backward+AdamW step, baseline vs SCA vs CET and the field's methods (measured)\n\n"
         f"{provenance.describe(hw)}, torch threads {torch.get_num_threads()}, precision {args.precision}"
         f"{', compiled' if args.compile else ''}{_peak_note(device, args.precision)}, "
         f"commit {provenance.git_commit()}, torch {torch.__version__}, "

@@ -12,7 +12,7 @@ def test_bench_runs_all_arms_and_writes_results(tmp_path, capsys):
     assert main(["--models", "nystromformer_lra_listops", "--batch", "1", "--warmup", "0", "--iters", "1",
                  "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for arm in ("baseline", "SCA", "CET-svd", "CET-fast"):
+    for arm in ("baseline", "SCA", "CET-svd", "CET-fast", "QK-norm", "σReparam", "mimetic", "NS-attn"):
         assert f"| nystromformer_lra_listops | 1 | {arm} |" in out
     data = json.loads(next(tmp_path.glob("*.json")).read_text())
     arms = data["results"][0]["arms"]
@@ -27,7 +27,7 @@ def test_bench_refuses_unknown_model():
 
 def test_bench_zoo_small_members_all_arms(tmp_path, capsys):
     """Every small vision zoo member goes through all four arms (the paper members only differ in size)."""
-    from condattn.bench import ZOO
+    from condattn.bench import ARMS, ZOO
 
     small = [m for m in ZOO if m.endswith("_32")]
     assert len(small) == 5 and len(ZOO) == 10
@@ -35,5 +35,6 @@ def test_bench_zoo_small_members_all_arms(tmp_path, capsys):
     data = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert [r["model"] for r in data["results"]] == small
     for r in data["results"]:
-        assert set(r["arms"]) == {"baseline", "SCA", "CET-svd", "CET-fast"}
+        assert set(r["arms"]) | set(r.get("refused", {})) == set(ARMS)  # run, or refused in one line
+        assert all("\n" not in why for why in r.get("refused", {}).values())
         assert all(v["step_ms"] > 0 for v in r["arms"].values())
