@@ -27,6 +27,10 @@ BAD = [
     (["conditioning=spectral", "conditioning.solver=svd"], "override 'conditioning.solver=svd' does not apply to "
                                                            "conditioning=spectral: it is an option of embedded (CET)"),
     (["conditioning=spectral", "conditioning.identity=diagonal"], "conditioning option identity='diagonal' is invalid"),
+    (["task=imagenet_vit", "model.model_name=vit_tiny_patch16_22"], "model.model_name='vit_tiny_patch16_22' is not a "
+                                                                    "timm model (timm "),
+    (["task=imagenet_vit", "model.model_name=nothing_like_it"], "model.model_name='nothing_like_it' is not a timm "
+                                                                "model"),
 ]
 
 

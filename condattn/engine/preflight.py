@@ -135,13 +135,15 @@ def check_config(cfg: Any) -> Checked:
     conditioning spec and the budget are built here, once."""
     from ..conditioning.spec import conditioning_spec
     from ..data.registry import dataset_entry, unknown_builder
-    from ..models import MODEL_BUILDERS
+    from ..models import MODEL_BUILDERS, model_problems
     from ..tasks import TASKS
 
     out: list[str] = []
     if cfg.model.get("builder") not in MODEL_BUILDERS:
         out.append(f"unknown model builder {cfg.model.get('builder')!r} (model={cfg.model.get('name')!r}); "
                    f"known: {', '.join(MODEL_BUILDERS)}")
+    else:
+        out += model_problems(cfg.model)
     seed = cfg.get("seed")
     if not isinstance(seed, int) or isinstance(seed, bool):
         out.append(f"seed={seed!r} must be an integer (e.g. seed=1)")

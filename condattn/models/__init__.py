@@ -35,6 +35,18 @@ def build_model(cfg: Any) -> nn.Module:
     return MODEL_BUILDERS[builder](**{k: v for k, v in opts.items() if k not in META_KEYS})
 
 
+def model_problems(cfg: Any) -> list[str]:
+    """What a model config names that its library does not have (a timm architecture), one line each; the preflight
+    reports them before any job starts."""
+    from .timm_models import unknown_timm_model
+
+    if cfg.get("builder") == "timm":
+        return [why] if (why := unknown_timm_model(cfg.get("model_name"))) else []
+    if cfg.get("backbone") and str(cfg.get("builder", "")).startswith("maskrcnn"):
+        return [why] if (why := unknown_timm_model(cfg.get("backbone"), "model.backbone")) else []
+    return []
+
+
 @model_builder("nystromformer_classifier")
 def _nystromformer(**kw) -> nn.Module:
     from .lra import NystromformerClassifier

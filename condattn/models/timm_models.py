@@ -11,6 +11,20 @@ from torch import nn
 FUSED_ATTN_MODES = {0: (False, False), 1: (True, False), 2: (True, True)}
 
 
+def unknown_timm_model(model_name: str, key: str = "model.model_name") -> str | None:
+    """One line naming an architecture timm does not know, with the closest names it does; None when it knows it."""
+    import difflib
+
+    import timm
+
+    known = timm.list_models()
+    if model_name in known:
+        return None
+    close = difflib.get_close_matches(str(model_name), known, n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}?" if close else "see timm.list_models() for the names it has"
+    return f"{key}={model_name!r} is not a timm model (timm {timm.__version__}); {hint}"
+
+
 def create_timm(model_name: str, pretrained: bool = False, fused_attn: int | None = None, **kw) -> nn.Module:
     """`timm.create_model(model_name, **kw)`. `fused_attn` (0/1/2, see FUSED_ATTN_MODES) is set with
     timm.layers.set_fused_attn before the build (timm reads it once per attention module in __init__) and
@@ -19,8 +33,8 @@ def create_timm(model_name: str, pretrained: bool = False, fused_attn: int | Non
     import timm
     from timm.layers import config as timm_layer_config
 
-    if model_name not in timm.list_models():
-        raise ValueError(f"unknown timm model {model_name!r}; see timm.list_models() for valid names")
+    if why := unknown_timm_model(model_name):
+        raise ValueError(why)
     if fused_attn is not None and fused_attn not in FUSED_ATTN_MODES:
         raise ValueError(f"model.fused_attn={fused_attn!r}: choose 0 (off), 1 (timm's stable layers) or 2 (all)")
     previous = timm_layer_config._USE_FUSED_ATTN
