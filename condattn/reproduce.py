@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import math
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -125,13 +126,14 @@ def lr_grid(exp: dict, scale: str) -> list[float]:
     return [float(m) for m in grid]
 
 
-def selection_key(exp: dict, row: str) -> str:
+def selection_key(exp: dict, row: str, scale: str | None = None) -> str:
     """The validation metric a row's lr grid picks by, never a test metric: the row's (or the experiment's)
     `select_metric`, else the validation twin of the row's metric: test_<k> (scored at the best validation
     checkpoint, LRA) -> val_<k> (the best validation value), final_test_<k> -> final_val_<k>, and a validation
-    metric (final_val_<k>: ViT's final validation top-1) itself."""
+    metric (final_val_<k>: ViT's final validation top-1) itself. The row's metric at `scale` is its
+    `metrics: {<scale>: key}` entry when it has one (readings.row_metric)."""
     spec = exp["rows"][row]
-    metric = spec.get("metric", exp["metric"])
+    metric = (spec.get("metrics") or {}).get(scale) or spec.get("metric") or exp["metric"]
     key = spec.get("select_metric", exp.get("select_metric"))
     if key is None:
         for test, val in (("final_test_", "final_val_"), ("test_", "val_")):
@@ -261,7 +263,7 @@ def _named(comp: _Composer, part: Part, tail: list[str], renamed: dict[str, str]
     return spec, v
 
 
-def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list[str], exp: dict,
+def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list[str], exp: dict, scale: str,
               read_records: bool, shown: dict[str, str]) -> tuple[list[tuple[Part, RunSpec]], LrPick | None]:
     """One row's cells under an lr grid: stage 1 (its first seed at every multiplier) and, once stage 1 has picked,
     stage 2 (its other seeds at the pick; the first seed's run at the pick is that seed's). Adds the variants of the
@@ -272,7 +274,7 @@ def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list
     except ConfigError as e:
         comp.errors.setdefault(str(e), []).append(first.name)
         return [], None
-    pick = LrPick(first.row, selection_key(exp, first.row), base_lr, {m: base_lr * m for m in grid})
+    pick = LrPick(first.row, selection_key(exp, first.row, scale), base_lr, {m: base_lr * m for m in grid})
     out: list[tuple[Part, RunSpec]] = []
     stage1: dict[float, str] = {}
     for m in grid:  # ×1 is the row's own cell: no lr override, its usual name
@@ -311,7 +313,7 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
         groups.setdefault((p.name,) if p.pretrain else (p.row, p.method), []).append(p)
     for group in groups.values():
         if grid and not group[0].pretrain:
-            row_cells, pick = _grid_row(comp, group, grid, extra, exp, read_records, shown)
+            row_cells, pick = _grid_row(comp, group, grid, extra, exp, scale, read_records, shown)
             planned += row_cells
             if pick is not None:
                 picks[group[0].row] = pick
@@ -549,6 +551,11 @@ def report(p: Plan, scale: str, seeds: list[int], failed: list[str]) -> int:
     return 1 if failed else 0
 
 
+def rows_slug(rows: str) -> str:
+    """'vit_*,listops' -> 'vit_+listops': the --rows patterns as a file-name part (glob characters dropped)."""
+    return "+".join(re.sub(r"[^A-Za-z0-9_.-]", "", part) for part in rows.replace(",", " ").split()) or "rows"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m condattn.reproduce", description=__doc__.splitlines()[0])
     p.add_argument("experiment", help="experiments/tableN_*.yaml")
@@ -583,6 +590,8 @@ def main(argv: list[str] | None = None) -> int:
         args.only_rows = select_rows(exp, args.scale, args.rows.replace(",", " ").split()) if args.rows else None
     except ValueError as e:
         p.error(str(e))
+    if args.rows:  # a part of the table: written beside the full one (table9_readings.rows-vit_.md), never over it
+        exp = {**exp, "output_stem": f"{exp['table']}.rows-{rows_slug(args.rows)}"}
     try:
         return _run(args, exp, seeds)
     except ConfigError as e:

@@ -41,6 +41,10 @@ def test_selection_key_is_validation_never_test():
     exp = grid_exp()
     assert selection_key(exp, "vit_baseline") == "final_val_acc"  # ViT: final validation top-1
     assert selection_key(exp, "listops_baseline") == "val_acc"  # ListOps: test at best val -> the best val acc
+    exp["rows"]["vit_baseline"]["metrics"] = {"small": "test_acc"}  # a held-out test split at one scale
+    assert selection_key(exp, "vit_baseline", "small") == "val_acc"
+    assert selection_key(exp, "vit_baseline", "medium") == "final_val_acc"
+    exp["rows"]["vit_baseline"].pop("metrics")
     exp["rows"]["vit_baseline"]["metric"] = "mcc_median"
     with pytest.raises(ConfigError, match="select_metric"):
         selection_key(exp, "vit_baseline")
@@ -140,6 +144,8 @@ def test_readings_table_reports_the_protocol(tmp_path):
     from condattn.reporting.readings import write_table
 
     exp = grid_exp(("vit_baseline", "vit_sca10"))
+    for spec in exp["rows"].values():
+        spec.pop("metrics", None)  # report final_val_acc at every scale
     runs = tmp_path / "runs" / "small"
     exp["lr_picks"] = {r: {"key": "final_val_acc", "base_lr": 1e-3, "lrs": {0.5: 5e-4, 1.0: 1e-3, 2.0: 2e-3},
                            "scores": {0.5: 0.5, 1.0: 0.6, 2.0: 0.55}, "pick": 1.0, "lr": 1e-3} for r in exp["rows"]}

@@ -141,7 +141,8 @@ def validation(cells: dict[tuple, TableCell]) -> str:
     """'; validation of text: held-out 0.1 of train (seed 0)' for rows whose release has no validation split (the
     reader records how it made one, `data.val_source`); '' when every row validated on its release's own split."""
     by_how: dict[str, list[str]] = {}
-    for (row, _), cell in cells.items():
+    for key, cell in cells.items():  # (row, method) here; table 9's renderer keys its cells by row
+        row = key[0] if isinstance(key, tuple) else key
         for s in cell.summaries:
             how = (s.get("data") or {}).get("validation")
             if how and row not in by_how.setdefault(how, []):
@@ -269,12 +270,13 @@ def save_outputs(exp: dict, scale: str, results_root: str | Path, md: str, csv_r
     notes = table_notes(exp, scale, rows_for(exp, scale))
     if notes:
         md = md.rstrip("\n") + "\n" + "\n".join(notes) + "\n"
-    png = plot(out_dir / f"{exp['table']}.png")
+    stem = exp.get("output_stem", exp["table"])  # reproduce --rows: `<table>.rows-<patterns>`, beside the full table
+    png = plot(out_dir / f"{stem}.png")
     if png is not None:
         md += f"\n![{caption}]({png.name})\n"
-    md_path = out_dir / f"{exp['table']}.md"
+    md_path = out_dir / f"{stem}.md"
     md_path.write_text(md)
-    with open(out_dir / f"{exp['table']}.csv", "w", newline="") as f:
+    with open(out_dir / f"{stem}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fieldnames or (list(csv_rows[0]) if csv_rows else ["table"]))
         w.writeheader()
         w.writerows(csv_rows)
