@@ -249,3 +249,21 @@ def test_row_overrides_per_scale_fill_in_the_method():
     assert not any(o.startswith("model.backbone_checkpoint") for o in small)
     assert not any(o.startswith("model.backbone_checkpoint") for ov in dict(cells(exp, "smoke", [0], [])).values()
                    for o in ov)
+
+
+def test_a_rows_run_writes_beside_the_table_and_results_follow_condattn_results(tmp_path, monkeypatch):
+    """ROWS=text writes table4_lra.rows-text.md beside the full table (never over it); paths.results, and so every
+    table, follows $CONDATTN_RESULTS."""
+    from condattn.config import compose
+    from condattn.reproduce import rows_slug
+
+    monkeypatch.setenv("CONDATTN_RESULTS", str(tmp_path / "res"))
+    assert compose(["scale=smoke"]).paths.results == str(tmp_path / "res")
+    assert rows_slug("vit_*,listops_cet*") == "vit_+listops_cet" and rows_slug("vit_[ab]") == "vit_ab"
+    common = ["experiments/table4_lra.yaml", "--scale", "smoke", "--report-only", f"paths.runs={tmp_path / 'runs'}"]
+    assert main([*common, "--rows", "text"]) == 0
+    assert (tmp_path / "res" / "smoke" / "table4_lra.rows-text.md").is_file()
+    assert (tmp_path / "res" / "smoke" / "table4_lra.rows-text.csv").is_file()
+    assert not (tmp_path / "res" / "smoke" / "table4_lra.md").exists()
+    assert main(common) == 0
+    assert (tmp_path / "res" / "smoke" / "table4_lra.md").is_file()
