@@ -33,8 +33,8 @@ from typing import Any
 from .engine.preflight import preflight_checked
 from .engine.signals import StopFlag
 from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, ConfigError, RunSpec, active_job, compose_cell, launcher_problems
-from .reporting import load_experiment, write_table
-from .reporting.tables import methods_for, rows_for
+from .reporting import load_experiment
+from .reporting.tables import methods_for, renderer_for, rows_for
 from .runs import RunId, RunRecord
 
 
@@ -517,6 +517,12 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
         return plan(exp, args.scale, seeds, list(args.overrides), args.launcher, args.only_rows, read_records)
 
     p = plan_now(read_records=not args.force)  # --force: stage 1 of an lr grid runs again before anything picks
+    if args.status:  # queued / running / failed / finished per cell (launch.status_lines)
+        from .launch import status_lines
+
+        print(f"[reproduce] {p.exp['table']} at scale {args.scale}: {len(p.cells)} cells")
+        print("\n".join(status_lines(p.cells)))
+        return 0
     if args.report_only:
         return report(p, args.scale, seeds, [])
     if (t := _checked(p, args, p.cells)) is None:
@@ -529,20 +535,9 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
 # --------------------------------------------------------------------------------------------- the table
 
 
-def _renderer(exp: dict):
-    """The experiment's `renderer: module:function` (same signature as reporting.write_table), or the generic one."""
-    spec = exp.get("renderer")
-    if not spec:
-        return write_table
-    import importlib
-
-    module, _, fn = str(spec).partition(":")
-    return getattr(importlib.import_module(module), fn or "write_table")
-
-
 def report(p: Plan, scale: str, seeds: list[int], failed: list[str]) -> int:
     """Render the table from the runs there are (with the plan's variants and lr picks); 1 when cells failed."""
-    md_path, md = _renderer(p.exp)(p.exp, scale, p.runs_root, p.results_root, seeds)
+    md_path, md = renderer_for(p.exp)(p.exp, scale, p.runs_root, p.results_root, seeds)
     print()
     print(md)
     print(f"[reproduce] wrote {md_path} (+ .csv, .png)")
@@ -566,6 +561,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="validate every cell and print the jobs (and the exact sbatch script) without running")
     p.add_argument("--force", action="store_true", help="rerun finished cells from scratch")
     p.add_argument("--report-only", action="store_true", help="only rebuild the table from existing runs")
+    p.add_argument("--status", action="store_true", help="list each cell as queued, running, failed or finished (run "
+                   "records, and squeue/sacct for SLURM jobs); trains nothing")
     p.add_argument("--rows", help='train only these rows, e.g. "listops" or "vit_*,listops_cet*" (shell globs); the '
                    "table is still written with every row, from the runs there are. Two processes given disjoint "
                    "rows fill one table side by side")

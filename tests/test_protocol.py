@@ -196,3 +196,23 @@ def test_reproduce_runs_both_stages_locally_and_reuses_them(tmp_path, capsys):
     best = max(scores, key=lambda r: (scores[r], "-" not in r))
     (seed1,) = [r for r in runs if "_s1" in r]
     assert lr[seed1] == lr[best]
+
+
+def test_one_renderer_cli_uses_the_experiments_renderer_and_refuses_an_lr_grid(tmp_path, capsys):
+    import yaml
+
+    from condattn.reporting.tables import renderer_cli
+
+    exp = load_experiment(REPO / "experiments" / "table4_lra.yaml")
+    exp["rows"] = {"listops": exp["rows"]["listops"]}
+    path = tmp_path / "table4_lra.yaml"
+    path.write_text(yaml.safe_dump(exp, sort_keys=False))
+    over = [f"paths.runs={REPO / 'tests' / 'fixtures' / 'runs'}", f"paths.results={tmp_path / 'results'}"]
+    assert renderer_cli([str(path), "--scale", "smoke", "--seeds", "0", *over], "prog", "doc") == 0
+    assert (tmp_path / "results" / "smoke" / "table4_lra.md").is_file()
+    assert "[reporting] wrote" in capsys.readouterr().out
+    exp["scales"]["smoke"]["lr_grid"] = [1, 2]
+    path.write_text(yaml.safe_dump(exp, sort_keys=False))
+    with pytest.raises(SystemExit):
+        renderer_cli([str(path), "--scale", "smoke", *over], "prog", "doc")
+    assert "--report-only" in capsys.readouterr().err

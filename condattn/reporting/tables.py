@@ -291,9 +291,21 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
                         "validation curves")
 
 
-def renderer_cli(argv: list[str] | None, prog: str, doc: str, write, tag: str) -> int:
-    """`python -m condattn.reporting.<renderer> experiments/tableN.yaml --scale S [--seeds ...] [overrides]`: rebuild
-    one table from its runs with that renderer's `write` (same signature as write_table)."""
+def renderer_for(exp: dict):
+    """The experiment's `renderer: module:function` (same signature as write_table), or the generic write_table."""
+    spec = exp.get("renderer")
+    if not spec:
+        return write_table
+    import importlib
+
+    module, _, fn = str(spec).partition(":")
+    return getattr(importlib.import_module(module), fn or "write_table")
+
+
+def renderer_cli(argv: list[str] | None, prog: str, doc: str, write=None, tag: str = "reporting") -> int:
+    """`python -m condattn.reporting[.<renderer>] experiments/tableN.yaml --scale S [--seeds ...] [overrides]`: rebuild
+    one table from its runs with `write` (same signature as write_table; None: the experiment's renderer). A scale
+    with an lr grid is refused: its runs are named by the picks, which `reproduce --report-only` reads."""
     import argparse
 
     p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
@@ -305,8 +317,14 @@ def renderer_cli(argv: list[str] | None, prog: str, doc: str, write, tag: str) -
     exp = load_experiment(args.experiment)
     if args.scale not in exp["scales"]:
         p.error(f"--scale {args.scale!r} is not defined in {args.experiment}; choose one of {list(exp['scales'])}")
+    if (exp["scales"][args.scale] or {}).get("lr_grid"):
+        p.error(f"scale {args.scale} of {exp['table']} has an lr_grid: its rows' runs are the lr picks; rebuild the "
+                f"table with `python -m condattn.reproduce {args.experiment} --scale {args.scale} --report-only` "
+                "(make report-table-N)")
     seeds = [int(x) for x in args.seeds.replace(",", " ").split()] if args.seeds else exp["scales"][args.scale]["seeds"]
     from ..config import compose
+
+    write = write or renderer_for(exp)
 
     cfg = compose([f"scale={args.scale}", *args.overrides])
     md_path, md = write(exp, args.scale, cfg.paths.runs, cfg.paths.results, seeds)
