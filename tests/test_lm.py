@@ -50,23 +50,6 @@ def logits(model, inputs) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------- conditioning
 
 
-@pytest.mark.parametrize(("method", "expected"), [
-    ("spectral", {"spectral:hf_gpt2": 12}),
-    ("embedded", {"embedded:hf_gpt2": 1}),
-    ("spectral+embedded", {"spectral:hf_gpt2": 12, "embedded:hf_gpt2": 1}),
-])
-def test_gpt2_patch_counts(method, expected):
-    model = gpt2(n_layer=12)
-    report = condattn.apply_conditioning(model, method)
-    assert report.counts == expected
-    report.check(attention_layers=12)
-    names = [e.module for e in report.entries]
-    if "spectral" in method:
-        assert names[:12] == [f"transformer.h.{i}.attn" for i in range(12)]
-    if "embedded" in method:
-        assert names[-1] == "transformer.h.0 input"  # the GPT2Model inside the LM head model, its first block
-
-
 def test_token_site_is_the_outer_gpt2_model_and_cross_attention_counts():
     model = gpt2(n_layer=3)
     site = find_tokens(model)

@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import condattn
 from condattn.conditioning import find_attention, find_tokens
 from condattn.config import compose
 from condattn.data.registry import build_datasets
@@ -140,23 +139,6 @@ def test_sparse_prediction_equals_dense_at_masked_positions_and_padding_is_ignor
 
 
 # ---------------------------------------------------------------------------------------------------- conditioning
-
-
-@pytest.mark.parametrize(("method", "expected"), [
-    ("spectral", {"spectral:crammed_bert": 16}),
-    ("embedded", {"embedded:crammed_bert": 1}),
-    ("spectral+embedded", {"spectral:crammed_bert": 16, "embedded:crammed_bert": 1}),
-])
-def test_patch_counts(method, expected):
-    model = bert(num_layers=16)
-    report = condattn.apply_conditioning(model, method)
-    assert report.counts == expected
-    report.check(attention_layers=16)
-    names = [e.module for e in report.entries]
-    if "spectral" in method:
-        assert names[:16] == [f"encoder.layers.{i}.attn" for i in range(16)]
-    if "embedded" in method:
-        assert names[-1] == "encoder.layers.0 input"
 
 
 def test_token_site_and_attention_sites():
