@@ -54,7 +54,7 @@ class Projection:
         """The output rows of `linear` that hold this role, as an index (a slice's range, or the index of an
         interleaved layout, where `cols` is a LongTensor of rows: `interleaved`)."""
         if isinstance(self.cols, slice):
-            return torch.arange(self.cols.start or 0, self.cols.stop)
+            return torch.arange(self.cols.start or 0, self.cols.stop, device="cpu")  # an index: CPU, also under meta
         return self.cols
 
 
@@ -221,7 +221,8 @@ def interleaved(lin: nn.Module, heads: int, widths: tuple[int, int, int] | None 
     offsets = [sum(widths[:i]) for i in range(3)]
     proj = {}
     for r, off, w in zip(ROLES, offsets, widths):
-        rows = torch.cat([torch.arange(h * per_head + off, h * per_head + off + w) for h in range(heads)])
+        rows = torch.cat([torch.arange(h * per_head + off, h * per_head + off + w, device="cpu")
+                          for h in range(heads)])
         proj[r] = Projection(lin, rows)
     return widths[0], proj
 

@@ -100,7 +100,7 @@ class SpectralShift:
         """Place the correction in one role's output rows (all heads of q, k or v; a slice, or the row index of an
         interleaved layout, head-major). `weight` (torch layout) gives the λ units init_std / sigma_max."""
         if isinstance(rows, slice):
-            rows = torch.arange(rows.start or 0, rows.stop)
+            rows = torch.arange(rows.start or 0, rows.stop, device="cpu")  # also under a meta device context
         rows = rows.cpu().long()
         if identity == "full":  # λ I_{D×(H·d)}: head h receives λ·x[h·d:(h+1)·d]
             blocks = [rows]
@@ -127,8 +127,8 @@ class SpectralShift:
             for blk, s in zip(self.blocks, self.scales):
                 k = min(len(blk), self.in_features)  # rectangular identity: only the first min(D_in, rows) diagonal
                 rows.append(blk[:k])
-                cols.append(torch.arange(k))
-                vals.append(torch.full((k,), s))
+                cols.append(torch.arange(k, device="cpu"))
+                vals.append(torch.full((k,), s, device="cpu"))
             self._index[device] = tuple(torch.cat(t).to(device) for t in (rows, cols, vals))
         return self._index[device]
 
@@ -173,7 +173,7 @@ class SpectralShift:
                 raise RuntimeError("spectral correction=svd: C has not been computed yet (pass the weight)")
             return self._delta
         rows, cols, vals = self._identity_index(torch.device("cpu"))
-        delta = torch.zeros(self.out_features, self.in_features)
+        delta = torch.zeros(self.out_features, self.in_features, device="cpu")
         delta[rows, cols] = vals
         return delta
 
