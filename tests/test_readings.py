@@ -338,7 +338,7 @@ def test_table9_renderer_from_run_summaries(tmp_path):
 
     exp = load_experiment(Path(__file__).resolve().parents[1] / "experiments" / "table9_readings.yaml")
     readings = {r.split("_", 1)[1] for r in exp["rows"]}
-    assert len(readings) == 11 and {exp["rows"][r]["task"] for r in exp["rows"]} == {"vit", "listops"}
+    assert len(readings) == 15 and {exp["rows"][r]["task"] for r in exp["rows"]} == {"vit", "listops"}
     runs = tmp_path / "runs"
     for row, spec in exp["rows"].items():
         (method,) = methods_for(exp, row)
@@ -364,4 +364,4 @@ def test_table9_renderer_from_run_summaries(tmp_path):
     assert "Readings above the baseline beyond their 95% interval: vit: SCA Theorem 3.5" in md
     assert "listops: SCA Theorem 3.5" in md
     csv = (md_path.parent / "table9_readings.csv").read_text().splitlines()
-    assert len(csv) == 1 + 22 and "step0_feature_spread" in csv[0]
+    assert len(csv) == 1 + 30 and "step0_feature_spread" in csv[0]
