@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import condattn
+from condattn.conditioning import find_attention
 from condattn.conditioning import sites as sites_mod
 from condattn.conditioning.embedded import EmbeddedTokens
 
@@ -186,3 +187,35 @@ def test_reregistering_a_layout_takes_replace(monkeypatch):
 
     sites_mod.attention_layout("odd_user", replace=True)(odd2)
     assert sites_mod.ATTENTION_LAYOUTS["odd_user"] is odd2
+
+
+# ---------------------------------------------------------------- conditioned_init on a layout interleaved per head
+
+
+@pytest.mark.parametrize("identity", ["full", "per_head"])
+def test_conditioned_init_on_an_interleaved_fused_qkv(identity):
+    """GPT-NeoX's `query_key_value` rows are [q_h; k_h; v_h] per head: conditioned_init writes each role's own rows
+    (read back both through the site and straight from the raw weight)."""
+    from transformers import GPTNeoXConfig, GPTNeoXModel
+
+    torch.manual_seed(0)
+    model = GPTNeoXModel(GPTNeoXConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=64, max_position_embeddings=64)).eval()
+    rep = condattn.apply_conditioning(model, "conditioned_init", identity=identity)
+    assert rep.counts == {"conditioned_init:structural": 2}
+    for site in find_attention(model):
+        d, heads = site.head_dim, site.num_heads
+        w = site.module.query_key_value.weight.detach()
+        for h in range(heads):
+            for i, role in enumerate("qkv"):
+                raw = w[h * 3 * d + i * d: h * 3 * d + (i + 1) * d]
+                assert torch.equal(raw, site.head_weight(role, h))
+            for role in "qk":  # semi-orthogonal rows per head
+                q = site.head_weight(role, h)
+                torch.testing.assert_close(q @ q.T, torch.eye(d), atol=1e-5, rtol=0)
+        v = site.weight("v")
+        if identity == "full":
+            torch.testing.assert_close(v, torch.eye(heads * d, v.shape[1]))
+        else:
+            for h in range(heads):
+                torch.testing.assert_close(site.head_weight("v", h), torch.eye(d, v.shape[1]))

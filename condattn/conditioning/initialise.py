@@ -16,16 +16,16 @@ from torch import nn
 from .sites import AttentionSite, Projection, stored_weight
 
 
-def _head_rows(p: Projection, site: AttentionSite) -> list[slice]:
-    """Each head's output rows of this role (its own head count: fewer K/V heads under grouped-query attention)."""
-    start = p.cols.start or 0
-    heads = p.out_features // site.head_dim
-    return [slice(start + h * site.head_dim, start + (h + 1) * site.head_dim) for h in range(heads)]
+def _head_rows(p: Projection, site: AttentionSite) -> list[torch.Tensor]:
+    """Each head's output rows of this role, as an index (its own head count: fewer K/V heads under grouped-query
+    attention; p.rows is head-major, also where the roles are interleaved per head, e.g. GPT-NeoX)."""
+    return list(p.rows[: p.out_features // site.head_dim * site.head_dim].split(site.head_dim))
 
 
-def _write(p: Projection, rows: slice, block: torch.Tensor) -> None:
+def _write(p: Projection, rows: torch.Tensor, block: torch.Tensor) -> None:
     """Write a torch-layout (rows, in) block into the projection's weight (Conv1D stores it transposed)."""
     w = stored_weight(p)  # the parameter holding the weight (e.g. nn.MultiheadAttention's in_proj_weight)
+    rows = rows.to(w.device)
     if p.transposed:
         w[:, rows] = block.T.to(w)
     else:
@@ -57,11 +57,8 @@ def conditioned_init(sites: list[AttentionSite], targets: tuple[str, ...], ident
                         block = q.T if site.head_dim <= d_in else q
                     _write(p, rows, block)
             else:
-                width = p.out_features
-                start = p.cols.start or 0
-                blocks = [slice(start, start + width)] if identity == "full" else _head_rows(p, site)
+                blocks = [p.rows] if identity == "full" else _head_rows(p, site)
                 for rows in blocks:
-                    n = rows.stop - rows.start
-                    _write(p, rows, torch.eye(n, d_in))
+                    _write(p, rows, torch.eye(len(rows), d_in))
         done[site.name] = list(targets)
     return done
