@@ -15,8 +15,18 @@ from .floors import floor_table
 from .notes import table_notes, tokenizer_notes
 from .stats import diff_ci, mean_std
 
-METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET"}
-PAPER_KEYS = {"embedded": "cet", "spectral": "sca"}  # method -> key of the papers' numbers
+METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET",
+                 "conditioned_init": "conditioned init", "mimetic_init": "mimetic init", "qk_norm": "QK-norm",
+                 "sigma_reparam": "σReparam", "ns_attention": "NS-attention"}
+# method -> key of the papers' numbers (ci_*: the conditioned-initialisation paper's)
+PAPER_KEYS = {"embedded": "cet", "spectral": "sca", "conditioned_init": "ci_conditioned", "mimetic_init": "ci_mimetic"}
+PAPER_COLUMNS = {"cet_baseline": "paper CET: baseline", "cet": "paper CET: CET", "sca_baseline": "paper SCA: baseline",
+                 "sca": "paper SCA: SCA"}
+
+
+def paper_columns(exp: dict) -> dict[str, str]:
+    """The papers' columns of a table: the SCA and CET papers', then any `paper_columns:` (key: label) it adds."""
+    return {**PAPER_COLUMNS, **(exp.get("paper_columns") or {})}
 
 
 def load_experiment(path: str | Path) -> dict:
@@ -178,7 +188,7 @@ def table_start(exp: dict, intro: str, head: list[str]) -> list[str]:
 def render(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> tuple[str, list[dict]]:
     """Markdown text and CSV rows for one table at one scale."""
     methods = exp["methods"]
-    head = ["row", "paper CET: baseline", "paper CET: CET", "paper SCA: baseline", "paper SCA: SCA"]
+    head = ["row", *paper_columns(exp).values()]
     head += [f"ours: {METHOD_LABELS.get(m, m)}" for m in methods] + ["steps", "wall time / run"]
     lines = table_start(exp, f"Papers' numbers ({exp.get('paper_provenance', 'see experiments yaml')}) beside ours "
                              f"(mean ± std over seeds of {exp['metric']}{_times(exp)}).{_direction(exp)}", head)
@@ -188,8 +198,7 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> tuple[str, l
         ours = [cells[(row, m)] for m in methods]
         steps = sorted({s for c in ours for s in c.steps})
         walls = [w for c in ours for w in c.wall]
-        cols = [row, _paper(exp, row, "cet_baseline"), _paper(exp, row, "cet"),
-                _paper(exp, row, "sca_baseline"), _paper(exp, row, "sca")]
+        cols = [row, *(_paper(exp, row, key) for key in paper_columns(exp))]
         cols += [c.text() for c in ours]
         cols += [",".join(map(str, steps)) or "–", f"{mean_std(walls)[0]:.0f} s" if walls else "–"]
         lines.append("| " + " | ".join(cols) + " |")
