@@ -17,9 +17,11 @@ and requeues the job; the requeued job resumes from the checkpoint (`resume=auto
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,7 +127,14 @@ def local_parameters(lc: Any) -> dict[str, Any]:
 
 
 class SlurmExecutor(submitit.SlurmExecutor):
-    """submitit's SLURM executor (the name tests patch)."""
+    """submitit's SLURM executor (the name tests patch); without `srun` one line says so, not submitit's traceback."""
+
+    def __init__(self, *args: Any, **kw: Any):
+        if not shutil.which("srun"):
+            raise ConfigError("launcher=slurm needs SLURM (no `srun` on this machine's PATH): submit from a "
+                              "cluster's login node, add --dry-run (DRY_RUN=1) to print the jobs, or use "
+                              "launcher=local")
+        super().__init__(*args, **kw)
 
 
 class _DryRunSlurmExecutor(submitit.SlurmExecutor):
@@ -240,6 +249,94 @@ def squeue_states(job_id: str) -> set[str]:
     return {s.strip() for s in out.stdout.split()} if out.returncode == 0 else set()
 
 
+def cell_time_min(cfg: Any) -> int:
+    """A cell's SLURM `--time`: its cost estimate's wall time (engine/cost.py) × launcher.time_margin + 15 min, at
+    least 30 min, at most launcher.timeout_min (a longer cell checkpoints at the limit and requeues itself); the cap
+    when there is no estimate."""
+    from .engine.cost import cell_cost
+
+    lc = cfg.launcher
+    cap = int(lc.timeout_min)
+    try:
+        c = cell_cost(str(cfg.run.name), cfg)
+    except Exception:  # no estimate (a model the FLOP counter cannot trace): the cap
+        return cap
+    if c.gpu_hours is None:
+        return cap
+    wall_min = c.gpu_hours / max(c.gpus, 1) * 60
+    return int(min(cap, max(30, math.ceil(wall_min * float(lc.get("time_margin") or 1.5) + 15))))
+
+
+def gpu_warning(cfg: Any) -> str | None:
+    """A line when a cell's estimate is set by per-step overheads or the loader, not FLOPs, yet it asks for several
+    GPUs: they multiply the GPU-hours and barely shorten the run."""
+    from .engine.cost import cell_cost
+
+    if cfg.launcher.name == "local" or (gpus := planned_world(cfg)) <= 1:
+        return None
+    try:
+        c = cell_cost(str(cfg.run.name), cfg)
+    except Exception:
+        return None
+    bound = next((b for b in ("step-bound", "loader-bound") if b in c.note), None)
+    if bound is None:
+        return None
+    return (f"{gpus} GPUs per cell for a {bound} model ({c.note.split('; ')[-1]}): about "
+            f"{gpus}× the GPU-hours ({c.gpu_hours:,.1f}) for little speed-up; set launcher.gpus_per_node=1 "
+            "(launcher.nodes=1)")
+
+
+FAILED_SLURM_STATES = {"FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+                       "DEADLINE"}
+
+
+def sacct_state(job_id: str) -> str | None:
+    """The job's final SLURM state from sacct ('FAILED', 'CANCELLED by 123', ...); None without sacct or a record."""
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()] if out.returncode == 0 else []
+    return lines[-1] if lines else None
+
+
+def cell_state(run_dir: Path) -> tuple[str, str]:
+    """(queued | running | failed | finished | unfinished | not started, detail) of one cell: its run record, and
+    for a SLURM submission squeue (queued / running) and sacct (how an ended job ended)."""
+    record = RunRecord(run_dir)
+    status = record.status
+    if status == "finished":
+        return "finished", ""
+    sub = record.submission() or {}
+    if sub.get("launcher") == "slurm" and sub.get("job_id"):
+        job = str(sub["job_id"])
+        states = squeue_states(job) & ACTIVE_SLURM_STATES
+        if states & {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}:
+            return "running", f"job {job}"
+        if states:
+            return "queued", f"job {job} ({', '.join(sorted(states))})"
+        ended = sacct_state(job)
+        if ended and ended.split()[0] in FAILED_SLURM_STATES:
+            return "failed", f"job {job}: {ended}"
+    if status in ("failed", "corrupt"):
+        error = ((record.read_summary() or {}).get("error") or status) if status == "failed" else "corrupt summary"
+        return "failed", str(error).splitlines()[0][:120]
+    return ("unfinished", "started, no final summary") if Path(run_dir).is_dir() else ("not started", "")
+
+
+def status_lines(cells: list[RunSpec]) -> list[str]:
+    """`reproduce --status`: one line per cell, then the count per state."""
+    states = [(c, *cell_state(c.run_dir)) for c in cells]
+    width = max((len(c.name) for c in cells), default=0)
+    lines = [f"  {c.name:<{width}}  {state}{f'  ({detail})' if detail else ''}" for c, state, detail in states]
+    counts: dict[str, int] = {}
+    for _, state, _ in states:
+        counts[state] = counts.get(state, 0) + 1
+    order = ("finished", "running", "queued", "failed", "unfinished", "not started")
+    return lines + ["[reproduce] " + ", ".join(f"{counts[k]} {k}" for k in order if k in counts)]
+
+
 def train_command(overrides: list[str]) -> str:
     return "python -m condattn.train " + " ".join(shlex.quote(o) for o in overrides)
 
@@ -273,33 +370,54 @@ def submit(cells: list[RunSpec], lc: Any, table: str, scale: str, *, dry_run: bo
     whose job failed (when waiting)."""
     job_name = f"condattn_{table}_{scale}"
     executor = make_executor(lc, table, job_name, dry_run=dry_run)
-    kind = "one SLURM job array" if lc.name == "slurm" and len(cells) > 1 else (
-        "one SLURM job" if lc.name == "slurm" else "local submitit jobs, one after another")
-    say(f"[reproduce] {len(cells)} cell{'s' if len(cells) != 1 else ''} to submit as {kind} "
-        f"(launcher={lc.name}{', dry run: nothing is submitted' if dry_run else ''})")
-    describe_plan(cells, lc, executor, say)
-    if lc.name == "slurm":
-        script = sbatch_script(executor, len(cells))
-        say("  sbatch script (the exact text submitit passes to sbatch):")
-        for line in script.splitlines():
-            say("    " + line)
+    job = TrainJob(os.getcwd(), lc.get("master_port"))
+    # SLURM: one job array per --time (each cell's from its cost estimate, engine/cost.py), so a 0.1 GPU-hour cell
+    # does not reserve the cap; a cell longer than the cap checkpoints at the limit and requeues itself
+    groups: dict[int | None, list[RunSpec]] = {}
+    for c in cells:
+        groups.setdefault(cell_time_min(c.cfg) if lc.name == "slurm" else None, []).append(c)
+    warned: dict[str, list[str]] = {}
+    for c in cells:
+        if w := gpu_warning(c.cfg):
+            warned.setdefault(w, []).append(c.name)
+    for w, names in warned.items():
+        say(f"[reproduce] warning: {len(names)} cell(s) ({names[0]}{', …' if len(names) > 1 else ''}): {w}")
+    pairs: list[tuple[RunSpec, Any]] = []
+    for minutes, group in sorted(groups.items(), key=lambda kv: kv[0] or 0):
+        if minutes is not None:
+            executor.update_parameters(time=minutes)
+        kind = "one SLURM job array" if lc.name == "slurm" and len(group) > 1 else (
+            "one SLURM job" if lc.name == "slurm" else "local submitit jobs, one after another")
+        when = (f", --time={minutes} min: the estimate × launcher.time_margin + 15 min, capped at "
+                f"launcher.timeout_min={lc.timeout_min}" if minutes is not None else "")
+        say(f"[reproduce] {len(group)} cell{'s' if len(group) != 1 else ''} to submit as {kind} "
+            f"(launcher={lc.name}{when}{', dry run: nothing is submitted' if dry_run else ''})")
+        describe_plan(group, lc, executor, say)
+        if lc.name == "slurm":
+            script = sbatch_script(executor, len(group))
+            say("  sbatch script (the exact text submitit passes to sbatch):")
+            for line in script.splitlines():
+                say("    " + line)
+        if dry_run or lc.name != "slurm":
+            continue
+        jobs = executor.map_array(job, [c.overrides for c in group])
+        for c, j in zip(group, jobs):
+            RunRecord(c.run_dir).write_submission({
+                "launcher": "slurm", "job_id": j.job_id, "folder": str(executor.folder), "overrides": c.overrides,
+                "submitted_at": time.strftime("%Y-%m-%d %H:%M:%S"), "time_min": minutes,
+            })
+            say(f"[reproduce] submitted {c.name}: job {j.job_id}")
+        pairs += list(zip(group, jobs))
     if dry_run:
         return []
 
-    job = TrainJob(os.getcwd(), lc.get("master_port"))
     if lc.name == "slurm":
-        jobs = executor.map_array(job, [c.overrides for c in cells])
-        for c, j in zip(cells, jobs):
-            RunRecord(c.run_dir).write_submission({
-                "launcher": "slurm", "job_id": j.job_id, "folder": str(executor.folder), "overrides": c.overrides,
-                "submitted_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-            })
-            say(f"[reproduce] submitted {c.name}: job {j.job_id}")
+        jobs = [j for _, j in pairs]
         if not lc.get("wait"):
             say(f"[reproduce] {len(jobs)} jobs submitted; logs in {executor.folder.parent}. When they end, "
                 f"`make report-table-N SCALE={scale}` writes the table (rerunning reproduce skips queued cells).")
             return []
-        return _wait(list(zip(cells, jobs)), stop, say)
+        return _wait(pairs, stop, say)
     failed = []
     for i, c in enumerate(cells, 1):  # submitit_local: one cell at a time on this machine
         if stop.requested:

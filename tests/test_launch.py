@@ -1,6 +1,7 @@
 """Launchers: the SLURM submission a table generates (mocked executor, no sbatch here), its dry run, the
 submitit job protocol (distributed environment, checkpoint/requeue hook), launcher validation."""
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -62,7 +63,7 @@ def test_slurm_submission_parameters_with_mocked_executor(tmp_path, fake_executo
     (ex,) = fake_executor.instances
     assert ex.init_kwargs == {"folder": (runs / ".submitit" / "table4_lra" / "%j").absolute(),
                               "max_num_timeout": 20, "python": None}
-    assert ex.updates == [EXPECTED_PARAMETERS]
+    assert ex.updates == [EXPECTED_PARAMETERS, {"time": 30}]  # --time from the cells' estimate (the 30 min floor)
     (fn, overrides), = ex.submitted
     assert isinstance(fn, launch.TrainJob) and fn.cwd == str(Path.cwd())
     names = [o[o.index("run.name=") + 9:] for ov in overrides for o in ov if o.startswith("run.name=")]
@@ -90,13 +91,16 @@ def test_dry_run_prints_the_exact_sbatch_script_and_submits_nothing(tmp_path, fa
     assert main(args) == 0  # missing data is a warning in a dry run (it may exist only on the cluster)
     out = capsys.readouterr().out
     assert "warnings (a real submission would refuse these):" in out and "paper-scale data missing" in out
-    assert "9 cells to submit as one SLURM job array (launcher=slurm, dry run: nothing is submitted)" in out
+    assert ("9 cells to submit as one SLURM job array (launcher=slurm, --time=30 min: the estimate × "
+            "launcher.time_margin + 15 min, capped at launcher.timeout_min=600, dry run: nothing is submitted)") in out
+    assert ("warning: 9 cell(s) (table4_lra_listops_none_paper_s0, …): 8 GPUs per cell for a step-bound model "
+            "(step-bound: launcher.min_step_ms=25 (assumed) per step): about 8× the GPU-hours") in out
     folder = (tmp_path / "runs" / "paper" / ".submitit" / "table4_lra").absolute()
     script = out[out.index("    #!/bin/bash"):]
     for line in ("#SBATCH --account=proj", "#SBATCH --array=0-8%2", "#SBATCH --cpus-per-task=10",
                  "#SBATCH --gpus-per-node=4", "#SBATCH --job-name=condattn_table4_lra_paper", "#SBATCH --mem=128GB",
                  "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --partition=gpu", "#SBATCH --qos=high",
-                 "#SBATCH --signal=USR2@300", "#SBATCH --time=600", "module load cuda/12.4",
+                 "#SBATCH --signal=USR2@300", "#SBATCH --time=30", "module load cuda/12.4",
                  f"#SBATCH --output={folder}/%A_%a/%A_%a_0_log.out", "export SUBMITIT_EXECUTOR=slurm",
                  f"-u -m submitit.core._submit {folder}/%j"):
         assert line in script, line
@@ -146,3 +150,78 @@ def test_launcher_values_are_checked():
     # an sbatch option submitit does not know is refused by its own parameter check
     with pytest.raises(ValueError, match=r"Unavailable parameter\(s\): \['gpus'\]"):
         launch.make_executor(compose(["launcher=slurm"]).launcher, "t", "j", dry_run=True).update_parameters(gpus=3)
+
+
+def test_time_per_cell_from_its_estimate_with_a_margin_and_the_cap(monkeypatch):
+    from condattn.engine import cost
+
+    cfg = compose(["task=imagenet_vit", "scale=paper", "launcher=slurm", "run.name=x"])
+    estimate = cost.cell_cost("x", cfg)
+    wall_min = estimate.gpu_hours / estimate.gpus * 60
+    assert launch.cell_time_min(cfg) == min(1440, max(30, math.ceil(wall_min * 1.5 + 15)))
+    monkeypatch.setattr(cost, "cell_cost", lambda name, cfg: SimpleNamespace(gpu_hours=0.1, gpus=1, note=""))
+    assert launch.cell_time_min(cfg) == 30  # 6 min × 1.5 + 15: the 30 min floor
+    monkeypatch.setattr(cost, "cell_cost", lambda name, cfg: SimpleNamespace(gpu_hours=10.0, gpus=1, note=""))
+    assert launch.cell_time_min(cfg) == 915
+    monkeypatch.setattr(cost, "cell_cost", lambda name, cfg: SimpleNamespace(gpu_hours=30.0, gpus=1, note=""))
+    assert launch.cell_time_min(cfg) == 1440  # capped: requeue covers the rest
+    monkeypatch.setattr(cost, "cell_cost", lambda name, cfg: SimpleNamespace(gpu_hours=None, gpus=1, note=""))
+    assert launch.cell_time_min(cfg) == 1440  # no estimate: the cap
+
+
+def test_gpu_warning_only_for_several_gpus_on_an_overhead_bound_cell():
+    lra = ["scale=paper", "launcher=slurm", "run.name=x"]
+    assert "4 GPUs per cell for a step-bound model" in launch.gpu_warning(compose([*lra, "launcher.gpus_per_node=4"]))
+    assert launch.gpu_warning(compose(lra)) is None  # one GPU
+    assert launch.gpu_warning(compose(["task=imagenet_vit", *lra, "launcher.gpus_per_node=4",
+                                       "launcher.cpus_per_task=64"])) is None  # FLOP-bound: the GPUs are used
+
+
+def test_without_srun_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
+    exp = str(listops_only(tmp_path))
+    assert main([exp, "--seeds", "0", "--launcher", "slurm", *tiny(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["[reproduce] refused before starting any job: launcher=slurm needs SLURM (no `srun` on this "
+                   "machine's PATH): submit from a cluster's login node, add --dry-run (DRY_RUN=1) to print the jobs, "
+                   "or use launcher=local"]
+
+
+def test_cpus_per_task_advice_is_capped_at_a_node(monkeypatch):
+    from condattn.engine.cost import loader_warning
+
+    ov = ["task=imagenet_vit", "scale=medium", "launcher=slurm", "impl.worker_samples_per_s.images=5"]
+    w = loader_warning(compose([*ov, "launcher.cpus_per_task=8"]), 1e9)
+    assert "set launcher.cpus_per_task=64 (all of a 64-core node's cores per process" in w and "it needs" in w
+    w = loader_warning(compose([*ov, "launcher.cpus_per_task=8", "launcher.gpus_per_node=4"]), 1e9)
+    assert "set launcher.cpus_per_task=16 (all of a 64-core node" in w
+    w = loader_warning(compose([*ov, "launcher.cpus_per_task=64"]), 1e9)
+    assert "a node's cores are all in use" in w
+
+
+def test_status_lists_each_cell_from_records_squeue_and_sacct(tmp_path, capsys, monkeypatch):
+    exp = str(listops_only(tmp_path))
+    runs = tmp_path / "runs" / "smoke"
+    cells = {m: runs / f"table4_lra_listops_{m}_smoke_s0" for m in ("none", "spectral", "embedded")}
+    write_json_atomic(cells["none"] / "summary.json", {"status": "finished", "metrics": {"test_acc": 0.5},
+                                                       "steps": 4, "wall_time_s": 1.0, "run_dir": str(cells["none"])})
+    for m, job in (("spectral", "77_1"), ("embedded", "77_2")):
+        write_json_atomic(cells[m] / "submission.json", {"launcher": "slurm", "job_id": job})
+    cells1 = {m: runs / f"table4_lra_listops_{m}_smoke_s1" for m in ("none", "spectral")}
+    write_json_atomic(cells1["none"] / "submission.json", {"launcher": "slurm", "job_id": "77_3"})
+    write_json_atomic(cells1["spectral"] / "summary.json", {"status": "failed", "error": "TrainingDiverged: loss nan",
+                                                            "run_dir": str(cells1["spectral"])})
+    monkeypatch.setattr(launch, "squeue_states",
+                        lambda job: {"77_1": {"RUNNING"}, "77_2": {"PENDING"}}.get(job, set()))
+    monkeypatch.setattr(launch, "sacct_state", lambda job: {"77_3": "TIMEOUT"}.get(job))
+    assert main([exp, "--seeds", "0,1", "--status", *tiny(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("  table4")}
+    assert lines["table4_lra_listops_none_smoke_s0"].split()[1] == "finished"
+    assert "running  (job 77_1)" in lines["table4_lra_listops_spectral_smoke_s0"]
+    assert "queued  (job 77_2 (PENDING))" in lines["table4_lra_listops_embedded_smoke_s0"]
+    assert "failed  (job 77_3: TIMEOUT)" in lines["table4_lra_listops_none_smoke_s1"]
+    assert "failed  (TrainingDiverged: loss nan)" in lines["table4_lra_listops_spectral_smoke_s1"]
+    assert "not started" in lines["table4_lra_listops_embedded_smoke_s1"]
+    assert "[reproduce] 1 finished, 1 running, 1 queued, 2 failed, 1 not started" in out
+    assert not (runs / "table4_lra_listops_embedded_smoke_s1").exists()  # --status trains nothing

@@ -226,10 +226,18 @@ def loader_warning(cfg: Any, flops_per_sample: float | None) -> str | None:
     if have >= need:
         return None
     cpus = int(need / float(rate)) + 2
-    return (f"launcher.cpus_per_task={lc.cpus_per_task}: {workers} data worker(s) × {float(rate):.0f} samples/s "
-            f"(impl.worker_samples_per_s) = {have:.0f} samples/s, but one {gpu} at "
-            f"{mfu:.0%} MFU trains {need:.0f} samples/s; set launcher.cpus_per_task={cpus} or more "
-            "(or a faster loader: make bench ARGS=\"--loader imagenet\")")
+    head = (f"launcher.cpus_per_task={lc.cpus_per_task}: {workers} data worker(s) × {float(rate):.0f} samples/s "
+            f"(impl.worker_samples_per_s) = {have:.0f} samples/s, but one {gpu} at {mfu:.0%} MFU trains "
+            f"{need:.0f} samples/s; ")
+    faster = "a faster loader: make bench ARGS=\"--loader imagenet\""
+    procs = max(int(lc.get("gpus_per_node") or 1), 1)
+    node = int(lc.get("cpus_per_node") or 0) // procs  # the most one process can have: a node's cores / its processes
+    if node and cpus > node:
+        if int(lc.cpus_per_task) >= node:
+            return head + f"a node's cores are all in use (launcher.cpus_per_node); the loader sets the pace ({faster})"
+        return (head + f"set launcher.cpus_per_task={node} (all of a {lc.cpus_per_node}-core node's cores per process, "
+                f"launcher.cpus_per_node); it needs {cpus}, so the loader still sets the pace ({faster})")
+    return head + f"set launcher.cpus_per_task={cpus} or more (or {faster})"
 
 
 def describe_cost(table: str, cells: list[tuple[str, Any]]) -> list[str]:
