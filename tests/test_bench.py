@@ -25,6 +25,7 @@ def test_bench_refuses_unknown_model():
         main(["--models", "resnet_9000"])
 
 
+@pytest.mark.slow
 def test_bench_zoo_small_members_all_arms(tmp_path, capsys):
     """Every small vision zoo member goes through all four arms (the paper members only differ in size)."""
     from condattn.bench import ARMS, ZOO

@@ -160,6 +160,7 @@ def test_spectral_eval_cache_follows_weight_updates_and_subclass_gets_hook():
     torch.testing.assert_close(run(custom, vit_inputs()), run(plain, vit_inputs()), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_spectral_and_embedded_trace_under_torch_compile():
     """Both patches go through dynamo without graph breaks into eager code paths we cannot follow
     (aot_eager: the same tracing as inductor, no C++ compiler needed)."""

@@ -98,6 +98,7 @@ def test_preflight_calls_the_registered_check(tmp_path, monkeypatch):
         DATASETS.pop("toy", None)
 
 
+@pytest.mark.slow
 def test_registry_imports_no_dataset_module():
     """Dataset modules import the registry; the registry names them only as strings (MODULES), so no cycle closes."""
     tree = ast.parse((CONDATTN / "data" / "registry.py").read_text())
@@ -122,6 +123,7 @@ def test_standins_sit_below_the_dataset_modules():
                 assert target in allowed or target.startswith("condattn.data.standins."), (path.name, target)
 
 
+@pytest.mark.slow
 def test_glue_task_table_is_a_leaf():
     """`${glue_num_labels:TASK}` reads the task table without loading the GLUE data code."""
     tree = ast.parse((CONDATTN / "data" / "glue_tasks.py").read_text())

@@ -136,6 +136,7 @@ def test_paper_entries_patch_every_attention_layer(task, expected):
     assert not any("cls_attn" in n for n, _ in model.named_modules())  # class attention dropped for detection
 
 
+@pytest.mark.slow
 def test_maskrcnn_xcit_patch_identity_keys_and_cet(cache):
     cfg = cfg_for(MASKRCNN, cache)
     base = build(cfg)
@@ -172,6 +173,7 @@ def test_maskrcnn_xcit_patch_identity_keys_and_cet(cache):
             assert kappa.max() <= 2 + 1e-6, kappa  # κ(X + C) ≤ 2 (exact SVD)
 
 
+@pytest.mark.slow
 def test_detr_patch_kinds_identity_keys_and_padding(cache):
     cfg = cfg_for(DETR, cache)
     task = DetectionTask(cfg.task)
@@ -216,6 +218,7 @@ def test_detr_patch_kinds_identity_keys_and_padding(cache):
     assert kappa.max() <= 2 + 1e-6, kappa
 
 
+@pytest.mark.slow
 def test_diagnostics_run_on_both_detectors(cache, bundle):
     from condattn.data.coco import collate
 
@@ -238,6 +241,7 @@ def test_diagnostics_run_on_both_detectors(cache, bundle):
 # ---------------------------------------------------------------- training and evaluation
 
 
+@pytest.mark.slow
 def test_detectors_train_and_evaluate(cache, bundle):
     from types import SimpleNamespace
 
@@ -352,6 +356,7 @@ def test_coco_evaluation_equals_pycocotools_exactly(bundle):
 # ---------------------------------------------------------------- weights, optimizer, schedule
 
 
+@pytest.mark.slow
 def test_backbone_checkpoint_and_offline_pretrained(cache, tmp_path):
     import timm
 

@@ -26,6 +26,7 @@ def tiny(cache: Path, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_spectral_table_json_and_plot(tmp_path, cache, capsys):
     assert main(["--out", str(tmp_path), *tiny(cache, "conditioning=spectral", "conditioning.lam=2")]) == 0
     out = capsys.readouterr().out
@@ -43,6 +44,7 @@ def test_spectral_table_json_and_plot(tmp_path, cache, capsys):
     assert r["patch"]["counts"] == {"spectral:hf_separate_qkv": 2}
 
 
+@pytest.mark.slow
 def test_embedded_via_method_flag_default_out_dir(tmp_path, cache, capsys):
     assert main(["--method", "embedded", "--batch", "3", *tiny(cache, f"paths.results={tmp_path}")]) == 0
     out = capsys.readouterr().out
@@ -55,6 +57,7 @@ def test_embedded_via_method_flag_default_out_dir(tmp_path, cache, capsys):
     assert r["conditioned"]["flat"]["kappa_wq/l1"] == r["baseline"]["flat"]["kappa_wq/l1"]
 
 
+@pytest.mark.slow
 def test_cli_subprocess_with_jacobian(tmp_path, cache):
     cmd = [sys.executable, "-m", "condattn.diagnose", "--jacobian", "--jacobian-tokens", "8", "--out", str(tmp_path),
            *tiny(cache, "conditioning=spectral")]

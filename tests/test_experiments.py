@@ -29,6 +29,7 @@ def built_models() -> dict[str, int]:
 
 
 @pytest.mark.parametrize("path, scale", CASES, ids=[f"{p.stem}-{s}" for p, s in CASES])
+@pytest.mark.slow
 def test_every_cell_composes_and_preflights(path, scale, tmp_path, monkeypatch, built_models):
     monkeypatch.setenv("CONDATTN_RUNS", str(tmp_path / "runs"))
     monkeypatch.setenv("CONDATTN_DATA", str(tmp_path / "no_data"))  # paper data: never this machine's copy
@@ -69,6 +70,7 @@ def test_every_cell_composes_and_preflights(path, scale, tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
+@pytest.mark.slow
 def test_make_target_runs_reproduce_once(path):
     """`make reproduce-table-N` is one `condattn.reproduce` call on the experiment (its renderer writes the table)."""
     import re

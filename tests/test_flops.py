@@ -82,6 +82,7 @@ def test_default_configs_resolve_to_fp32_on_cpu():
     assert resolve_execution(cfg.impl, "cuda").precision == "bf16"
 
 
+@pytest.mark.slow
 def test_cost_of_a_paper_cell_follows_flops_samples_peak_and_mfu():
     ov = ["task=imagenet_vit", "scale=paper", "launcher=slurm", "launcher.gpu_type=H100", "launcher.assumed_mfu=0.5",
           "impl.worker_samples_per_s.images=null", "launcher.min_step_ms=null"]  # FLOPs alone (floors: next test)
@@ -95,6 +96,7 @@ def test_cost_of_a_paper_cell_follows_flops_samples_peak_and_mfu():
     assert cet > fp32.flops_per_sample  # CET's Newton–Schulz correction is counted on top of the model
 
 
+@pytest.mark.slow
 def test_weight_only_readings_cost_the_model_they_leave_and_cet_beside_them_keeps_its_cost():
     ov = ["task=imagenet_vit", "scale=paper", "launcher=slurm", "impl.worker_samples_per_s.images=null",
           "launcher.min_step_ms=null"]
@@ -156,6 +158,7 @@ def test_loader_bench_measures_every_option_on_a_replica(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+@pytest.mark.slow
 def test_gpu_check_fails_fast_without_cuda():
     out = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PY": sys.executable})
@@ -195,6 +198,7 @@ def test_cpu_run_is_fp32_records_execution_and_logs_throughput(tmp_path):
     assert not any("samples_per_s" in r for r in rows if r["split"] in ("train", "val"))
 
 
+@pytest.mark.slow
 def test_reproduce_dry_run_prints_the_cost_and_one_loader_warning_per_model(tmp_path, capsys):
     from condattn.reproduce import main
 

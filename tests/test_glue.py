@@ -72,6 +72,7 @@ def glue_cfg(tmp: Path, tokenizer: Path, *extra: str):
                     f"data.tokenizer={tokenizer}", "model.vocab_size=300", *extra])
 
 
+@pytest.mark.slow
 def test_stand_in_items_and_split_by_movie(tmp_path, tokenizer):
     from condattn.data.standins.rotten_tomatoes import rotten_tomatoes
 
@@ -232,6 +233,7 @@ def test_reproduce_table3_pretrain_then_finetune(tmp_path):
     assert "table3_glue_pretrain_none_smoke_s0 | 4 |" in md
 
 
+@pytest.mark.slow
 def test_slurm_submits_pretraining_first(tmp_path, capsys):
     """A job array has no order: the first call submits only the pretraining runs, the fine-tuning cells wait."""
     from condattn import reproduce

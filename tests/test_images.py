@@ -26,6 +26,7 @@ def cfg_for(*overrides: str):
 
 
 @pytest.mark.parametrize("data,n_train,n_val", [("mnist", 4000, 1000), ("digits", 1497, 300)])
+@pytest.mark.slow
 def test_offline_stand_in_bundle(data, n_train, n_val):
     cfg = compose(["task=imagenet_vit", f"data={data}", "task.repeated_aug=1"])  # a stand-in chosen directly
     b = build_datasets(cfg)

@@ -51,6 +51,7 @@ def fake_executor(monkeypatch):
     return FakeSlurmExecutor
 
 
+@pytest.mark.slow
 def test_slurm_submission_parameters_with_mocked_executor(tmp_path, fake_executor, capsys, monkeypatch):
     exp = str(listops_only(tmp_path))
     runs = tmp_path / "runs" / "smoke"
@@ -84,6 +85,7 @@ def test_slurm_submission_parameters_with_mocked_executor(tmp_path, fake_executo
     assert "nothing to submit" in out and len(fake_executor.instances) == 1
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_exact_sbatch_script_and_submits_nothing(tmp_path, fake_executor, capsys):
     exp = str(listops_only(tmp_path))
     args = [exp, "--scale", "paper", "--dry-run", *SLURM, f"paths.runs={tmp_path / 'runs'}",

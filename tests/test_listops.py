@@ -228,6 +228,7 @@ def test_file_checksum(small: dict[str, Path], tmp_path: Path) -> None:
     assert L.file_checksum(copy) != expected
 
 
+@pytest.mark.slow
 def test_cli(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     args = "--train 20 --val 5 --test 5 --seed 2 --min-length 5 --max-length 60 --max-depth 6 --max-args 4"

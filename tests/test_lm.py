@@ -161,6 +161,7 @@ def smoke_cfg(tmp: Path, *extra: str):
                     f"paths.cache={tmp / 'cache'}", "data.vocab_size=300", *extra])
 
 
+@pytest.mark.slow
 def test_data_builder_offline_stand_in(tmp_path):
     bundle = build_datasets(smoke_cfg(tmp_path, "data.val_max_blocks=null"))
     info = bundle.info
@@ -229,6 +230,7 @@ def test_pretrained_gpt2_fails_fast_offline():
 # ---------------------------------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_train_tiny_gpt2_end_to_end(tmp_path):
     s = train(smoke_cfg(tmp_path, "conditioning=spectral+embedded", "conditioning.lam=2", "task.steps=4",
                         "task.eval_every=2", "task.log_every=1", "impl.checkpoint_every=4", "diagnostics.batch_size=2",
@@ -245,6 +247,7 @@ def test_train_tiny_gpt2_end_to_end(tmp_path):
     assert s["diagnostics"]["step0"]["kappa_x/b0"] <= 2.05  # CET at h.0's input (newton_schulz default bound)
 
 
+@pytest.mark.slow
 def test_interrupted_gpt2_run_resumes_bit_identical(tmp_path):
     """GPT-2 ties lm_head to wte (safetensors stores the tensor once): a checkpoint still resumes exactly."""
     from condattn.engine.trainer import TrainingInterrupted
@@ -296,6 +299,7 @@ def test_table5_renders_losses_lower_is_better():
     assert [r["paper_value"] for r in rows] == ["", "", 2.36]
 
 
+@pytest.mark.slow
 def test_table5_dry_run(tmp_path, capsys):
     from condattn.reproduce import main
 

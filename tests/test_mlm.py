@@ -248,6 +248,7 @@ def smoke(tmp: Path, cache: Path, *extra: str) -> list[str]:
             "data.vocab_size=512", "data.val_max_blocks=4", "diagnostics.batch_size=2", *extra]
 
 
+@pytest.mark.slow
 def test_data_builder_offline_stand_in(tmp_path, cache):
     bundle = build_datasets(compose(smoke(tmp_path, cache, "data.val_max_blocks=null")))
     info = bundle.info
@@ -355,6 +356,7 @@ def test_budget_triangle_and_batch_ramp_rules():
     assert not preflight(compose(["task=mlm_crammed", "scale=smoke"]), check_data=False, check_run_dir=False)
 
 
+@pytest.mark.slow
 def test_train_tiny_mlm_end_to_end(tmp_path, cache):
     s = train(compose(smoke(tmp_path, cache, "conditioning=spectral+embedded", "conditioning.lam=2", "task.steps=6",
                             "task.eval_every=3", "task.log_every=1", "impl.checkpoint_every=6")))
@@ -377,6 +379,7 @@ def test_train_tiny_mlm_end_to_end(tmp_path, cache):
     assert d0["kappa_x/b0"] <= 2.05 and d0["kappa_wq/l0"] < 3  # CET at layers.0's input; SCA's λ = 2 on W_Q
 
 
+@pytest.mark.slow
 def test_interrupted_mlm_run_resumes_bit_identical(tmp_path, cache):
     """Training masks come from the global RNG, which accelerate checkpoints: a resumed run masks as an
     uninterrupted one (no budget: everything is a function of the step)."""
@@ -388,6 +391,7 @@ def test_interrupted_mlm_run_resumes_bit_identical(tmp_path, cache):
     assert resumed["launch"]["resumed_at_steps"] == [2] and resumed["metrics"] == full["metrics"]
 
 
+@pytest.mark.slow
 def test_budget_stops_the_run_and_summary_says_so(tmp_path, cache):
     hours = 0.4 / 3600  # 0.4 s of training
     s = train(compose(smoke(tmp_path, cache, f"task.budget_hours={hours}", "task.steps=10000",
@@ -401,6 +405,7 @@ def test_budget_stops_the_run_and_summary_says_so(tmp_path, cache):
     assert s["train_tokens_per_s"] > 0 and s["train_samples"] > 0
 
 
+@pytest.mark.slow
 def test_kill_and_resume_finishes_within_its_budget(tmp_path, cache):
     """The budget counts training time across resumes: a resumed run spends only what is left of it."""
     budget_s = 0.6

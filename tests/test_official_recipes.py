@@ -155,6 +155,7 @@ def test_tinystories_tokenizer_fallback_is_recorded(tmp_path):
     assert _tokenizer_choice(stop) == (str(tmp_path / "none"), "")  # the builder then names the missing files
 
 
+@pytest.mark.slow
 def test_crammed_data_trash_removal_and_sentence_length_curriculum(tmp_path):
     import numpy as np
 

@@ -18,6 +18,7 @@ def _git(repo, *args):
                    capture_output=True)
 
 
+@pytest.mark.slow
 def test_rebuilt_tables_do_not_mark_runs_dirty(tmp_path, monkeypatch):
     """Editing a tracked file under results/ (what `make reproduce-*` does) leaves the commit clean; editing code
     marks it +dirty."""

@@ -48,6 +48,7 @@ def vit_small():
 
 
 @pytest.mark.parametrize("identity", ["full", "per_head"])
+@pytest.mark.slow
 def test_svd_correction_bounds_kappa_from_the_layers_map_and_keeps_attention_spread(identity):
     from condattn.diagnostics import cheap_diagnostics
 
@@ -135,6 +136,7 @@ def test_svd_correction_state_dict_unchanged_and_removable():
 
 
 @pytest.mark.parametrize("correction", ["identity", "svd"])
+@pytest.mark.slow
 def test_mode_init_leaves_plain_linears_holding_original_plus_shift(correction):
     base = vit_small()
     model = copy.deepcopy(base)
@@ -315,6 +317,7 @@ def test_saturation_diagnostics_match_a_hand_computation():
     assert g == pytest.approx(float(by_hand), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_saturated_sca_shows_input_independent_features_and_no_embedding_gradient():
     from condattn.diagnostics import cheap_diagnostics, grad_diagnostics
 

@@ -37,6 +37,7 @@ def _no_paths(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("path", PAPER, ids=[p.stem for p in PAPER])
+@pytest.mark.slow
 def test_every_paper_cell_matches_its_card(path):
     cards = load_cards()
     problems = []

@@ -182,6 +182,7 @@ def test_zst_without_zstandard_is_refused_by_preflight(tmp_path, monkeypatch):
         build_datasets(cfg)
 
 
+@pytest.mark.slow
 def test_mlm_trains_on_the_zst_shards(tmp_path):
     from condattn.engine.trainer import train
 

@@ -141,6 +141,7 @@ def test_reproduce_table4_smoke_end_to_end_interrupted_and_idempotent(tmp_path, 
     assert "| missing |" in (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()
 
 
+@pytest.mark.slow
 def test_reproduce_refuses_bad_input(tmp_path, capsys):
     exp = str(listops_only(tmp_path))
     with pytest.raises(SystemExit):
@@ -251,6 +252,7 @@ def test_row_overrides_per_scale_fill_in_the_method():
                    for o in ov)
 
 
+@pytest.mark.slow
 def test_a_rows_run_writes_beside_the_table_and_results_follow_condattn_results(tmp_path, monkeypatch):
     """ROWS=text writes table4_lra.rows-text.md beside the full table (never over it); paths.results, and so every
     table, follows $CONDATTN_RESULTS."""

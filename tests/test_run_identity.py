@@ -36,6 +36,7 @@ def name_of(overrides: list[str]) -> str:
     return _names[frozenset(overrides)]
 
 
+@pytest.mark.slow
 def test_options_outside_the_name_give_a_variant_name(tmp_path):
     plain = ["scale=smoke", "logger=none", f"paths.runs={tmp_path}", "conditioning=spectral"]
     assert name_of(plain) == "lra_listops_spectral_smoke_s0"
@@ -151,6 +152,7 @@ def test_two_processes_on_one_run_train_it_once(tmp_path):
     assert steps == sorted(set(steps)) and steps[-1] == 8  # every training row once
 
 
+@pytest.mark.slow
 def test_the_thread_count_is_part_of_the_identity_where_it_differs_from_the_recipes(tmp_path):
     """CPU reductions split by thread count: a 1-thread and a 2-thread run of one cell are two runs. The count enters
     the name only where it differs from the scale recipe's (smoke LRA: 1), so earlier runs keep their names."""

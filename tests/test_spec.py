@@ -43,6 +43,7 @@ def test_an_option_that_does_not_act_does_not_rename_the_run(tmp_path, inert, ac
     assert science_config(compose([*plain, *inert])) == science_config(compose([*plain, *active]))
 
 
+@pytest.mark.slow
 def test_options_that_act_still_rename_the_run(tmp_path):
     plain = ["scale=smoke", "logger=none", f"paths.runs={tmp_path}", "conditioning=spectral"]
     svd = [*plain, "conditioning.correction=svd"]

@@ -115,6 +115,7 @@ def _tiny_vit_run(tmp: Path, *extra: str) -> dict:
         "data.holdout_per_class=2", "model.drop_path_rate=0.1", *extra]))  # drop path: training consumes the RNG
 
 
+@pytest.mark.slow
 def test_trainer_logs_kappa_jacobian_and_training_is_unchanged(tmp_path):
     from safetensors.torch import load_file
 
@@ -231,6 +232,7 @@ def test_curves_renderer_with_no_runs(tmp_path):
 
 
 @pytest.mark.parametrize("scale, every, seeds", [("smoke", 5, [0]), ("small", 80, [0, 1, 2]), ("paper", 37530, [0])])
+@pytest.mark.slow
 def test_experiment_composes_at_every_scale(tmp_path, capsys, scale, every, seeds):
     from condattn.reporting import load_experiment
     from condattn.reproduce import cells, main

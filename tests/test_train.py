@@ -181,6 +181,7 @@ def test_paper_scale_without_data_names_the_path(tmp_path):
         train(compose(["scale=paper", "logger=none", f"paths.runs={tmp_path}", f"data.root={tmp_path / 'nowhere'}"]))
 
 
+@pytest.mark.slow
 def test_unreadable_checkpoints_are_set_aside(tmp_path, cache):
     """The only checkpoint is unreadable: it is set aside as step_N.corrupt, and the error says a rerun starts over."""
     from condattn.engine.checkpoint import CheckpointUnreadable
@@ -269,6 +270,7 @@ def test_bf16_training_step_on_gpu(tmp_path, cache):
     assert s["hardware"]["device_type"] == "cuda" and s["steps"] == 6
 
 
+@pytest.mark.slow
 def test_train_cli_bad_value_is_one_line_and_writes_nothing(tmp_path):
     """`python -m condattn.train` refuses a bad value with one message (no traceback), on every rank, and neither
     Hydra nor the trainer creates a directory for a run that never started."""

@@ -204,6 +204,7 @@ def test_small_member_configs_match_the_small_recipes():
 # ---------------------------------------------------------------- fused attention and pretrained weights
 
 
+@pytest.mark.slow
 def test_fused_attn_is_set_per_model_config_and_restored():
     from timm.layers import config as timm_layer_config
 
