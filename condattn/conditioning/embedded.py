@@ -87,7 +87,9 @@ def _exact_where_unconverged(
     # iteration's basin); samples whose tokens are themselves non-finite are left for the loss check to report
     off = ((polar * polar).sum((-2, -1)) - rank).abs()
     bad = ~(off <= 0.05) & torch.isfinite(xf).all(dim=-1).all(dim=-1)
-    if torch.compiler.is_compiling() or not bool(bad.any()):
+    if torch.compiler.is_compiling():  # torch.compile / torch.export: no host branch, the same choice as a graph op
+        return _traced_fallback(xf, keep, sigma, polar, bad)
+    if not bool(bad.any()):
         return sigma, polar
     sigma, polar = sigma.clone(), polar.clone()
     for b in torch.nonzero(bad).squeeze(1).tolist():
@@ -97,6 +99,24 @@ def _exact_where_unconverged(
         polar[b] = 0
         polar[b, rows] = p
     return sigma, polar
+
+
+def _traced_fallback(xf, keep, sigma, polar, bad) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_exact_where_unconverged` for compiled / exported graphs: torch.cond on any sample not converging runs one
+    batched exact SVD and takes it where `bad`. A padded sample's SVD then runs on its zeroed rows and is masked:
+    the same polar factor as the eager path's SVD of its kept rows whenever those rows have full rank."""
+    def exact(xf, sigma, polar, bad, *keep):
+        s, p = _svd_polar(torch.where(bad[:, None, None], xf, 0.0))  # a non-finite sample (never bad) must not reach it
+        if keep:
+            p = p * keep[0].unsqueeze(-1)
+        sel = bad[:, None, None]
+        return torch.where(sel, s.to(sigma.dtype), sigma), torch.where(sel, p.to(polar.dtype), polar)
+
+    def converged(xf, sigma, polar, bad, *keep):
+        return sigma.clone(), polar.clone()
+
+    operands = (xf, sigma, polar, bad) + (() if keep is None else (keep,))
+    return tuple(torch.cond(bad.any(), exact, converged, operands))
 
 
 def polar_correction(
@@ -141,7 +161,7 @@ def _polar_correction(x, mask, solver, gradient, ns_iters, power_iters, lift_ite
     if x.dim() != 3:
         raise ValueError(f"expected tokens of shape (B, N, D), got {tuple(x.shape)}")
     keep = None if mask is None else mask.to(device=x.device, dtype=torch.bool)
-    if keep is not None and keep.all():
+    if keep is not None and not torch.compiler.is_compiling() and keep.all():  # all-True: the same numbers
         keep = None
     with torch.autocast(device_type=x.device.type, enabled=False), torch.set_grad_enabled(
         gradient == "through" and torch.is_grad_enabled()
@@ -203,24 +223,29 @@ class EmbeddedTokens:
             return (self.correct(output[0]), *output[1:])
         return self.correct(output)
 
-    def row_mask(self, batch: int, n: int, device: torch.device) -> torch.Tensor | None:
-        mask = None
-        if self.padding_mask is not None:
-            if self.padding_mask.shape != (batch, n):
-                raise RuntimeError(
-                    f"CET: padding mask of shape {tuple(self.padding_mask.shape)} does not match the "
-                    f"{n} tokens of a batch of {batch} at {self.site.first_block_name}"
-                )
-            mask = self.padding_mask.to(device=device, dtype=torch.bool)
-        prefix = self.site.num_prefix_tokens if self.position == "after_pos_embed" else 0
-        if self.tokens == "patches_only" and prefix:
-            mask = torch.ones(batch, n, dtype=torch.bool, device=device) if mask is None else mask.clone()
-            mask[:, :prefix] = False
-        return mask
-
     def correct(self, x: torch.Tensor) -> torch.Tensor:
         """X + C for a block input x: (B, N, D), or a 4-D map read as its (H·W) × C token matrix (Swin's (B, H, W, C),
         DaViT's channels-first (B, C, H, W): TokenSite.channels_first)."""
-        t = as_tokens(x, self.site.channels_first) if x.dim() == 4 else x
-        out = polar_correction(t, self.row_mask(t.shape[0], t.shape[1], t.device), **self.solver_opts)
-        return from_tokens(out, x.shape, self.site.channels_first)
+        prefix = self.site.num_prefix_tokens if self.position == "after_pos_embed" else 0
+        skip = prefix if self.tokens == "patches_only" else 0
+        return corrected_tokens(x, self.padding_mask, skip, self.site.channels_first, self.site.first_block_name,
+                                **self.solver_opts)
+
+
+@torch.fx.wrap  # one leaf call in a torch.fx graph, run eagerly there: its shape checks and solver branches stay
+def corrected_tokens(x: torch.Tensor, padding_mask: torch.Tensor | None, skip: int, channels_first: bool,
+                     where: str, **solver_opts) -> torch.Tensor:
+    """`polar_correction` of a block input x (B, N, D), or of a 4-D map read as its (H·W) × C token matrix; rows
+    outside `padding_mask` (B, N) and the first `skip` (prefix) tokens take no part."""
+    t = as_tokens(x, channels_first) if x.dim() == 4 else x
+    batch, n = t.shape[0], t.shape[1]
+    mask = None
+    if padding_mask is not None:
+        if padding_mask.shape != (batch, n):
+            raise RuntimeError(f"CET: padding mask of shape {tuple(padding_mask.shape)} does not match the {n} "
+                               f"tokens of a batch of {batch} at {where}")
+        mask = padding_mask.to(device=t.device, dtype=torch.bool)
+    if skip:
+        mask = torch.ones(batch, n, dtype=torch.bool, device=t.device) if mask is None else mask.clone()
+        mask[:, :skip] = False
+    return from_tokens(polar_correction(t, mask, **solver_opts), x.shape, channels_first)

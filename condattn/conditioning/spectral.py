@@ -177,8 +177,12 @@ class SpectralShift:
         delta[rows, cols] = vals
         return delta
 
-    def weight(self, w: torch.Tensor) -> torch.Tensor:
-        """W + C in torch layout, out of place (gradients flow to `w` unchanged; C is a constant)."""
+    def weight(self, w: torch.Tensor, stored: torch.Tensor | None = None) -> torch.Tensor:
+        """W + C in torch layout, out of place (gradients flow to `w` unchanged; C is a constant). Under torch.fx
+        symbolic tracing `w` is the parameter's Proxy and `stored` the parameter: C (from the weight at trace time)
+        enters the graph as a constant, with the same ops as eager, so the traced graph gives the same numbers."""
+        if isinstance(w, torch.fx.Proxy):
+            return self._traced(w, stored)
         if self.correction == "svd":
             self._refresh(w)
         if (torch.is_grad_enabled() and w.requires_grad) or torch.compiler.is_compiling():
@@ -187,6 +191,13 @@ class SpectralShift:
         if self._cache is None or self._cache[0] != key:  # eval / no_grad: rebuilt only when w or C changes
             self._cache = (key, self._shifted(w.detach()))
         return self._cache[1]
+
+    def _traced(self, w: torch.fx.Proxy, stored: torch.Tensor) -> torch.fx.Proxy:
+        if self.correction == "svd":  # C as of now (refresh_every does not act inside an fx graph)
+            self._refresh(stored.detach())
+            return w + self._delta.to(device=stored.device, dtype=stored.dtype)
+        rows, cols, vals = self._identity_index(stored.device)
+        return w.index_put((rows, cols), vals.to(stored.dtype), accumulate=True)
 
     def _shifted(self, w: torch.Tensor) -> torch.Tensor:
         if self.correction == "svd":
@@ -222,8 +233,8 @@ class ShiftedLinear(nn.Linear):
     """An `nn.Linear` whose forward uses W + C (its `_condattn_shift`); parameters and state_dict unchanged.
     Patched modules switch class in place, so deepcopy and pickling keep the shift."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self._condattn_shift.weight(self.weight), self.bias)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # self.weight: the parameter (its Proxy under torch.fx)
+        return F.linear(x, self._condattn_shift.weight(self.weight, self._parameters["weight"]), self.bias)
 
 
 def _shifts(sites: list[AttentionSite], targets: tuple[str, ...], identity: str, **shift_opts
@@ -306,7 +317,10 @@ class FoldWhileCalled:
 
     def fold(self, module: nn.Module, args: tuple) -> None:
         for holder, param, shift in self.entries:
-            holder.__dict__[param] = shift.weight(holder._parameters[param])
+            holder.__dict__.pop(param, None)
+            stored = holder._parameters[param]
+            # getattr: the parameter itself, or its Proxy under torch.fx symbolic tracing (W + C is then traced)
+            holder.__dict__[param] = shift.weight(getattr(holder, param), stored)
 
     def unfold(self, module: nn.Module, args: tuple, output) -> None:
         for holder, param, _ in self.entries:
