@@ -13,7 +13,7 @@ from .initialise import conditioned_init
 from .report import PatchEntry, PatchReport
 from .sites import require_attention, require_tokens
 from .spec import EMBEDDED_OPTIONS, METHODS, SPECTRAL_OPTIONS, ConditioningSpec, conditioning_spec, method_spec
-from .spectral import patch_spectral, unpatch_spectral
+from .spectral import NotScriptable, ShiftedLinear, patch_spectral, unpatch_spectral
 
 __all__ = ["EMBEDDED_DEFAULTS", "METHODS", "SPECTRAL_DEFAULTS", "apply_conditioning", "conditioning_report",
            "remove_conditioning"]
@@ -110,6 +110,8 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
                 state.handles += list(apply(model, spec, report) or [])
 
     model._condattn = state
+    if state.handles or any(type(m) is ShiftedLinear for m in model.modules()):  # attached: TorchScript refused
+        model.__prepare_scriptable__ = NotScriptable(method)
     return report
 
 
@@ -149,6 +151,7 @@ def remove_conditioning(model: nn.Module) -> None:
         h.remove()
     unpatch_spectral(model)
     model._condattn = None
+    model.__dict__.pop("__prepare_scriptable__", None)
 
 
 def conditioning_report(model: nn.Module) -> PatchReport | None:

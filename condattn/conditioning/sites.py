@@ -200,6 +200,16 @@ def join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def feature_stages(m: nn.Module, attr: str, stage_type: type) -> list[tuple[str, nn.Module]] | None:
+    """The stages of a hierarchical timm model as the FeatureListNet / FeatureDictNet of `features_only=True` holds
+    them: its own children `{attr}_0`, `{attr}_1`, ... (the model's `{attr}[i]`, flattened), in order; None if `m`
+    is not such a wrapper."""
+    wrapper = any(c.__module__ == "timm.models._features" and c.__name__ == "FeatureDictNet" for c in type(m).__mro__)
+    if not wrapper or type(m._modules.get(f"{attr}_0")) is not stage_type:
+        return None
+    return [(k, v) for k, v in m.items() if k.startswith(f"{attr}_") and type(v) is stage_type]
+
+
 def stacked(lin: nn.Module, heads: int, order: tuple[int, int, int] = (0, 1, 2)) -> tuple[int, dict[str, Projection]]:
     """Roles of a fused Linear whose output is block-stacked in three equal chunks; `order[i]` is the chunk that
     plays role ROLES[i]. Returns (head_dim, projections)."""

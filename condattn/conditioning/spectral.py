@@ -229,9 +229,25 @@ class SpectralShift:
         return output
 
 
+class NotScriptable:
+    """`__prepare_scriptable__` of a conditioned model (and of ShiftedLinear): torch.jit.script calls it first on
+    every module, so scripting stops with one line naming the way out, not a TorchScript error on a hook."""
+
+    def __init__(self, method: str):
+        self.method = method
+
+    def __call__(self):
+        raise RuntimeError(f"torch.jit.script: this model is conditioned by condattn ({self.method}) through Python "
+                           "hooks and shifted projections, which TorchScript cannot compile; use torch.export.export "
+                           "or torch.compile, or call condattn.remove_conditioning(model) before scripting")
+
+
 class ShiftedLinear(nn.Linear):
     """An `nn.Linear` whose forward uses W + C (its `_condattn_shift`); parameters and state_dict unchanged.
-    Patched modules switch class in place, so deepcopy and pickling keep the shift."""
+    Patched modules switch class in place, so deepcopy and pickling keep the shift. TorchScript: refused."""
+
+    def __prepare_scriptable__(self):
+        NotScriptable("spectral")()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # self.weight: the parameter (its Proxy under torch.fx)
         return F.linear(x, self._condattn_shift.weight(self.weight, self._parameters["weight"]), self.bias)

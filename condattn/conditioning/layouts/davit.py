@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..forms import CHANNEL_SOFTMAX
-from ..sites import AttentionSite, TokenSite, attention_layout, join, stacked, token_layout
+from ..sites import AttentionSite, TokenSite, attention_layout, feature_stages, join, stacked, token_layout
 
 
 @attention_layout("timm_davit_window")
@@ -55,18 +55,19 @@ def timm_davit(name: str, m: nn.Module) -> TokenSite | None:
     its LayerNorm2d, laid out (B, C, H, W) (channels first: CET and the κ(X) probe read it as the (H·W) × C
     matrix). DaViT has no position embedding before the blocks: each block starts with a depthwise-conv
     positional encoding (ConvPosEnc) inside it, so after_pos_embed and before_pos_embed (the stem output) are the
-    same X."""
-    if not hasattr(m, "stages"):
+    same X. The FeatureListNet of `features_only=True` holds the same stem and stages (stages_0, stages_1, ...)."""
+    if not (hasattr(m, "stages") or "stages_0" in m._modules):
         return None
-    from timm.models.davit import DaVit
+    from timm.models.davit import DaVit, DaVitStage
 
-    if type(m) is not DaVit:
+    if type(m) is DaVit:
+        stages = [(f"stages.{i}", st) for i, st in enumerate(m.stages)]
+    elif (stages := feature_stages(m, "stages", DaVitStage)) is None:
         return None
-    blocks = [(join(name, f"stages.{i}.blocks.{j}"), b) for i, st in enumerate(m.stages)
-              for j, b in enumerate(st.blocks)]
+    blocks = [(join(name, f"{s}.blocks.{j}"), b) for s, st in stages for j, b in enumerate(st.blocks)]
     return TokenSite(
         layout="timm_davit",
-        first_block=m.stages[0].blocks[0],
+        first_block=stages[0][1].blocks[0],
         first_block_name=blocks[0][0],
         embed=m.stem,
         embed_name=join(name, "stem"),

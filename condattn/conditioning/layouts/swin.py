@@ -1,10 +1,11 @@
-"""timm Swin (v1): `WindowAttention` with one fused `qkv`; tokens at the input of `layers[0].blocks[0]`."""
+"""timm Swin (v1): `WindowAttention` with one fused `qkv`; tokens at the input of `layers[0].blocks[0]` (of the model,
+or of the FeatureListNet that `features_only=True` builds from it)."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from ..sites import AttentionSite, TokenSite, attention_layout, join, stacked, token_layout
+from ..sites import AttentionSite, TokenSite, attention_layout, feature_stages, join, stacked, token_layout
 
 
 @attention_layout("timm_swin_window")
@@ -27,17 +28,18 @@ def timm_swin(name: str, m: nn.Module) -> TokenSite | None:
     """timm Swin: X is the input of `layers[0].blocks[0]`, the patch embedding after its LayerNorm, laid out
     B × H × W × C (CET flattens it to (H·W) × C). Swin v1 has no absolute position embedding (positions enter
     as a relative bias inside each window attention), so after_pos_embed and before_pos_embed see the same X."""
-    if not hasattr(m, "layers"):
+    if not (hasattr(m, "layers") or "layers_0" in m._modules):
         return None
-    from timm.models.swin_transformer import SwinTransformer
+    from timm.models.swin_transformer import SwinTransformer, SwinTransformerStage
 
-    if type(m) is not SwinTransformer:
+    if type(m) is SwinTransformer:
+        stages = [(f"layers.{i}", st) for i, st in enumerate(m.layers)]
+    elif (stages := feature_stages(m, "layers", SwinTransformerStage)) is None:
         return None
-    blocks = [(join(name, f"layers.{i}.blocks.{j}"), b) for i, st in enumerate(m.layers)
-              for j, b in enumerate(st.blocks)]
+    blocks = [(join(name, f"{s}.blocks.{j}"), b) for s, st in stages for j, b in enumerate(st.blocks)]
     return TokenSite(
         layout="timm_swin",
-        first_block=m.layers[0].blocks[0],
+        first_block=stages[0][1].blocks[0],
         first_block_name=blocks[0][0],
         embed=m.patch_embed,
         embed_name=join(name, "patch_embed"),
