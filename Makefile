@@ -1,6 +1,7 @@
 # condattn — set-up, tests, and one target per paper table.
 #   make install                          create .venv and install condattn with its dev extras
-#   make test                             ruff + the test suite (CPU, offline, about 12 min on 2 cores)
+#   make test                             ruff + the whole test suite (CPU, offline; README "Tests")
+#   make test-unit                        the unit tier only: no training, no process (under a minute)
 #   make reproduce-table-4 SCALE=smoke    train every cell of table 4 and write results/smoke/table4_lra.md
 #   make reproduce-table-1 SCALE=smoke    table 1 (ImageNet zoo); reproduce-table-8: the SCA λ ablation
 #   make reproduce-table-5 SCALE=smoke    table 5 (GPT-2 on TinyStories; validation loss, lower is better)
@@ -27,7 +28,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export WANDB_SILENT ?= true
 
-.PHONY: install test lint test-fast diagnose bench clean
+.PHONY: install test lint test-unit diagnose bench clean
 
 install:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,8 +46,8 @@ lint:
 test: lint
 	$(BIN)/python -m pytest -q
 
-test-fast:
-	$(BIN)/python -m pytest -q -m "not slow"
+test-unit:
+	$(BIN)/python -m pytest -q -m unit
 
 # forward+backward step time of baseline / SCA / CET-svd / CET-fast / QK-norm / σReparam / mimetic / NS-attn per
 # model, side by side (results/bench/)

@@ -1,21 +1,85 @@
+"""Test tiers (README "Tests"): `slow` (trains or starts processes), `gpu` (needs CUDA) and `unit` (everything else;
+added here at collection, so `pytest -m unit` is `make test-unit`). A unit test that trains or starts a process fails
+with "mark it @pytest.mark.slow"; every test has a timeout (pyproject's for slow and gpu, UNIT_TIMEOUT_S for unit).
+Helpers live in tests/helpers.py."""
+
+import multiprocessing.process
 import os
+import subprocess
 
 import pytest
 import torch
+
+pytest_plugins = ("pytester",)  # tests/test_tiers.py runs the tier rules in a session of its own
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 
+UNIT_TIMEOUT_S = 60  # a hang fails; a unit test should take well under UNIT_BUDGET_S
+UNIT_BUDGET_S = 2.0  # unit tests slower than this are listed at the end of the run
+
+
+class UnitTierViolation(RuntimeError):
+    """Not an OSError, so code that tolerates a failed subprocess (provenance's git call) does not swallow it."""
+
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    skip_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        tiers = [m for m in ("slow", "gpu") if item.get_closest_marker(m)]
+        if item.get_closest_marker("unit") and tiers:
+            raise pytest.UsageError(f"{item.nodeid}: marked unit and {tiers[0]}; a test is in one tier, drop one")
+        if skip_gpu and "gpu" in tiers:
+            item.add_marker(skip_gpu)
+        if not tiers:
+            item.add_marker(pytest.mark.unit)
+            if not item.get_closest_marker("timeout"):
+                item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
+
+
+def _refuse(what: str):
+    def refuse(*args, **kwargs):
+        raise UnitTierViolation(f"{what} in a unit test: mark it @pytest.mark.slow (the unit tier neither trains nor "
+                                "starts processes)")
+    return refuse
+
+
+def guard_unit_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make training (the engine's step loop) and every way of starting a process raise UnitTierViolation."""
+    from condattn.engine.loop import StepLoop
+
+    monkeypatch.setattr(StepLoop, "train", _refuse("training (StepLoop.train)"))
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", _refuse("a subprocess"))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("a multiprocessing process"))
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "spawnv", "spawnve", "execv", "execve"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, _refuse(f"os.{name}"))
+
+
+@pytest.fixture(autouse=True)
+def unit_guard(request):
+    """The guard of a unit test (its own MonkeyPatch; `unit_guard.undo()` lifts it); slow and gpu tests have none."""
+    with pytest.MonkeyPatch.context() as mp:
+        if request.node.get_closest_marker("unit"):
+            guard_unit_tier(mp)
+        yield mp
+
+
+_slow_units: list[tuple[float, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and "unit" in report.keywords and report.duration > UNIT_BUDGET_S:
+        _slow_units.append((report.duration, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _slow_units:
+        terminalreporter.section(f"unit tests over {UNIT_BUDGET_S:g} s (speed them up or mark them slow)")
+        for d, nodeid in sorted(_slow_units, reverse=True):
+            terminalreporter.write_line(f"{d:6.1f} s  {nodeid}")
 
 
 @pytest.fixture(scope="module")
@@ -26,42 +90,3 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def tiny_vit():
-    import timm
-
-    torch.manual_seed(0)
-    return timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2, num_classes=10
-    ).eval()
-
-
-def tiny_nystromformer(seq_len: int = 128):
-    from condattn.models.lra import NystromformerClassifier
-
-    torch.manual_seed(0)
-    return NystromformerClassifier(vocab_size=19, num_classes=10, seq_len=seq_len, num_landmarks=64).eval()
-
-
-def vit_inputs(b: int = 3) -> dict:
-    g = torch.Generator().manual_seed(1)
-    return {"x": torch.randn(b, 3, 32, 32, generator=g)}
-
-
-def nystrom_inputs(b: int = 3, seq_len: int = 128) -> dict:
-    """Right-padded token batches with different lengths (sample 0 unpadded)."""
-    g = torch.Generator().manual_seed(2)
-    ids = torch.randint(2, 19, (b, seq_len), generator=g)
-    mask = torch.ones(b, seq_len, dtype=torch.long)
-    for i in range(1, b):
-        n = seq_len - 17 * i
-        ids[i, n:] = 0
-        mask[i, n:] = 0
-    return {"input_ids": ids, "attention_mask": mask}
-
-
-MODELS = {
-    "vit": (tiny_vit, vit_inputs),
-    "nystromformer": (tiny_nystromformer, nystrom_inputs),
-}

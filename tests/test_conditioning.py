@@ -4,7 +4,7 @@ tests/test_layouts.py."""
 
 import pytest
 import torch
-from conftest import tiny_vit, vit_inputs
+from helpers import tiny_vit, vit_inputs
 
 import condattn
 from condattn.conditioning import find_attention, find_tokens, polar_correction, remove_conditioning

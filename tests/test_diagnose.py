@@ -73,7 +73,7 @@ def test_cli_subprocess_with_jacobian(tmp_path, cache):
 
 def test_jacobian_matrix_free_on_a_timm_vit():
     """Nothing Nyströmformer-specific: a timm ViT goes through the same helpers (too wide for exact κ(J))."""
-    from conftest import tiny_vit
+    from helpers import tiny_vit
 
     import condattn
     from condattn.diagnose import jacobian_kappa, measure

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_vit, vit_inputs
+from helpers import tiny_vit, vit_inputs
 
 import condattn
 from condattn.conditioning import find_attention, find_tokens, polar_correction

@@ -1,0 +1,45 @@
+"""Shared test helpers: tiny models and their inputs. Test modules import them with `from helpers import ...` (pytest
+puts tests/ on sys.path); fixtures and the tier rules stay in conftest.py."""
+
+from __future__ import annotations
+
+import torch
+
+
+def tiny_vit():
+    import timm
+
+    torch.manual_seed(0)
+    return timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2, num_classes=10
+    ).eval()
+
+
+def tiny_nystromformer(seq_len: int = 128):
+    from condattn.models.lra import NystromformerClassifier
+
+    torch.manual_seed(0)
+    return NystromformerClassifier(vocab_size=19, num_classes=10, seq_len=seq_len, num_landmarks=64).eval()
+
+
+def vit_inputs(b: int = 3) -> dict:
+    g = torch.Generator().manual_seed(1)
+    return {"x": torch.randn(b, 3, 32, 32, generator=g)}
+
+
+def nystrom_inputs(b: int = 3, seq_len: int = 128) -> dict:
+    """Right-padded token batches with different lengths (sample 0 unpadded)."""
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(2, 19, (b, seq_len), generator=g)
+    mask = torch.ones(b, seq_len, dtype=torch.long)
+    for i in range(1, b):
+        n = seq_len - 17 * i
+        ids[i, n:] = 0
+        mask[i, n:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+MODELS = {
+    "vit": (tiny_vit, vit_inputs),
+    "nystromformer": (tiny_nystromformer, nystrom_inputs),
+}

@@ -1,0 +1,72 @@
+"""The test tiers of conftest.py: a unit test that trains or starts a process fails and says to mark it slow, slow
+tests are left alone, unit tests get the unit timeout, and a test marked both unit and slow is refused."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from condattn.engine import provenance
+from condattn.engine.loop import StepLoop
+
+CONFTEST = Path(__file__).with_name("conftest.py").read_text()
+FIX = "mark it @pytest.mark.slow"
+
+
+def test_the_guard_refuses_training_and_every_way_to_start_a_process():
+    with pytest.raises(RuntimeError, match=f"subprocess in a unit test: {FIX}"):
+        subprocess.run(["true"], check=True)
+    with pytest.raises(RuntimeError, match=FIX):
+        provenance.git_commit()  # its `except OSError` must not hide the guard
+    with pytest.raises(RuntimeError, match=f"multiprocessing process in a unit test: {FIX}"):
+        multiprocessing.Process(target=print).start()
+    with pytest.raises(RuntimeError, match=f"os.fork in a unit test: {FIX}"):
+        os.fork()
+    with pytest.raises(RuntimeError, match=rf"training \(StepLoop.train\) in a unit test: {FIX}"):
+        StepLoop.train(object())
+
+
+def _inner(pytester: pytest.Pytester, unit_guard: pytest.MonkeyPatch, test: str) -> pytest.RunResult:
+    """Run `test` in a pytest session of its own, under this conftest."""
+    unit_guard.undo()  # this test's own guard off, so that the inner session's decides
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\nmarkers =\n  unit: u\n  slow: s\n  gpu: g\n")
+    return pytester.runpytest_inprocess(pytester.makepyfile(test), "-p", "no:cacheprovider")
+
+
+def test_an_unmarked_test_that_starts_a_process_fails_and_a_slow_one_does_not(pytester, unit_guard):
+    result = _inner(pytester, unit_guard, """
+        import subprocess
+        import pytest
+
+        def test_unmarked():
+            subprocess.run(["true"])
+
+        @pytest.mark.slow
+        def test_slow_is_not_guarded(request):
+            assert subprocess.Popen._execute_child.__name__ == "_execute_child"
+            assert not request.node.get_closest_marker("unit")
+
+        def test_unit_gets_the_unit_timeout(request):
+            assert request.node.get_closest_marker("unit")
+            assert request.node.get_closest_marker("timeout").args == (60,)
+    """)
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines([f"E * a subprocess in a unit test: {FIX}*", "FAILED *::test_unmarked*"])
+
+
+def test_a_test_in_two_tiers_is_refused(pytester, unit_guard):
+    result = _inner(pytester, unit_guard, """
+        import pytest
+
+        @pytest.mark.unit
+        @pytest.mark.slow
+        def test_both():
+            pass
+    """)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_both: marked unit and slow*"])
