@@ -7,6 +7,9 @@ write, and patched with a warning under partial=True.
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 from torch import nn
@@ -219,3 +222,201 @@ def test_conditioned_init_on_an_interleaved_fused_qkv(identity):
         else:
             for h in range(heads):
                 torch.testing.assert_close(site.head_weight("v", h), torch.eye(d, v.shape[1]))
+
+
+# ---------------------------------------------------------------- contracts a patched zoo model keeps (issue 27.5)
+
+ZOO = {  # family -> (timm name, tiny config, image size)
+    "vit": ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, embed_dim=64, num_heads=2, depth=2), 32),
+    "deit": ("deit_tiny_patch16_224", dict(img_size=32, patch_size=8, embed_dim=64, num_heads=2, depth=2), 32),
+    "swin": ("swin_tiny_patch4_window7_224", dict(img_size=32, patch_size=4, window_size=4, embed_dim=32,
+                                                  depths=(2, 2), num_heads=(2, 4)), 32),
+    "xcit": ("xcit_nano_12_p16_224", dict(img_size=32, patch_size=8, depth=2, embed_dim=64, num_heads=2), 32),
+    "davit": ("davit_tiny", dict(depths=(1, 1), embed_dims=(32, 64), num_heads=(2, 4), window_size=4), 32),
+    "eva02": ("eva02_tiny_patch14_224", dict(img_size=28, embed_dim=64, num_heads=2, depth=2), 28),
+    "beit": ("beit_base_patch16_224", dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
+                                           init_values=None), 32),
+}
+ZOO_CASES = [(f, m) for f in ZOO for m in ("spectral", "embedded")]
+
+
+def zoo_model(family: str, method: str | None = None, **kw) -> tuple[nn.Module, torch.Tensor]:
+    """A tiny random-init zoo model (eval), patched with `method` (CET with its default Newton–Schulz solver)."""
+    import timm
+
+    name, cfg, size = ZOO[family]
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, **({"num_classes": 10} | cfg | kw)).eval()
+    if method:
+        condattn.apply_conditioning(model, method)
+    return model, torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(3))
+
+
+def _eager(model, x):
+    with torch.no_grad():
+        return model(x)
+
+
+@pytest.mark.parametrize("family,method", ZOO_CASES)
+def test_fx_symbolic_trace_and_feature_extraction_keep_the_numbers(family, method):
+    """torch.fx traces W + C (a graph constant) and CET (one leaf call) with the eager ops, so the traced graph and
+    torchvision's feature extractor give the patched model's numbers; tracing leaves the model copyable."""
+    from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
+
+    model, x = zoo_model(family, method)
+    ref = _eager(model, x)
+    graph = torch.fx.symbolic_trace(model)
+    assert torch.equal(_eager(graph, x), ref)
+    if method == "embedded":
+        assert any(n.op == "call_function" and n.target.__name__ == "corrected_tokens" for n in graph.graph.nodes)
+    last = get_graph_node_names(model)[1][-1]
+    assert torch.equal(_eager(create_feature_extractor(model, return_nodes={last: "out"}), x)["out"], ref)
+    assert torch.equal(_eager(copy.deepcopy(model), x), ref)
+
+
+@pytest.mark.parametrize("family,method", [pytest.param(f, m, marks=[pytest.mark.slow] if m == "embedded" else [])
+                                           for f, m in ZOO_CASES])  # CET's export: about 2 s each
+def test_torch_export_keeps_the_numbers(family, method):
+    """torch.export (strict=False: the non-strict tracer runs the hooks as Python; CET's convergence fallback is a
+    torch.cond in the graph) gives the patched model's numbers."""
+    model, x = zoo_model(family, method)
+    ep = torch.export.export(model, (x,), strict=False)
+    torch.testing.assert_close(_eager(ep.module(), x), _eager(model, x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family,method", ZOO_CASES)
+def test_deepcopy_and_pickle_carry_the_patch_to_the_copy(family, method):
+    """A copy gives the patched numbers, its patch acts on its own weights, and removing it leaves the original."""
+    model, x = zoo_model(family, method)
+    plain, _ = zoo_model(family)
+    ref = _eager(model, x)
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert torch.equal(_eager(clone, x), ref)
+        assert condattn.conditioning_report(clone).counts == condattn.conditioning_report(model).counts
+        condattn.remove_conditioning(clone)
+        assert torch.equal(_eager(clone, x), _eager(plain, x))
+        assert torch.equal(_eager(model, x), ref)
+    if method == "spectral":  # the copy's W + λI reads the copy's weight, not the original's
+        clone = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in clone.parameters():
+                p.mul_(0.5)
+        assert not torch.equal(_eager(clone, x), ref) and torch.equal(_eager(model, x), ref)
+
+
+@pytest.mark.parametrize("family,method", ZOO_CASES)
+def test_torchscript_is_refused_in_one_line(family, method):
+    model, _ = zoo_model(family, method)
+    with pytest.raises(RuntimeError) as err:
+        torch.jit.script(model)
+    msg = str(err.value)
+    assert msg.startswith("torch.jit.script: this model is conditioned by condattn") and "\n" not in msg
+    assert "torch.export.export" in msg and "remove_conditioning" in msg
+    condattn.remove_conditioning(model)
+    assert not hasattr(model, "__prepare_scriptable__")
+
+
+def test_torchscript_of_a_patched_submodule_is_refused_too():
+    model, _ = zoo_model("vit", "spectral")
+    with pytest.raises(RuntimeError, match="torch.jit.script: this model is conditioned by condattn"):
+        torch.jit.script(model.blocks[0])
+
+
+@pytest.mark.parametrize("family,method", ZOO_CASES)
+def test_features_only_models_can_be_conditioned(family, method):
+    """timm's features_only wrappers (FeatureGetterNet around ViT-likes, FeatureListNet flattening Swin/DaViT) patch
+    as the model does: the same sites, the features change, CET bounds κ at the first block, removal restores."""
+    full = condattn.apply_conditioning(zoo_model(family)[0], method).counts
+    if family == "xcit":  # timm prunes what follows the last feature: the head and its class-attention layers
+        full.pop("spectral:timm_class_attn", None)
+    ks = {} if family in ("swin", "davit") else {"out_indices": (0, 1)}
+    model, x = zoo_model(family, features_only=True, **ks)
+    ref = _eager(model, x)
+    rep = condattn.apply_conditioning(model, method)
+    assert rep.counts == full
+    if method == "embedded":
+        seen = []
+        site = condattn.conditioning.find_tokens(model)
+        site.first_block.register_forward_pre_hook(lambda m, a: seen.append(a[0]))  # after CET's own pre-hook
+        out = _eager(model, x)
+        t = seen[0] if seen[0].dim() == 3 else seen[0].flatten(1, 2) if family == "swin" else seen[0].flatten(2).mT
+        sv = torch.linalg.svdvals(t.double())
+        assert float((sv[:, 0] / sv[:, -1]).max()) <= 2.05
+    else:
+        out = _eager(model, x)
+    assert all(not torch.equal(a, b) for a, b in zip(out, ref))
+    condattn.remove_conditioning(model)
+    assert all(torch.equal(a, b) for a, b in zip(_eager(model, x), ref))
+
+
+def test_spectral_applies_on_the_meta_device():
+    """The cost estimate builds models on the meta device: SCA's row indices (interleaved GPT-NeoX included) must not
+    be meta tensors."""
+    from transformers import GPTNeoXConfig, GPTNeoXModel
+
+    with torch.device("meta"):
+        neox = GPTNeoXModel(GPTNeoXConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                          intermediate_size=64, max_position_embeddings=64))
+        vit = zoo_model("vit")[0]
+    assert condattn.apply_conditioning(neox, "spectral").counts == {"spectral:structural": 2}
+    assert condattn.apply_conditioning(vit, "spectral").counts == {"spectral:timm_fused_qkv": 2}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(ZOO))
+def test_compile_fullgraph_captures_train_and_eval(family):
+    """torch.compile(fullgraph=True) captures SCA and CET together in one graph, in train mode (with the backward)
+    and in eval mode, with the eager numbers. backend=aot_eager checks the capture (dynamo + AOT autograd) cheaply;
+    the inductor test below compiles one family for real."""
+    model, x = zoo_model(family, "spectral+embedded")
+    ref = _eager(model, x)
+    torch._dynamo.reset()
+    eager_train = copy.deepcopy(model).train()
+    eager_train(x).sum().backward()
+    compiled_model = copy.deepcopy(model).train()
+    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
+    compiled(x).sum().backward()
+    for (n, a), b in zip(eager_train.named_parameters(), compiled_model.parameters()):
+        if a.grad is not None:
+            torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=n)
+    compiled_model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_compile_fullgraph_inductor_on_vit():
+    model, x = zoo_model("vit", "spectral+embedded")
+    ref = _eager(model, x)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), ref, atol=1e-4, rtol=1e-4)
+    model.train()
+    compiled(x).sum().backward()
+    assert all(p.grad is not None for p in model.blocks[0].attn.qkv.parameters())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("padded", [False, True])
+def test_newton_schulz_fallback_under_compile_equals_eager(padded):
+    """Under torch.compile the per-sample fallback to the exact SVD is a torch.cond (no host branch): for a diverged
+    sample, a sample with a singular value far below 1 and a non-finite one, the eager numbers bit for bit."""
+    from condattn.conditioning.embedded import _exact_where_unconverged, _svd_polar
+
+    x = torch.randn(3, 20, 8, generator=torch.Generator().manual_seed(0))
+    x[2, 0, 0] = float("nan")
+    keep = None
+    if padded:
+        keep = torch.ones(3, 20, dtype=torch.bool)
+        keep[1, 15:] = False
+        x = x * keep.unsqueeze(-1)
+    sigma, polar = _svd_polar(x[:2])
+    sigma, polar = torch.cat([sigma, torch.ones(1, 1, 1)]), torch.cat([polar, torch.zeros(1, 20, 8)])
+    polar[0] = float("nan")
+    polar[1, :, 0] *= 0.5
+    torch._dynamo.reset()
+    eager = _exact_where_unconverged(x, keep, sigma, polar)
+    compiled = torch.compile(_exact_where_unconverged, fullgraph=True, backend="eager")(x, keep, sigma, polar)
+    for e, c in zip(eager, compiled):
+        assert torch.equal(e.nan_to_num(7.0), c.nan_to_num(7.0))

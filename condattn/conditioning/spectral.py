@@ -122,15 +122,18 @@ class SpectralShift:
 
     # ---- the correction -----------------------------------------------------------------------------------------
     def _identity_index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if device not in self._index:
-            rows, cols, vals = [], [], []
-            for blk, s in zip(self.blocks, self.scales):
-                k = min(len(blk), self.in_features)  # rectangular identity: only the first min(D_in, rows) diagonal
-                rows.append(blk[:k])
-                cols.append(torch.arange(k, device="cpu"))
-                vals.append(torch.full((k,), s, device="cpu"))
-            self._index[device] = tuple(torch.cat(t).to(device) for t in (rows, cols, vals))
-        return self._index[device]
+        if device in self._index:
+            return self._index[device]
+        rows, cols, vals = [], [], []
+        for blk, s in zip(self.blocks, self.scales):
+            k = min(len(blk), self.in_features)  # rectangular identity: only the first min(D_in, rows) diagonal
+            rows.append(blk[:k])
+            cols.append(torch.arange(k, device="cpu"))
+            vals.append(torch.full((k,), s, device="cpu"))
+        index = tuple(torch.cat(t).to(device) for t in (rows, cols, vals))
+        if not torch.compiler.is_compiling():  # never cache what export / compile traced (fake tensors)
+            self._index[device] = index
+        return index
 
     def _refresh(self, w: torch.Tensor) -> None:
         """svd: recompute C from the current weight w (torch layout) when due; assert κ(W + C) ≤ 2.05."""
