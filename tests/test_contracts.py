@@ -277,10 +277,18 @@ def test_fx_symbolic_trace_and_feature_extraction_keep_the_numbers(family, metho
 @pytest.mark.parametrize("family,method", [pytest.param(f, m, marks=[pytest.mark.slow] if m == "embedded" else [])
                                            for f, m in ZOO_CASES])  # CET's export: about 2 s each
 def test_torch_export_keeps_the_numbers(family, method):
-    """torch.export (strict=False: the non-strict tracer runs the hooks as Python; CET's convergence fallback is a
-    torch.cond in the graph) gives the patched model's numbers."""
+    """torch.export (non-strict here, strict below) gives the patched model's numbers (CET's convergence fallback
+    is a torch.cond in the graph)."""
     model, x = zoo_model(family, method)
     ep = torch.export.export(model, (x,), strict=False)
+    torch.testing.assert_close(_eager(ep.module(), x), _eager(model, x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(ZOO))
+def test_torch_export_strict_keeps_the_numbers(family):
+    model, x = zoo_model(family, "spectral+embedded")
+    ep = torch.export.export(model, (x,), strict=True)
     torch.testing.assert_close(_eager(ep.module(), x), _eager(model, x), atol=1e-5, rtol=1e-5)
 
 
