@@ -428,3 +428,16 @@ def test_newton_schulz_fallback_under_compile_equals_eager(padded):
     compiled = torch.compile(_exact_where_unconverged, fullgraph=True, backend="eager")(x, keep, sigma, polar)
     for e, c in zip(eager, compiled):
         assert torch.equal(e.nan_to_num(7.0), c.nan_to_num(7.0))
+
+
+@pytest.mark.slow  # export's first call: about 3 s
+def test_svd_correction_traces_with_fx_and_is_refused_by_export_in_one_line():
+    """correction=svd: an fx graph holds C as of trace time (the same numbers); export / compile, which cannot trace
+    the refresh between steps, stop with one line naming correction=identity."""
+    model, x = zoo_model("vit")
+    condattn.apply_conditioning(model, "spectral", correction="svd")
+    ref = _eager(model, x)
+    assert torch.equal(_eager(torch.fx.symbolic_trace(model), x), ref)
+    with pytest.raises(NotImplementedError, match=r"^spectral correction=svd .* use correction=identity there"):
+        torch.export.export(model, (x,), strict=False)
+    assert torch.equal(_eager(model, x), ref)

@@ -33,6 +33,8 @@ IDENTITY_PLACEMENTS = ("full", "per_head")
 CORRECTIONS = ("identity", "svd")
 MODES = ("fixed", "init")
 LAM_UNITS = ("abs", "init_std", "sigma_max")
+SVD_NOT_TRACED = ("spectral correction=svd recomputes C from the weights between steps, which torch.compile and "
+                  "torch.export cannot trace; use correction=identity there, or run the model eagerly")
 SVD_KAPPA_BOUND = 2.05  # Theorem 3.5 gives κ(W + C) ≤ 2 exactly; the margin covers fp32 rounding
 
 
@@ -187,6 +189,8 @@ class SpectralShift:
         if isinstance(w, torch.fx.Proxy):
             return self._traced(w, stored)
         if self.correction == "svd":
+            if torch.compiler.is_compiling():
+                raise NotImplementedError(SVD_NOT_TRACED)
             self._refresh(w)
         if (torch.is_grad_enabled() and w.requires_grad) or torch.compiler.is_compiling():
             return self._shifted(w)  # compiled graphs fuse the add themselves
