@@ -59,6 +59,8 @@ def hardware(device: torch.device, num_processes: int, num_nodes: int = 1) -> di
         "num_nodes": num_nodes,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        # the CPU kernels torch dispatches to (AVX2 / AVX512 ...): they, like the thread count, change CPU results
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "host": socket.gethostname(),
     }
 
