@@ -58,13 +58,23 @@ def guard_unit_tier(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setattr(os, name, _refuse(f"os.{name}"))
 
 
-@pytest.fixture(autouse=True)
-def unit_guard(request):
-    """The guard of a unit test (its own MonkeyPatch; `unit_guard.undo()` lifts it); slow and gpu tests have none."""
+_GUARD = pytest.StashKey[pytest.MonkeyPatch]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A unit test is guarded from its setup to its teardown, so a fixture that trains is caught too."""
     with pytest.MonkeyPatch.context() as mp:
-        if request.node.get_closest_marker("unit"):
+        if item.get_closest_marker("unit"):
             guard_unit_tier(mp)
-        yield mp
+        item.stash[_GUARD] = mp
+        return (yield)
+
+
+@pytest.fixture
+def unit_guard(request) -> pytest.MonkeyPatch:
+    """This test's guard: `unit_guard.undo()` lifts it (slow and gpu tests have none to lift)."""
+    return request.node.stash[_GUARD]
 
 
 _slow_units: list[tuple[float, str]] = []

@@ -38,13 +38,20 @@ def _inner(pytester: pytest.Pytester, unit_guard: pytest.MonkeyPatch, test: str)
     return pytester.runpytest_inprocess(pytester.makepyfile(test), "-p", "no:cacheprovider")
 
 
-def test_an_unmarked_test_that_starts_a_process_fails_and_a_slow_one_does_not(pytester, unit_guard):
+def test_an_unmarked_test_or_its_fixture_that_starts_a_process_fails_and_a_slow_one_does_not(pytester, unit_guard):
     result = _inner(pytester, unit_guard, """
         import subprocess
         import pytest
 
         def test_unmarked():
             subprocess.run(["true"])
+
+        @pytest.fixture(scope="module")
+        def spawned():
+            subprocess.run(["true"])
+
+        def test_unmarked_through_a_module_fixture(spawned):
+            pass
 
         @pytest.mark.slow
         def test_slow_is_not_guarded(request):
@@ -55,8 +62,9 @@ def test_an_unmarked_test_that_starts_a_process_fails_and_a_slow_one_does_not(py
             assert request.node.get_closest_marker("unit")
             assert request.node.get_closest_marker("timeout").args == (60,)
     """)
-    result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines([f"E * a subprocess in a unit test: {FIX}*", "FAILED *::test_unmarked*"])
+    result.assert_outcomes(passed=2, failed=1, errors=1)
+    result.stdout.fnmatch_lines([f"E * a subprocess in a unit test: {FIX}*", "FAILED *::test_unmarked*",
+                                 "ERROR *::test_unmarked_through_a_module_fixture*"])
 
 
 def test_a_test_in_two_tiers_is_refused(pytester, unit_guard):
