@@ -258,6 +258,7 @@ def _eager(model, x):
 
 
 @pytest.mark.parametrize("family,method", ZOO_CASES)
+@pytest.mark.slow
 def test_fx_symbolic_trace_and_feature_extraction_keep_the_numbers(family, method):
     """torch.fx traces W + C (a graph constant) and CET (one leaf call) with the eager ops, so the traced graph and
     torchvision's feature extractor give the patched model's numbers; tracing leaves the model copyable."""
@@ -276,6 +277,7 @@ def test_fx_symbolic_trace_and_feature_extraction_keep_the_numbers(family, metho
 
 @pytest.mark.parametrize("family,method", [pytest.param(f, m, marks=[pytest.mark.slow] if m == "embedded" else [])
                                            for f, m in ZOO_CASES])  # CET's export: about 2 s each
+@pytest.mark.slow
 def test_torch_export_keeps_the_numbers(family, method):
     """torch.export (non-strict here, strict below) gives the patched model's numbers (CET's convergence fallback
     is a torch.cond in the graph)."""

@@ -44,6 +44,7 @@ def test_offline_stand_in_bundle(data, n_train, n_val):
     assert build_datasets(cfg).checksum == b.checksum and len(b.checksum) == 64
 
 
+@pytest.mark.slow
 def test_smoke_recipe_uses_the_stand_in_through_the_same_transforms():
     cfg = cfg_for()
     assert cfg.data.name == "mnist" and cfg.data.builder == "images" and cfg.model.img_size == 32

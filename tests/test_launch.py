@@ -201,6 +201,7 @@ def test_cpus_per_task_advice_is_capped_at_a_node(monkeypatch):
     assert "a node's cores are all in use" in w
 
 
+@pytest.mark.slow
 def test_status_lists_each_cell_from_records_squeue_and_sacct(tmp_path, capsys, monkeypatch):
     exp = str(listops_only(tmp_path))
     runs = tmp_path / "runs" / "smoke"

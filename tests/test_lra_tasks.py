@@ -178,6 +178,7 @@ def test_cet_conditions_each_tower_with_its_own_padding_mask():
 
 
 @pytest.mark.parametrize("scale", ["smoke", "small", "paper"])
+@pytest.mark.slow
 def test_table4_rows_compose_at_every_scale(scale):
     expected_steps = {"listops": 5000, "text": 20000, "retrieval": 30000, "image": 35000, "pathfinder": 62400}
     for row, spec in ROWS.items():

@@ -78,6 +78,7 @@ def _cards_with_a_cell() -> list[tuple[str, list[str]]]:
 
 
 @pytest.mark.parametrize("task, overrides", _cards_with_a_cell(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.slow
 def test_changing_any_listed_value_fails(task, overrides):
     """Mutation check: each listed value changed in the resolved config is reported (so a recipe edit that moves a
     paper value away from its source fails the test above)."""

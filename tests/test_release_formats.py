@@ -217,6 +217,7 @@ def lra_dest(tmp_path_factory):
 
 
 @pytest.mark.parametrize("task", sorted(LRA_TASKS))
+@pytest.mark.slow
 def test_lra_tasks_read_the_release_as_it_unpacks(task, lra_dest, tmp_path, monkeypatch):
     monkeypatch.setenv("CONDATTN_DATA", str(lra_dest))
     cfg = lra_cfg(task, f"paths.cache={tmp_path}")

@@ -190,6 +190,7 @@ def test_rows_trains_only_the_matching_rows_and_names_a_pattern_that_matches_non
     assert "--rows 'listop' matches no row of table9_readings at scale small; its rows are: vit_baseline," in err
 
 
+@pytest.mark.slow
 def test_corrupt_summary_is_reported_as_unfinished(tmp_path, capsys):
     exp = str(listops_only(tmp_path))
     run = tmp_path / "runs" / "smoke" / "table4_lra_listops_none_smoke_s0"

@@ -37,6 +37,7 @@ def name_of(overrides: list[str]) -> str:
     (["conditioning.correction=svd", "conditioning.lam_unit=sigma_max"], ["conditioning.correction=svd"]),
     (["conditioning.refresh_every=5"], []),  # correction=identity: C = λI is never recomputed
 ])
+@pytest.mark.slow
 def test_an_option_that_does_not_act_does_not_rename_the_run(tmp_path, inert, active):
     plain = ["scale=smoke", "logger=none", f"paths.runs={tmp_path}", "conditioning=spectral"]
     assert name_of([*plain, *inert]) == name_of([*plain, *active])

@@ -35,6 +35,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("overrides,message", BAD, ids=[" ".join(o) for o, _ in BAD])
+@pytest.mark.slow
 def test_each_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, overrides, message):
     assert cli(["scale=smoke", "logger=none", f"paths.runs={tmp_path / 'runs'}", *overrides]) == 2
     err = capsys.readouterr().err.strip().splitlines()

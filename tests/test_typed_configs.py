@@ -45,6 +45,7 @@ def test_the_yaml_defaults_are_the_code_defaults(cls, path):
         assert set(yaml) == set(code)
 
 
+@pytest.mark.slow
 def test_the_task_base_is_what_every_recipe_sets_and_recipe_keys_are_declared():
     """Every composed task recipe sets the TASK_REQUIRED keys (the base, no code default); the optim and impl keys any
     recipe sets are keys the typed views declare (so a key read in code has one default, here)."""
@@ -62,6 +63,7 @@ def test_the_task_base_is_what_every_recipe_sets_and_recipe_keys_are_declared():
 
 
 @pytest.mark.parametrize("path", TASKS, ids=[p.stem for p in TASKS])
+@pytest.mark.slow
 def test_a_composed_recipe_reads_the_same_through_the_views(path):
     cfg = compose([f"task={path.stem}", "scale=smoke"])
     for node, view in ((cfg.impl, impl_config(cfg.impl)), (cfg.optim, optim_config(cfg.optim)),

@@ -66,6 +66,7 @@ def images(b: int = 2, size: int = 32) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_paper_entry_builds_and_patches_every_attention_layer(family):
     cfg = compose([f"task=imagenet_{family}"])  # paper scale: the row's model and data (ImageNet, 224, 1000)
     assert cfg.model.name == BASE[family] and cfg.data.name == "imagenet" and cfg.model.pretrained is False
@@ -162,6 +163,7 @@ def test_xcit_cet_input_has_no_class_token():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_trains_a_few_steps_under_both_methods(family):
     mcfg = model_cfg(family, "small")
     methods = ["spectral", "embedded"]
