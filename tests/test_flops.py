@@ -217,6 +217,6 @@ def test_reproduce_dry_run_prints_the_cost_and_one_loader_warning_per_model(tmp_
     # impl.precision=bf16 changes what the runs compute, so their names carry a variant hash (engine/identity.py)
     assert re.search(r"table1_imagenet_vit_base_spectral_paper_s0(-[0-9a-f]{8})?: 105 GFLOP/sample × 384,307,200 "
                      r"samples", out)
-    assert "table1_imagenet: 6 runs," in out and "GPU-hours on H200 at 45% MFU" in out
+    assert "table1_imagenet: 8 runs," in out and "GPU-hours on H200 at 45% MFU" in out
     warnings = [ln for ln in out.splitlines() if ln.startswith("[reproduce] warning: ")]
     assert len(warnings) == 2 and warnings[0].startswith("[reproduce] warning: vit_base_patch16_224: launcher.cpus_per")
