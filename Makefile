@@ -23,6 +23,7 @@ LAUNCHER ?= local
 DRY_RUN ?=
 RUNS ?=
 ARGS ?=
+TEST_WORKERS ?= 2
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
@@ -43,11 +44,12 @@ install:
 lint:
 	$(BIN)/ruff check condattn tests scripts
 
+# tests: one torch thread per process (tiny models; faster, and no oversubscription with the two pytest-xdist workers)
 test: lint
-	$(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-unit:
-	$(BIN)/python -m pytest -q -m unit
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -m unit
 
 # forward+backward step time of baseline / SCA / CET-svd / CET-fast / QK-norm / σReparam / mimetic / NS-attn per
 # model, side by side (results/bench/)
