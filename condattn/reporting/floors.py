@@ -3,8 +3,9 @@
 `python -m condattn.reporting.floors --scale small` composes each row's config as `reproduce` does (row overrides,
 scale overrides, `conditioning=none scale=<scale> seed=0`), builds its data through the trainer's data builder
 (data/registry.py), fits each floor on the training split and reports it on the split the table's metric uses
-(`test_*` metrics: test; the others: validation). A hyper-parameter (logistic regression's C) is picked on the
-validation split when the report is on test, else on a seeded tenth of the training split, then refitted on all of it.
+(`test_*` and `final_test_*` metrics: test; the others: validation). A hyper-parameter (logistic regression's C)
+is picked on the validation split when the report is on test, else on a seeded tenth of the training split, then
+refitted on all of it.
 
 - classification: the majority class of the training split;
 - images (raw pixels of the MNIST stand-in; LRA Image / Pathfinder pixels): logistic regression, kNN (k = 3) and a
@@ -60,7 +61,8 @@ def groups(exp: dict, scale: str) -> dict[str, tuple[str, list[str]]]:
             continue
         row_scale = [o.replace("{method}", "none").replace("{scale}", scale)
                      for o in (spec.get("scales") or {}).get(scale) or []]
-        out[group] = (str(spec.get("metric", exp["metric"])),
+        metric = (spec.get("metrics") or {}).get(scale) or spec.get("metric", exp["metric"])  # as the renderers
+        out[group] = (str(metric),
                       [*spec.get("overrides", []), *at_scale, *row_scale, "conditioning=none", f"scale={scale}",
                        "seed=0"])
     return out
@@ -269,7 +271,7 @@ def _timed(fn):
 
 def compute(cfg: Any, bundle, metric: str) -> list[dict]:
     """The floors of one data bundle, reported on the split `metric` names (test_*: test, else validation)."""
-    split = "test" if metric.startswith("test") else "val"
+    split = "test" if metric.startswith(("test_", "final_test_")) else "val"
     builder = str(cfg.data.builder)
     if builder == "lm_text":
         train = np.asarray(bundle.train.tokens[: len(bundle.train) * bundle.train.seq_len], dtype=np.int64)
@@ -365,7 +367,7 @@ def table_floors(exp: dict, scale: str, results_root: str | Path, force: bool = 
         (bundle, s) = _timed(lambda cfg=cfg: build_datasets(cfg))
         key = data_key(cfg, bundle.checksum, bundle.info)
         entry = cached.get(group)
-        if not force and entry and entry.get("key") == key:
+        if not force and entry and entry.get("key") == key and entry.get("metric") == metric:
             log(f"[floors] {exp['table']} {group}: cached (data checksum {bundle.checksum[:12]})")
             out[group] = {**entry, "cached": True}
             continue

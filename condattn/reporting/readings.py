@@ -120,9 +120,9 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
     head = ["reading", "final accuracy (%)", "Δ vs baseline [95% CI]", "lr (pick)", "MDE (80% power)",
             "steps to baseline's final val", *(f"step 0: {h}" for h in STEP0)]
     intro = ("Each row is one reading of a method (experiments/table9_readings.yaml names its options). Final "
-             "accuracy: mean ± std over seeds (ViT: validation top-1 at the end of training; ListOps: test accuracy "
-             "at the best validation checkpoint). Δ: difference of the means to the same task's baseline with a 95% "
-             "Welch interval (needs ≥ 2 seeds per row). Step-0 columns, measured at initialisation on the fixed "
+             "accuracy: mean ± std over seeds of each task's summary key, named under its heading (final_*: at "
+             "the end of training; test_acc: test accuracy at the best validation checkpoint, as LRA). Δ: difference of "
+             "the means to the same task's baseline with a 95% Welch interval (needs ≥ 2 seeds per row). Step-0 columns, measured at initialisation on the fixed "
              "diagnostics batch and after the first backward, are means over layers: entropy as a share of uniform "
              "attention (1 = uniform, 0 = one-hot), max attention probability, the share of (query, head) pairs whose "
              "attention argmax is the query itself, and ‖∇W_Q‖_F.")
@@ -130,7 +130,8 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
     csv_rows = []
     winners = []
     for task in dict.fromkeys(r["task"] for r in rows):
-        lines += ["", f"**{task}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        metric = next(x["metric"] for x in rows if x["task"] == task)
+        lines += ["", f"**{task}** (`{metric}`)", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in (x for x in rows if x["task"] == task):
             c, ci = r["cell"], r["ci"]
             acc = c.text()
