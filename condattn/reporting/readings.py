@@ -121,11 +121,12 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
             "steps to baseline's final val", *(f"step 0: {h}" for h in STEP0)]
     intro = ("Each row is one reading of a method (experiments/table9_readings.yaml names its options). Final "
              "accuracy: mean ± std over seeds of each task's summary key, named under its heading (final_*: at "
-             "the end of training; test_acc: test accuracy at the best validation checkpoint, as LRA). Δ: difference of "
-             "the means to the same task's baseline with a 95% Welch interval (needs ≥ 2 seeds per row). Step-0 columns, measured at initialisation on the fixed "
-             "diagnostics batch and after the first backward, are means over layers: entropy as a share of uniform "
-             "attention (1 = uniform, 0 = one-hot), max attention probability, the share of (query, head) pairs whose "
-             "attention argmax is the query itself, and ‖∇W_Q‖_F.")
+             "the end of training; test_acc: test accuracy at the best validation checkpoint, as LRA). Δ: "
+             "difference of the means to the same task's baseline with a 95% Welch interval (needs ≥ 2 seeds per "
+             "row). Step-0 columns, measured at initialisation on the fixed diagnostics batch and after the first "
+             "backward, are means over layers: entropy as a share of uniform attention (1 = uniform, 0 = one-hot), "
+             "max attention probability, the share of (query, head) pairs whose attention argmax is the query "
+             "itself, and ‖∇W_Q‖_F.")
     lines = table_start(exp, intro, head)[:2] + [intro]
     csv_rows = []
     winners = []
