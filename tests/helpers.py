@@ -3,6 +3,8 @@ puts tests/ on sys.path); fixtures and the tier rules stay in conftest.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 
@@ -43,3 +45,13 @@ MODELS = {
     "vit": (tiny_vit, vit_inputs),
     "nystromformer": (tiny_nystromformer, nystrom_inputs),
 }
+
+
+def mini_listops(tmp: Path, *extra: str) -> list[str]:
+    """Overrides of a 4-step ListOps run, batch 8, length 64, writing under `tmp` (as tests/test_train.py)."""
+    return [
+        "scale=smoke", "logger=none", f"paths.runs={tmp / 'runs'}", f"paths.cache={tmp / 'cache'}",
+        "data.generate.train=64", "data.generate.val=24", "data.generate.test=16", "data.generate.min_length=20",
+        "data.generate.max_length=60", "data.max_length=64", "data.seq_len=64", "task.batch_size=8", "task.steps=4",
+        "task.eval_every=2", "task.log_every=1", "impl.checkpoint_every=2", "diagnostics.batch_size=2", *extra,
+    ]

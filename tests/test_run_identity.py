@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import mini_listops
 
 from condattn.config import compose
 from condattn.engine.identity import config_mismatch, science_config, variant
@@ -21,14 +22,6 @@ REPO = Path(__file__).resolve().parents[1]
 HEX = re.compile(r"-[0-9a-f]{8}$")
 
 
-def mini(tmp: Path, *extra: str) -> list[str]:
-    """A 4-step ListOps run, batch 8, length 64 (as tests/test_train.py)."""
-    return [
-        "scale=smoke", "logger=none", f"paths.runs={tmp / 'runs'}", f"paths.cache={tmp / 'cache'}",
-        "data.generate.train=64", "data.generate.val=24", "data.generate.test=16", "data.generate.min_length=20",
-        "data.generate.max_length=60", "data.max_length=64", "data.seq_len=64", "task.batch_size=8", "task.steps=4",
-        "task.eval_every=2", "task.log_every=1", "impl.checkpoint_every=2", "diagnostics.batch_size=2", *extra,
-    ]
 
 
 def name_of(overrides: list[str]) -> str:
@@ -82,22 +75,22 @@ def test_run_id_names_and_parses_variants():
 def test_a_run_dir_of_another_config_is_never_resumed_or_reused(tmp_path):
     """An interrupted λ = 2 run under a given name; the same name with λ = 10 is refused, naming conditioning.lam,
     before anything is written; resume=never starts it over; the finished λ = 10 run is refused to λ = 2 too."""
-    first = compose(mini(tmp_path, "conditioning=spectral", "conditioning.lam=2", "run.name=mine",
+    first = compose(mini_listops(tmp_path, "conditioning=spectral", "conditioning.lam=2", "run.name=mine",
                          "debug.interrupt_at_step=1"))
     with pytest.raises(TrainingInterrupted):
         train(first)
     run_dir = Path(first.run.dir)
     rows = (run_dir / "metrics.jsonl").read_text()
-    other = compose(mini(tmp_path, "conditioning=spectral", "run.name=mine"))
+    other = compose(mini_listops(tmp_path, "conditioning=spectral", "run.name=mine"))
     assert config_mismatch(other, run_dir) is not None
     with pytest.raises(PreflightError, match=r"holds a run of another config: conditioning.lam is 2.0 there and 10.0 "
                                              r"here.*resume=never"):
         train(other)
     assert (run_dir / "metrics.jsonl").read_text() == rows  # untouched
-    s = train(compose(mini(tmp_path, "conditioning=spectral", "run.name=mine", "resume=never")))
+    s = train(compose(mini_listops(tmp_path, "conditioning=spectral", "run.name=mine", "resume=never")))
     assert s["config"]["conditioning"]["lam"] == 10.0
     with pytest.raises(PreflightError, match="conditioning.lam is 10.0 there and 2.0 here"):
-        train(compose(mini(tmp_path, "conditioning=spectral", "conditioning.lam=2", "run.name=mine")))
+        train(compose(mini_listops(tmp_path, "conditioning=spectral", "conditioning.lam=2", "run.name=mine")))
 
 
 @pytest.mark.slow
@@ -105,8 +98,8 @@ def test_cli_lam2_then_lam10_and_a_sweep_give_one_run_per_value(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
     def cli(*args, flags=()):
-        out = subprocess.run([sys.executable, "-m", "condattn.train", *flags, *mini(tmp_path), "conditioning=spectral",
-                              *args],
+        out = subprocess.run([sys.executable, "-m", "condattn.train", *flags, *mini_listops(tmp_path),
+                              "conditioning=spectral", *args],
                              cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
         assert out.returncode == 0, out.stderr
         return out.stdout
@@ -139,7 +132,7 @@ def test_two_processes_on_one_run_train_it_once(tmp_path):
     """Two processes started together on one run: one trains, the other waits for it (naming it), then finds the
     run finished; every training row is written once."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    args = [sys.executable, "-m", "condattn.train", *mini(tmp_path, "run.name=shared", "task.steps=8")]
+    args = [sys.executable, "-m", "condattn.train", *mini_listops(tmp_path, "run.name=shared", "task.steps=8")]
     procs = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for _ in range(2)]
     outs = [p.communicate(timeout=900) for p in procs]
@@ -156,7 +149,7 @@ def test_two_processes_on_one_run_train_it_once(tmp_path):
 def test_the_thread_count_is_part_of_the_identity_where_it_differs_from_the_recipes(tmp_path):
     """CPU reductions split by thread count: a 1-thread and a 2-thread run of one cell are two runs. The count enters
     the name only where it differs from the scale recipe's (smoke LRA: 1), so earlier runs keep their names."""
-    plain = mini(tmp_path, "conditioning=spectral")
+    plain = mini_listops(tmp_path, "conditioning=spectral")
     one, two = name_of([*plain, "impl.threads=1"]), name_of([*plain, "impl.threads=2"])
     assert one == name_of(plain) != two
     assert name_of(["scale=smoke", "logger=none", "impl.threads=1"]) == "lra_listops_none_smoke_s0"

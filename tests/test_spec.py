@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers import mini_listops
 
 import condattn
 from condattn.conditioning import spec as S
@@ -198,14 +199,6 @@ def test_variant_of_an_unknown_method_keeps_what_was_given():
 # ---------------------------------------------------------------- the config is checked once per CLI run
 
 
-def _mini(tmp: Path, *extra: str) -> list[str]:
-    """A 4-step ListOps run, batch 8, length 64 (as tests/test_train.py)."""
-    return [
-        "scale=smoke", "logger=none", f"paths.runs={tmp / 'runs'}", f"paths.cache={tmp / 'cache'}",
-        "data.generate.train=64", "data.generate.val=24", "data.generate.test=16", "data.generate.min_length=20",
-        "data.generate.max_length=60", "data.max_length=64", "data.seq_len=64", "task.batch_size=8", "task.steps=4",
-        "task.eval_every=2", "task.log_every=1", "impl.checkpoint_every=2", "diagnostics.batch_size=2", *extra,
-    ]
 
 
 @pytest.fixture
@@ -253,7 +246,7 @@ def test_one_train_cli_run_checks_its_config_once(tmp_path, config_checks, monke
 
     from condattn import train as cli_module
 
-    overrides = _mini(tmp_path, "conditioning=spectral")
+    overrides = mini_listops(tmp_path, "conditioning=spectral")
     assert cli_module.cli(overrides) is None
     assert config_checks == {"check_config": 1, "Budget": 1}
     monkeypatch.setattr(sys, "argv", ["condattn.train", *overrides])
@@ -263,5 +256,5 @@ def test_one_train_cli_run_checks_its_config_once(tmp_path, config_checks, monke
     # the library's own entry point checks once too
     from condattn.engine.trainer import train
 
-    train(compose(_mini(tmp_path, "conditioning=embedded", "run.name=lib")))
+    train(compose(mini_listops(tmp_path, "conditioning=embedded", "run.name=lib")))
     assert config_checks == {"check_config": 2, "Budget": 2}
