@@ -163,11 +163,11 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
             for k, st in {**r["step0"], **r["extra"]}.items():
                 row[f"step0_{k}"] = f"{st[0]:.6g}" if st else ""
             csv_rows.append(row)
+        for f in ((floors or {}).get(task) or {}).get("floors", []):  # same split, a classical model: not a method
+            lines.append(f"| {f['label']} | {100 * f['value']:.2f} ({f['split']}) | – |" + " – |" * (len(head) - 3))
         base = next((x for x in rows if x["task"] == task and x["is_baseline"]), None)
         if base and base["target"]:
             lines += ["", base["target"].text()]
-        for f in ((floors or {}).get(task) or {}).get("floors", []):  # same split, a classical model: not a method
-            lines.append(f"| {f['label']} | {100 * f['value']:.2f} ({f['split']}) | – |" + " – |" * (len(head) - 3))
     n_seeds = max((len(r["cell"].values) for r in rows), default=0)
     if n_seeds < 2:
         verdict = "With fewer than 2 seeds per row there is no interval: this table cannot say which reading is better."
@@ -175,7 +175,11 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
         verdict = "Readings above the baseline beyond their 95% interval: " + "; ".join(winners) + "."
     else:
         verdict = "No reading beats its task's baseline beyond its 95% interval."
-    lines += ["", verdict, "", protocol.FOOTER, "", provenance_line(exp, scale, cells)]
+    walls = [w for r in rows for w in r["cell"].wall]
+    cost = (f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time summed "
+            f"({statistics.median(walls):.0f} s median per run); an lr grid adds its other multipliers' runs, "
+            "2 per row for a 3-point grid." if walls else "")
+    lines += ["", verdict, "", protocol.FOOTER, "", cost, "", provenance_line(exp, scale, cells)]
     return "\n".join(lines) + "\n", csv_rows
 
 
