@@ -74,12 +74,10 @@ def test_the_identity_holds_inert_options_at_their_defaults_so_older_hashes_stay
 def test_after_an_svd_run_the_same_command_with_lam3_finds_it_finished(tmp_path):
     """Issue 24's bug: `conditioning.correction=svd` trained, then the same command with `conditioning.lam=3`
     retrained under another name. Now it is the same run, found finished."""
-    from test_run_identity import mini
-
     from condattn.engine.trainer import train
 
     def run(*extra: str) -> dict:
-        overrides = mini(tmp_path, "conditioning=spectral", "conditioning.correction=svd", *extra)
+        overrides = mini_listops(tmp_path, "conditioning=spectral", "conditioning.correction=svd", *extra)
         cfg = compose(overrides)
         cfg.run.name = name_of(overrides)
         return train(cfg)
