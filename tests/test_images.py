@@ -57,6 +57,38 @@ def test_smoke_recipe_uses_the_stand_in_through_the_same_transforms():
     assert not torch.equal(b.train[3]["pixel_values"], b.train[3]["pixel_values"])
 
 
+def test_shifted_images_translate_the_eval_geometry_by_at_most_k_pixels():
+    from condattn.data.images import ArrayImages, ShiftedImages
+
+    img = np.zeros((1, 8, 8), dtype=np.uint8)
+    img[0, 3, 4] = 255  # one white pixel
+
+    def tf(pil):
+        return torch.from_numpy(np.asarray(pil, dtype=np.float32) / 255.0).permute(2, 0, 1)
+
+    ds = ShiftedImages(ArrayImages(img, np.array([7])), tf, 10, shift_px=2, fill=torch.full((3,), -1.0))
+    torch.manual_seed(0)
+    seen = set()
+    for _ in range(200):
+        item = ds[0]
+        assert int(item["labels"]) == 7 and item["pixel_values"].shape == (3, 8, 8)
+        (r, c), = torch.nonzero(item["pixel_values"][0] == 1.0).tolist()
+        seen.add((r - 3, c - 4))
+        assert set(torch.unique(item["pixel_values"][0]).tolist()) <= {-1.0, 0.0, 1.0}  # moved-in border: fill
+        assert bool((item["pixel_values"][0] == -1.0).any()) == ((r, c) != (3, 4))
+    assert seen == {(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)}  # every offset of ±2 px, no other
+
+
+@pytest.mark.slow
+def test_small_vit_recipe_uses_cached_shifts_and_refuses_them_with_randaugment():
+    cfg = compose(["task=imagenet_vit", "scale=small", "logger=none"])
+    b = build_datasets(cfg)
+    assert "±2 px" in b.info["train_transform"] and b.train[0]["pixel_values"].shape == (3, 32, 32)
+    bad = compose(["task=imagenet_vit", "scale=small", "logger=none", "task.augment.auto_augment=rand-m5"])
+    with pytest.raises(ValueError, match="shift_px=2"):
+        build_datasets(bad)
+
+
 def test_randaugment_posterize_zero_bits_does_not_crash():
     """Pillow 13 refuses posterize(0 bits), which rand-m9-mstd0.5-inc1 reaches; we restore the old result."""
     from PIL import Image

@@ -54,6 +54,31 @@ class ImageClassification(Dataset):
         return {"pixel_values": self.transform(img), "labels": torch.tensor(int(label), dtype=torch.long)}
 
 
+class ShiftedImages(Dataset):
+    """Training split for `task.augment.shift_px` > 0: each image goes through the evaluation transform once
+    (cached tensors) and every draw translates it by a random integer offset in [-k, k] per axis, filling with the
+    value black takes after normalisation. It stands in for a small RandomResizedCrop at the small scale, where a
+    per-sample PIL crop costs a third of a ViT step; the shifted pixels are those of the evaluation geometry."""
+
+    def __init__(self, items: Sequence, transform: Callable, num_classes: int, shift_px: int, fill: torch.Tensor):
+        self.num_classes, self.k, self.fill = num_classes, int(shift_px), fill.view(-1, 1, 1)
+        pairs = [items[i] for i in range(len(items))]
+        self.x = torch.stack([transform(img) for img, _ in pairs])
+        self.y = torch.tensor([int(label) for _, label in pairs], dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        k, x = self.k, self.x[i]
+        dy, dx = (int(v) for v in torch.randint(-k, k + 1, (2,)))
+        out = self.fill.expand_as(x).clone()
+        h, w = x.shape[-2:]
+        out[:, max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = \
+            x[:, max(-dy, 0):h - max(dy, 0), max(-dx, 0):w - max(dx, 0)]
+        return {"pixel_values": out, "labels": self.y[i]}
+
+
 class ArrayImages:
     """uint8 arrays (N, H, W) + labels -> (PIL RGB image, label); what the offline stand-ins are made of."""
 
@@ -383,6 +408,15 @@ def build_image_bundle(cfg: Any) -> DataBundle:
     train_tf, eval_tf = build_transforms(d, aug)
     n_cls = int(d.num_classes)
     splits = {s: ImageClassification(items[s], train_tf if s == "train" else eval_tf, n_cls) for s in items}
+    shift = int(aug.get("shift_px", 0) or 0)
+    if shift > 0:  # cached tensors + integer shifts instead of timm's per-sample train transform
+        if aug.auto_augment or float(aug.re_prob) > 0:
+            raise ValueError(f"task.augment.shift_px={shift} replaces the timm train transform, so it cannot be "
+                             f"combined with auto_augment={aug.auto_augment!r} or re_prob={aug.re_prob}; set "
+                             "task.augment.auto_augment=null task.augment.re_prob=0, or shift_px=0")
+        black = (torch.zeros(3) - torch.tensor(tuple(d.mean))) / torch.tensor(tuple(d.std))
+        splits["train"] = ShiftedImages(items["train"], eval_tf, n_cls, shift, black)
+        train_tf = f"eval transform ({eval_tf!r}) once, then random integer shifts of ±{shift} px (fill: black)"
 
     repeats = int(cfg.task.get("repeated_aug", 1) or 1)
     factory = None
@@ -397,7 +431,7 @@ def build_image_bundle(cfg: Any) -> DataBundle:
         "sizes": {s: len(ds) for s, ds in splits.items()},
         "num_classes": n_cls,
         "img_size": int(d.img_size),
-        "train_transform": repr(train_tf),
+        "train_transform": train_tf if isinstance(train_tf, str) else repr(train_tf),
         "eval_transform": repr(eval_tf),
         "repeated_aug": ra,
     })
