@@ -172,6 +172,18 @@ def test_partial_patches_the_matched_layers_with_a_warning():
         assert torch.equal(model(x), ref)
 
 
+def test_partial_reaches_the_registered_methods_too():
+    """sigma_reparam (a method registered outside api.py) refuses the unmatched layer, and patches the matched one
+    with the same warning under partial=True."""
+    model = Mixed().eval()
+    with pytest.raises(ValueError, match="partial=True"):
+        condattn.apply_conditioning(model, "sigma_reparam")
+    assert not any("sigma" in k for k in model.state_dict())  # nothing was attached
+    rep = condattn.apply_conditioning(model, "sigma_reparam", partial=True)
+    assert rep.counts == {"sigma_reparam:torch_mha": 1}
+    assert len(rep.warnings) == 1 and "OddAttention" in rep.warnings[0]
+
+
 def test_reregistering_a_layout_takes_replace(monkeypatch):
     monkeypatch.setattr(sites_mod, "ATTENTION_LAYOUTS", dict(sites_mod.ATTENTION_LAYOUTS))
     monkeypatch.setattr(sites_mod, "PRIORITY", dict(sites_mod.PRIORITY))

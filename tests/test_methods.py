@@ -330,3 +330,29 @@ def test_ns_heads_is_one_quintic_step_on_the_normalised_matrix():
             want = (3.4445 * xn + (-4.7750 * a + 2.0315 * a @ a) @ xn) * n
             torch.testing.assert_close(y[b, h].T, want, rtol=1e-5, atol=1e-6)
     assert torch.equal(ns_heads(o, steps=0), o * 1.0) or torch.allclose(ns_heads(o, steps=0), o)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_patch_report_counts_each_methods_layers(method):
+    """PatchReport.check (the trainer's assertion against model.attention_layers) counts the registered methods'
+    entries, and their skipped sites, as it counts SCA's."""
+    rep = apply(CASES["vit"].build(), method)
+    rep.check(attention_layers=2)
+    with pytest.raises(RuntimeError, match=f"{method} patched 2 attention layers, the model config expects 3"):
+        rep.check(attention_layers=3)
+    if method in ("qk_norm", "mimetic_init"):  # XCiT: 2 channel-softmax layers skipped with why, 2 class-attention
+        xcit = apply(CASES["xcit"].build(), method)
+        assert len(xcit.skipped) == 2
+        xcit.check(attention_layers=4)
+
+
+def test_ns_attention_forgets_the_mask_of_the_previous_call():
+    """A call without an attention mask after a padded call: every token is real again (no stale mask)."""
+    case = CASES["bert"]
+    model, fresh, inputs = case.build(), case.build(), case.inputs()
+    fresh.load_state_dict(model.state_dict())
+    apply(model, "ns_attention")
+    apply(fresh, "ns_attention")
+    unmasked = {k: v for k, v in inputs.items() if k != "attention_mask"}
+    output(case, model, inputs)  # the padded call
+    torch.testing.assert_close(output(case, model, unmasked), output(case, fresh, unmasked), rtol=0, atol=0)

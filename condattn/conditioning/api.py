@@ -43,7 +43,8 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
 
     Atomic and strict: every attention site and the token site the method needs are found before the model is
     touched, and a refusal (an attention layer no layout matches, no token site) leaves it exactly as it was.
-    `partial=True` accepts attention layers no layout matches; the report then carries a warning.
+    `partial=True` accepts attention layers no layout matches (for every method); the report then carries a
+    warning.
     """
     if getattr(model, "_condattn", None) is not None:
         raise RuntimeError(
@@ -107,7 +108,7 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
 
         for part in spec.parts:  # methods registered with their own patch (spec.py)
             if (apply := method_spec(part).apply) is not None:
-                state.handles += list(apply(model, spec, report) or [])
+                state.handles += list(apply(model, spec, report, partial=partial) or [])
 
     model._condattn = state
     if state.handles or any(type(m) is ShiftedLinear for m in model.modules()):  # attached: TorchScript refused

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+# methods with one entry per attention layer (sigma_reparam's scope=all_linear adds `sigma_reparam:linear` entries)
+PER_LAYER = ("spectral", "conditioned_init", "qk_norm", "sigma_reparam", "mimetic_init", "ns_attention")
+
+
 @dataclass(frozen=True)
 class PatchEntry:
     module: str  # dotted module path inside the model
@@ -35,15 +39,15 @@ class PatchReport:
         return sum(1 for e in self.entries if e.kind.startswith(prefix))
 
     def check(self, attention_layers: int | None = None) -> None:
-        """Raise if the patch does not cover the architecture: one spectral entry per attention layer and
-        exactly one embedded-token entry, for the methods that ask for them."""
+        """Raise if the patch does not cover the architecture: one entry per attention layer (patched or skipped)
+        for the per-layer methods, exactly one embedded-token entry for CET."""
         problems = []
-        per_layer = "spectral" if "spectral" in self.method else "conditioned_init" if \
-            self.method == "conditioned_init" else None
+        per_layer = next((m for m in PER_LAYER if m in self.method), None)
         if per_layer and attention_layers is not None:
-            n, skipped = self.count(per_layer), len(self.skipped)
+            n = sum(1 for e in self.entries if e.kind.startswith(per_layer) and e.kind != f"{per_layer}:linear")
+            skipped = len(self.skipped)  # left alone by an option, or where the method does not apply (with why)
             if n + skipped != attention_layers:
-                found = f"{n} attention layers" + (f" (+ {skipped} skipped by an option)" if skipped else "")
+                found = f"{n} attention layers" + (f" (+ {skipped} skipped)" if skipped else "")
                 problems.append(f"{per_layer} patched {found}, the model config expects {attention_layers}")
         if "embedded" in self.method and self.count("embedded") != 1:
             problems.append(f"embedded patched {self.count('embedded')} token inputs, expected exactly 1")
@@ -66,7 +70,7 @@ class PatchReport:
         lines = [f"PatchReport(method={self.method}{', ' + opts if opts else ''})"]
         lines += [f"  {k}: {v}" for k, v in sorted(self.counts.items())] or ["  (nothing patched)"]
         if self.skipped:
-            lines.append(f"  skipped by an option: {len(self.skipped)}")
+            lines.append(f"  skipped: {len(self.skipped)}")
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  WARNING: {w}" for w in self.warnings]
         return "\n".join(lines)

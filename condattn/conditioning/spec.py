@@ -8,7 +8,7 @@ Each method is a `MethodSpec` registered by name. Adding a method is one registr
 
     from ..spec import MethodSpec, finite_number, register_method
 
-    def _apply(model, spec, report):            # patch `model`; return the hook handles remove_conditioning drops
+    def _apply(model, spec, report, partial):   # patch `model` (partial: require_attention's); return the handles
         ...
 
     register_method(MethodSpec(
@@ -54,7 +54,7 @@ class MethodSpec:
     # options that act only on a model whose attention sites carry kinds (DETR's detr_attention)
     site_kind_options: frozenset[str] = frozenset()
     parts: tuple[str, ...] = ()  # a composite's methods; () for a plain one
-    apply: Callable[..., list] | None = None  # apply(model, spec, report) -> handles, for methods outside api.py
+    apply: Callable[..., list] | None = None  # apply(model, spec, report, partial=) -> handles (outside api.py)
 
     def acting(self, values: Mapping[str, Any]) -> set[str]:
         return set(self.options) if self.applies is None else set(self.applies(values)) & set(self.options)

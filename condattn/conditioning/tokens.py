@@ -67,7 +67,6 @@ def track_model_mask(site, setter) -> list:
 
     def capture(module, args, kwargs):
         m = kwargs.get(name, args[idx] if len(args) > idx else None)
-        if m is not None:
-            setter(key_mask(m))
+        setter(None if m is None else key_mask(m))  # a call without a mask: every token is real (no stale mask)
 
     return [site.mask_owner.register_forward_pre_hook(capture, with_kwargs=True)]

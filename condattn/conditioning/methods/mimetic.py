@@ -95,9 +95,10 @@ def mimetic_site(model: nn.Module, site: AttentionSite, qk: tuple[float, float],
 
 
 def apply_mimetic(model: nn.Module, report: PatchReport, qk_alpha: float = 0.7, qk_beta: float = 0.7,
-                  vo_alpha: float = 0.4, vo_beta: float = 0.4, generator: torch.Generator | None = None) -> list:
+                  vo_alpha: float = 0.4, vo_beta: float = 0.4, generator: torch.Generator | None = None,
+                  partial: bool = False) -> list:
     """Mimetic initialisation of every token-softmax attention site of `model`, once; attaches nothing."""
-    sites, warnings = require_attention(model, "mimetic_init")
+    sites, warnings = require_attention(model, "mimetic_init", partial)
     report.warnings += warnings
     for site in sites:
         reason = not_token_softmax(site)
@@ -117,8 +118,8 @@ def apply_mimetic(model: nn.Module, report: PatchReport, qk_alpha: float = 0.7, 
     return []
 
 
-def _apply(model: nn.Module, spec, report: PatchReport) -> list:
-    return apply_mimetic(model, report, **{k: spec[k] for k in DEFAULTS})
+def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -> list:
+    return apply_mimetic(model, report, **{k: spec[k] for k in DEFAULTS}, partial=partial)
 
 
 register_method(MethodSpec("mimetic_init", dict(DEFAULTS), label="mimetic_init (mimetic initialisation)",

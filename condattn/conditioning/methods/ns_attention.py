@@ -67,9 +67,9 @@ class HeadNS:
 
 
 def apply_ns_attention(model: nn.Module, report: PatchReport, ns_steps: int = 1,
-                       ns_coefficients: tuple[float, float, float] = MUON) -> list:
+                       ns_coefficients: tuple[float, float, float] = MUON, partial: bool = False) -> list:
     """NS-attention before W_O of every attention site of `model`; returns the hook handles."""
-    sites, warnings = require_attention(model, "ns_attention")
+    sites, warnings = require_attention(model, "ns_attention", partial)
     report.warnings += warnings
     causal = [s for s in sites if is_causal(s)]
     if causal:
@@ -121,8 +121,9 @@ def _coefficients(key: str, v) -> tuple[float, float, float]:
     return out
 
 
-def _apply(model: nn.Module, spec, report: PatchReport) -> list:
-    return apply_ns_attention(model, report, ns_steps=spec["ns_steps"], ns_coefficients=spec["ns_coefficients"])
+def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -> list:
+    return apply_ns_attention(model, report, ns_steps=spec["ns_steps"], ns_coefficients=spec["ns_coefficients"],
+                              partial=partial)
 
 
 register_method(MethodSpec("ns_attention", {"ns_steps": 1, "ns_coefficients": MUON},

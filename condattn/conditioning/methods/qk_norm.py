@@ -82,11 +82,11 @@ def _plan(site) -> str:
     return _why_not(site) or "patch"
 
 
-def apply_qk_norm(model: nn.Module, report: PatchReport, norm: str = "layernorm") -> list:
+def apply_qk_norm(model: nn.Module, report: PatchReport, norm: str = "layernorm", partial: bool = False) -> list:
     """Put QK-norm on every token-softmax attention site of `model`; returns the handles that undo it. Every site
     is planned before the model is touched, so a refusal leaves it as it was."""
     make_norm(norm, 1)  # (the option's check, before anything is changed)
-    sites, warnings = require_attention(model, "qk_norm")
+    sites, warnings = require_attention(model, "qk_norm", partial)
     report.warnings += warnings
     plan = [(site, _plan(site)) for site in sites]
     if not any(how in ("native", "patch") for _, how in plan):
@@ -122,8 +122,8 @@ def apply_qk_norm(model: nn.Module, report: PatchReport, norm: str = "layernorm"
     return handles
 
 
-def _apply(model: nn.Module, spec, report: PatchReport) -> list:
-    return apply_qk_norm(model, report, norm=spec["norm"])
+def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -> list:
+    return apply_qk_norm(model, report, norm=spec["norm"], partial=partial)
 
 
 register_method(MethodSpec("qk_norm", {"norm": "layernorm"}, label="qk_norm (QK-norm)",

@@ -102,11 +102,11 @@ def _drop_all(reparams: list[SigmaReparam]) -> None:
         r.drop()
 
 
-def apply_sigma_reparam(model: nn.Module, report: PatchReport, scope: str = "attention") -> list:
+def apply_sigma_reparam(model: nn.Module, report: PatchReport, scope: str = "attention", partial: bool = False) -> list:
     """σReparam on the attention projections (scope=attention) or every Linear (all_linear); returns the handles."""
     if scope not in SCOPES:
         raise ValueError(f"sigma_reparam: scope={scope!r} is invalid; choose one of {list(SCOPES)}")
-    sites, warnings = require_attention(model, "sigma_reparam")
+    sites, warnings = require_attention(model, "sigma_reparam", partial)
     report.warnings += warnings
     reparams: dict[tuple[int, str], SigmaReparam] = {}
     for site in sites:
@@ -141,8 +141,8 @@ def apply_sigma_reparam(model: nn.Module, report: PatchReport, scope: str = "att
     return handles
 
 
-def _apply(model: nn.Module, spec, report: PatchReport) -> list:
-    return apply_sigma_reparam(model, report, scope=spec["scope"])
+def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -> list:
+    return apply_sigma_reparam(model, report, scope=spec["scope"], partial=partial)
 
 
 register_method(MethodSpec("sigma_reparam", {"scope": "attention"}, label="sigma_reparam (σReparam)",
