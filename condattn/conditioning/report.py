@@ -6,7 +6,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-
 # methods with one entry per attention layer (sigma_reparam's scope=all_linear adds `sigma_reparam:linear` entries)
 PER_LAYER = ("spectral", "conditioned_init", "qk_norm", "sigma_reparam", "mimetic_init", "ns_attention")
 
