@@ -108,6 +108,15 @@ def test_weight_only_readings_cost_the_model_they_leave_and_cet_beside_them_keep
     assert flops["both_init"] == flops["cet"] > flops["none"]
 
 
+@pytest.mark.slow
+def test_the_cpu_fallback_feeds_ids_inside_the_models_vocabulary():
+    """SCA's svd correction reads values, so ListOps (vocabulary 20) is counted on CPU: the synthetic ids must be
+    valid there (they were drawn from 5..99 and the embedding raised IndexError: no estimate)."""
+    flops, how = training_flops_per_sample(compose(["task=lra_listops", "scale=small", "conditioning=spectral",
+                                                    "conditioning.correction=svd"]))
+    assert how.startswith("counted on CPU") and flops > 0
+
+
 def test_cost_floors_for_what_flops_do_not_see():
     """A cell never costs less than its data workers can feed (samples / (workers × rate)) nor less than its steps
     at launcher.min_step_ms: tiny models (CIFAR, LRA) are bound by those, not by FLOPs."""

@@ -40,7 +40,8 @@ def _synthetic_batch(cfg: Any, n: int, device: torch.device) -> dict[str, torch.
         return {"pixel_values": torch.randn(n, 3, s, s, generator=g).to(device),
                 "labels": torch.zeros(n, dtype=torch.long, device=device)}
     seq = int(data.seq_len)
-    ids = torch.randint(5, 100, (n, seq), generator=g).to(device)
+    vocab = int(cfg.model.get("vocab_size") or data.get("vocab_size") or 100)  # ids inside the model's embedding
+    ids = torch.randint(min(5, vocab - 1), min(100, vocab), (n, seq), generator=g).to(device)
     mask = torch.ones_like(ids)
     if data.get("builder") == "lra_retrieval":
         return {"input_ids_0": ids, "attention_mask_0": mask, "input_ids_1": ids, "attention_mask_1": mask}
