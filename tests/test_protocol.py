@@ -216,3 +216,18 @@ def test_one_renderer_cli_uses_the_experiments_renderer_and_refuses_an_lr_grid(t
     with pytest.raises(SystemExit):
         renderer_cli([str(path), "--scale", "smoke", *over], "prog", "doc")
     assert "--report-only" in capsys.readouterr().err
+
+
+def test_cost_line_projects_the_whole_table_from_each_tasks_median():
+    from types import SimpleNamespace
+
+    from condattn.reporting.readings import cost_line
+
+    exp = {"scales": {"small": {"seeds": [0, 1, 2, 3, 4], "lr_grid": [0.5, 1, 2]}}}
+    rows = [{"task": "vit", "cell": SimpleNamespace(wall=[100.0, 120.0, 140.0])},
+            {"task": "vit", "cell": SimpleNamespace(wall=[])},  # a row not run yet costs the task's median too
+            {"task": "listops", "cell": SimpleNamespace(wall=[200.0])}]
+    line = cost_line(exp, "small", rows)
+    assert "4 runs, 0.16 h" in line and "vit 120 s, listops 200 s" in line
+    assert "3 rows × 7 runs" in line and f"{(120 * 7 * 2 + 200 * 7) / 2 / 3600:.1f} h" in line
+    assert cost_line(exp, "small", [{"task": "vit", "cell": SimpleNamespace(wall=[])}]) == ""

@@ -175,12 +175,26 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
         verdict = "Readings above the baseline beyond their 95% interval: " + "; ".join(winners) + "."
     else:
         verdict = "No reading beats its task's baseline beyond its 95% interval."
-    walls = [w for r in rows for w in r["cell"].wall]
-    cost = (f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time summed "
-            f"({statistics.median(walls):.0f} s median per run); an lr grid adds its other multipliers' runs, "
-            "2 per row for a 3-point grid." if walls else "")
-    lines += ["", verdict, "", protocol.FOOTER, "", cost, "", provenance_line(exp, scale, cells)]
+    lines += ["", verdict, "", protocol.FOOTER, "", cost_line(exp, scale, rows), "",
+              provenance_line(exp, scale, cells)]
     return "\n".join(lines) + "\n", csv_rows
+
+
+def cost_line(exp: dict, scale: str, rows: list[dict]) -> str:
+    """The measured training time of the runs shown, and what the whole table costs at those per-task medians: every
+    row runs its seeds plus the lr grid's other multipliers on seed 0, on two processes of one thread (2 cores)."""
+    walls = [w for r in rows for w in r["cell"].wall]
+    if not walls:
+        return ""
+    sc = exp["scales"].get(scale) or {}
+    per_row = len(sc.get("seeds") or []) + max(len(sc.get("lr_grid") or []) - 1, 0)
+    medians = {t: statistics.median(ws) for t in dict.fromkeys(r["task"] for r in rows)
+               if (ws := [w for r in rows if r["task"] == t for w in r["cell"].wall])}
+    whole = sum(medians.get(r["task"], 0.0) * per_row for r in rows) / 2
+    per_task = ", ".join(f"{t} {m:.0f} s" for t, m in medians.items())
+    return (f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time summed "
+            f"(median per run: {per_task}). The whole table, {len(rows)} rows × {per_row} runs (seeds + the lr "
+            f"grid's other multipliers), at these medians on two processes of one thread: {whole / 3600:.1f} h.")
 
 
 def _convergence_csv(r: dict) -> dict:
