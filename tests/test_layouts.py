@@ -20,7 +20,7 @@ import torch
 
 import condattn
 from condattn.conditioning import ATTENTION_LAYOUTS, ROLES, TOKEN_LAYOUTS, find_attention, find_tokens, polar_correction
-from condattn.conditioning.sites import stored_weight
+from condattn.conditioning.sites import as_matrix, stored_weight
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.py)
 
@@ -169,6 +169,53 @@ def _gpt_neox():
                                       intermediate_size=64, max_position_embeddings=64))
 
 
+class ConvStack(torch.nn.Module):
+    """timm attention modules with 1×1-conv projections on (B, C, H, W) maps, each a residual (a module whose output
+    is not its input's shape, CSATv2's spatial map, replaces it)."""
+
+    def __init__(self, *blocks):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(blocks)
+
+    def forward(self, x):
+        for b in self.blocks:
+            y = b(x)
+            x = x + y if y.shape == x.shape else y
+        return x
+
+
+def _conv_attention(kind: str):
+    """Two attention modules of one layout (two variants where the module has them), random init, tiny widths."""
+    import importlib
+
+    from timm.layers.attention2d import MultiQueryAttention2d
+    from timm.layers.bottleneck_attn import BottleneckAttn
+    from timm.layers.halo_attn import HaloAttn
+
+    mod = {n: importlib.import_module(f"timm.models.{n}") for n in ("cpubone", "csatv2", "lowformer", "maxxvit",
+                                                                     "visformer")}
+    blocks = {
+        "maxxvit": lambda: (mod["maxxvit"].Attention2d(32, dim_head=8),  # head_first: per head [q; k; v]
+                            mod["maxxvit"].Attention2d(32, dim_head=16, head_first=False)),  # stacked
+        "halo": lambda: (HaloAttn(32, num_heads=2, block_size=4, halo_size=1),
+                         HaloAttn(32, num_heads=4, block_size=4, halo_size=1, qkv_bias=True)),
+        "bottleneck": lambda: (BottleneckAttn(32, feat_size=(8, 8), num_heads=2),
+                               BottleneckAttn(32, feat_size=(8, 8), num_heads=4, qkv_bias=True)),
+        "pwise": lambda: (mod["lowformer"].ConvAttention(128, att_stride=2, att_kernel=3),
+                          mod["cpubone"].ConvAttention(128, head_dim_mul=0.5, att_stride=2)),
+        "csatv2": lambda: (mod["csatv2"].SpatialAttention(), mod["csatv2"].SpatialAttention()),
+        # structural: a stacked conv qkv (Visformer), conv query/key/value after pooling / depthwise conv + BN
+        # (MobileNetV5's multi-query attention: one k/v head)
+        "structural": lambda: (mod["visformer"].Attention(32, num_heads=2),
+                               MultiQueryAttention2d(32, num_heads=2, key_dim=16, value_dim=16, kv_stride=2)),
+    }[kind]
+    return _seeded(lambda: ConvStack(*blocks()))
+
+
+def _maps(channels: int):
+    return lambda: {"x": torch.randn(2, channels, 8, 8, generator=torch.Generator().manual_seed(3))}
+
+
 class UserMHAModel(torch.nn.Module):
     """A user's model built from torch.nn: a 2-layer nn.TransformerEncoder (packed in_proj_weight; its fused
     inference path would bypass nn.MultiheadAttention.forward) and a cross-attention with kdim/vdim != embed_dim
@@ -231,6 +278,13 @@ CASES = {
     "torch_mha": Case(_seeded(UserMHAModel), _mha_inputs, _kw, {"torch_mha": 2 + 1}, None),
     "roberta_structural": Case(_seeded(_roberta), lambda: _tokens(100, n=16, low=3), _hidden, {"structural": 2}, None),
     "gpt_neox_structural": Case(_seeded(_gpt_neox), lambda: _tokens(61), _hidden, {"structural": 2}, None),
+    # 1×1-conv projections (layouts/timm_conv.py; structural for stacked ones)
+    "maxxvit_conv": Case(_conv_attention("maxxvit"), _maps(32), _kw, {"timm_maxxvit_conv": 2}, None),
+    "halo_conv": Case(_conv_attention("halo"), _maps(32), _kw, {"timm_halo": 2}, None),
+    "bottleneck_conv": Case(_conv_attention("bottleneck"), _maps(32), _kw, {"timm_bottleneck": 2}, None),
+    "pwise_conv": Case(_conv_attention("pwise"), _maps(128), _kw, {"timm_pwise_conv": 2}, None),
+    "csatv2_spatial": Case(_conv_attention("csatv2"), _maps(32), _kw, {"timm_csatv2_spatial": 2}, None),
+    "conv_structural": Case(_conv_attention("structural"), _maps(32), _kw, {"structural": 2}, None),
 }
 NAMES = list(CASES)
 
@@ -296,8 +350,17 @@ def test_none_is_bit_identical_and_remove_restores(name):
 
 
 def _torch_weight(p) -> torch.Tensor:
-    w = stored_weight(p).detach().clone()
+    w = as_matrix(stored_weight(p).detach().clone())  # (a 1×1 convolution's (out, in) view)
     return w.T.contiguous() if p.transposed else w
+
+
+def _projected(lin, x: torch.Tensor, w: torch.Tensor, bias) -> torch.Tensor:
+    """What the projection computes with the torch-layout weight w: x Wᵀ + b, or the 1×1 convolution with W."""
+    if isinstance(lin, torch.nn.modules.conv._ConvNd):
+        conv = torch.nn.functional.conv2d if lin.weight.dim() == 4 else torch.nn.functional.conv1d
+        b = bias if isinstance(bias, torch.Tensor) else None
+        return conv(x, w.reshape(lin.weight.shape), b, lin.stride, lin.padding, lin.dilation)
+    return x @ w.T + bias
 
 
 def _explicit(site, targets, lam: float, identity: str) -> dict[tuple[int, str], torch.Tensor]:
@@ -351,13 +414,14 @@ def test_sca_is_the_explicit_formula(name, identity, targets):
         assert captured or not p.called
         bias = lin.bias.detach() if p.called and lin.bias is not None else 0.0
         for x, y in captured:
-            torch.testing.assert_close(y, x @ w.T + bias, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(y, _projected(lin, x, w, bias), rtol=1e-5, atol=1e-5)
     # the whole model with W + λI written into its weights computes the same function
     by_name = {id(m): n for n, m in model.named_modules()}
     explicit_modules = dict(explicit.named_modules())
     with torch.no_grad():
         for lin, w, p, _ in seen.values():  # (Conv1D stores the paper's W: the transpose)
-            getattr(explicit_modules[by_name[id(lin)]], p.param).copy_(w.T if p.transposed else w)
+            param = getattr(explicit_modules[by_name[id(lin)]], p.param)
+            param.copy_((w.T if p.transposed else w).reshape(param.shape))
     torch.testing.assert_close(out, output(case, explicit, inputs), rtol=1e-4, atol=1e-4)
     assert all(torch.equal(v, stored[k]) for k, v in model.state_dict().items())  # parameters never hold λI
 

@@ -13,7 +13,7 @@ from .initialise import conditioned_init
 from .report import PatchEntry, PatchReport
 from .sites import require_attention, require_tokens
 from .spec import EMBEDDED_OPTIONS, METHODS, SPECTRAL_OPTIONS, ConditioningSpec, conditioning_spec, method_spec
-from .spectral import NotScriptable, ShiftedLinear, patch_spectral, unpatch_spectral
+from .spectral import UNSHIFTED, NotScriptable, patch_spectral, unpatch_spectral
 
 __all__ = ["EMBEDDED_DEFAULTS", "METHODS", "SPECTRAL_DEFAULTS", "apply_conditioning", "conditioning_report",
            "remove_conditioning"]
@@ -111,7 +111,7 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
                 state.handles += list(apply(model, spec, report, partial=partial) or [])
 
     model._condattn = state
-    if state.handles or any(type(m) is ShiftedLinear for m in model.modules()):  # attached: TorchScript refused
+    if state.handles or any(type(m) in UNSHIFTED for m in model.modules()):  # attached: TorchScript refused
         model.__prepare_scriptable__ = NotScriptable(method)
     return report
 

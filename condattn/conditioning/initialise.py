@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .sites import AttentionSite, Projection, stored_weight
+from .sites import AttentionSite, Projection, as_matrix, stored_weight
 
 
 def _head_rows(p: Projection, site: AttentionSite) -> list[torch.Tensor]:
@@ -24,7 +24,7 @@ def _head_rows(p: Projection, site: AttentionSite) -> list[torch.Tensor]:
 
 def _write(p: Projection, rows: torch.Tensor, block: torch.Tensor) -> None:
     """Write a torch-layout (rows, in) block into the projection's weight (Conv1D stores it transposed)."""
-    w = stored_weight(p)  # the parameter holding the weight (e.g. nn.MultiheadAttention's in_proj_weight)
+    w = as_matrix(stored_weight(p))  # the parameter holding the weight (e.g. nn.MultiheadAttention's in_proj_weight)
     rows = rows.to(w.device)
     if p.transposed:
         w[:, rows] = block.T.to(w)
@@ -42,7 +42,7 @@ def conditioned_init(sites: list[AttentionSite], targets: tuple[str, ...], ident
     for site in sites:
         for role in targets:
             p = site.proj[role]
-            w = stored_weight(p)
+            w = as_matrix(stored_weight(p))  # (a 1×1 convolution's (out, in) view)
             d_in = w.shape[0] if p.transposed else w.shape[1]
             if role in ("q", "k"):
                 for rows in _head_rows(p, site):

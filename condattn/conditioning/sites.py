@@ -28,7 +28,9 @@ ROLES = ("q", "k", "v")
 
 @dataclass
 class Projection:
-    linear: nn.Linear  # or any module computing x @ W + b whose output columns hold the role (Conv1D: see transposed)
+    # or any module computing x @ W + b whose output columns hold the role (Conv1D: see transposed; a pointwise
+    # nn.Conv1d / nn.Conv2d, kernel 1 and groups 1, whose output channels hold it: its weight's (out, in) view)
+    linear: nn.Linear
     # output columns of `linear` that hold this role, all heads, head-major: a slice, or a LongTensor of rows where
     # the roles are interleaved per head (GPT-NeoX / BLOOM `query_key_value`: `interleaved`)
     cols: slice | torch.Tensor
@@ -65,6 +67,24 @@ def stored_weight(p: Projection) -> torch.Tensor:
     return params[p.param] if p.param in params else getattr(p.linear, p.param)
 
 
+def as_matrix(w: torch.Tensor) -> torch.Tensor:
+    """The (out, in) view of a projection weight: a pointwise convolution's (out, in, 1, …) weight flattened (a view,
+    so writes reach the parameter), a Linear's as it is."""
+    return w.flatten(1) if w.dim() > 2 else w
+
+
+def is_pointwise_conv(m: nn.Module) -> bool:
+    """A plain nn.Conv1d / nn.Conv2d (or SCA's shifted one) with kernel 1 and groups 1: a Linear over the channels at
+    every position."""
+    plain = type(m) in (nn.Conv1d, nn.Conv2d) or getattr(type(m), "_condattn_shifted_conv", False)
+    return plain and all(k == 1 for k in m.kernel_size) and m.groups == 1
+
+
+def out_features(m: nn.Module) -> int:
+    """Output width of a projection (Linear / Conv1D's out_features, a pointwise convolution's out_channels)."""
+    return int(m.out_features) if hasattr(m, "out_features") else int(m.out_channels)
+
+
 def shift_of(p: Projection):
     """The SCA shift (spectral.SpectralShift) attached to a projection's weight, or None."""
     if p.param == "weight":
@@ -93,7 +113,7 @@ class AttentionSite:
     def weight(self, role: str, effective: bool = True) -> torch.Tensor:
         """torch-layout weight (heads*head_dim, D_in) of one role; `effective` includes an SCA correction (W + C)."""
         p = self.proj[role]
-        w = stored_weight(p).detach()
+        w = as_matrix(stored_weight(p).detach())
         if p.transposed:  # Conv1D stores (in, out): back to torch layout, where delta_weight() lives
             w = w.T
         shift = shift_of(p)
@@ -108,6 +128,7 @@ class AttentionSite:
     def grad(self, role: str) -> torch.Tensor | None:
         p = self.proj[role]
         g = stored_weight(p).grad
+        g = None if g is None else as_matrix(g)
         if g is not None and p.transposed:
             g = g.T
         return None if g is None else g[p.cols]
@@ -213,9 +234,10 @@ def feature_stages(m: nn.Module, attr: str, stage_type: type) -> list[tuple[str,
 def stacked(lin: nn.Module, heads: int, order: tuple[int, int, int] = (0, 1, 2)) -> tuple[int, dict[str, Projection]]:
     """Roles of a fused Linear whose output is block-stacked in three equal chunks; `order[i]` is the chunk that
     plays role ROLES[i]. Returns (head_dim, projections)."""
-    a = lin.out_features // 3
-    if a * 3 != lin.out_features or a % heads:
-        raise ValueError(f"fused qkv with {lin.out_features} outputs does not split into 3 × {heads} heads")
+    out = out_features(lin)
+    a = out // 3
+    if a * 3 != out or a % heads:
+        raise ValueError(f"fused qkv with {out} outputs does not split into 3 × {heads} heads")
     return a // heads, {r: Projection(lin, slice(order[i] * a, (order[i] + 1) * a)) for i, r in enumerate(ROLES)}
 
 
@@ -223,10 +245,10 @@ def interleaved(lin: nn.Module, heads: int, widths: tuple[int, int, int] | None 
     """Roles of a fused Linear whose output is interleaved per head: [q_0; k_0; v_0; q_1; k_1; v_1; ...] (GPT-NeoX,
     BLOOM `query_key_value`: the output is viewed (…, heads, 3·head_dim)). `widths` (default: equal thirds) gives
     the q, k, v rows of one head where they differ. Returns (q head_dim, projections whose `cols` index the rows)."""
-    per_head = lin.out_features // heads
+    per_head = out_features(lin) // heads
     widths = widths or (per_head // 3,) * 3
-    if per_head * heads != lin.out_features or sum(widths) != per_head or min(widths) <= 0:
-        raise ValueError(f"fused qkv with {lin.out_features} outputs does not interleave {heads} heads of widths "
+    if per_head * heads != out_features(lin) or sum(widths) != per_head or min(widths) <= 0:
+        raise ValueError(f"fused qkv with {out_features(lin)} outputs does not interleave {heads} heads of widths "
                          f"{list(widths)}")
     offsets = [sum(widths[:i]) for i in range(3)]
     proj = {}
@@ -239,7 +261,7 @@ def interleaved(lin: nn.Module, heads: int, widths: tuple[int, int, int] | None 
 
 def separate(lins: tuple[nn.Module, nn.Module, nn.Module]) -> dict[str, Projection]:
     """Roles of three separate Linears (W_Q, W_K, W_V), each using all its output columns."""
-    return {r: Projection(lin, slice(0, lin.out_features)) for r, lin in zip(ROLES, lins)}
+    return {r: Projection(lin, slice(0, out_features(lin))) for r, lin in zip(ROLES, lins)}
 
 
 def is_class(m: nn.Module, module: str, qualname: str) -> bool:
@@ -304,10 +326,21 @@ HEADS = ("num_heads", "num_attention_heads", "n_head", "n_heads", "heads", "num_
 UNSUPPORTED_WHY: dict[type, str] = {}  # class -> one line why no layout can patch it (filled by layouts/structural)
 
 
+# (module, qualname) -> why no layout may patch that class (or a function of the instance returning it, '' when this
+# instance can be patched): attention without q·kᵀ logits or without a W_Q (layouts/refused.py). Never matched.
+REFUSED: dict[tuple[str, str], str | Callable[[nn.Module], str]] = {}
+
+
+def refusal(m: nn.Module) -> str:
+    """Why `m`'s class (or this instance) is refused by REFUSED, or ''."""
+    why = REFUSED.get((type(m).__module__, type(m).__qualname__), "")
+    return why(m) if callable(why) else why
+
+
 def why_unmatched(m: nn.Module) -> str:
-    """One line: why `m` was not matched (a structural finder's reason where it recorded one)."""
-    return UNSUPPORTED_WHY.get(type(m), "no layout recognises it: its W_Q/W_K/W_V are not q/k/v (or fused qkv) "
-                                        "Linear children with a head count on the module")
+    """One line: why `m` was not matched (a refusal, or a structural finder's reason where it recorded one)."""
+    return refusal(m) or UNSUPPORTED_WHY.get(type(m), "no layout recognises it: its W_Q/W_K/W_V are not q/k/v (or "
+                                                      "fused qkv) Linear children with a head count on the module")
 
 
 def require_attention(model: nn.Module, method: str, partial: bool = False) -> tuple[list[AttentionSite], list[str]]:

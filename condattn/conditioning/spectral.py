@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .sites import AttentionSite, Projection, stored_weight
+from .sites import AttentionSite, Projection, as_matrix, is_pointwise_conv, stored_weight
 
 IDENTITY_PLACEMENTS = ("full", "per_head")
 CORRECTIONS = ("identity", "svd")
@@ -40,14 +40,14 @@ SVD_KAPPA_BOUND = 2.05  # Theorem 3.5 gives κ(W + C) ≤ 2 exactly; the margin 
 
 def torch_weight(linear: nn.Module, transposed: bool = False) -> torch.Tensor:
     """The (out_features, in_features) weight of a projection (Conv1D's (in, out) transposed back), detached."""
-    w = linear.weight.detach()
+    w = as_matrix(linear.weight.detach())
     return w.T if transposed else w
 
 
 def projection_weight(p: Projection) -> torch.Tensor:
     """torch_weight of the parameter that holds a projection's weight (p.param: `weight`, or e.g. the
     `in_proj_weight` of nn.MultiheadAttention), detached."""
-    w = stored_weight(p).detach()
+    w = as_matrix(stored_weight(p).detach())
     return w.T if p.transposed else w
 
 
@@ -260,6 +260,33 @@ class ShiftedLinear(nn.Linear):
         return F.linear(x, self._condattn_shift.weight(self.weight, self._parameters["weight"]), self.bias)
 
 
+class _ShiftedConv:
+    """A pointwise (kernel 1, groups 1) convolution whose forward uses W + C on its weight's (out, in) view, reshaped
+    back: the same fold as ShiftedLinear (parameters and state_dict unchanged). TorchScript: refused."""
+
+    _condattn_shifted_conv = True  # sites.is_pointwise_conv: still a pointwise projection once patched
+
+    def __prepare_scriptable__(self):
+        NotScriptable("spectral")()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stored = self._parameters["weight"]
+        w = self._condattn_shift.weight(self.weight.flatten(1), stored.flatten(1))
+        return self._conv_forward(x, w.view(stored.shape), self.bias)
+
+
+class ShiftedConv1d(_ShiftedConv, nn.Conv1d):
+    pass
+
+
+class ShiftedConv2d(_ShiftedConv, nn.Conv2d):
+    pass
+
+
+SHIFTED = {nn.Linear: ShiftedLinear, nn.Conv1d: ShiftedConv1d, nn.Conv2d: ShiftedConv2d}
+UNSHIFTED = {v: k for k, v in SHIFTED.items()}
+
+
 def _shifts(sites: list[AttentionSite], targets: tuple[str, ...], identity: str, **shift_opts
             ) -> tuple[dict[tuple[int, str], tuple[Projection, SpectralShift]], dict[int, tuple[nn.Module, dict]],
                        dict[str, list[str]]]:
@@ -294,13 +321,17 @@ def patch_spectral(
         raise ValueError(f"mode={mode!r} is not one of {MODES}")
     shifts, folds, patched = _shifts(sites, targets, identity, lam=lam, correction=correction, lam_unit=lam_unit,
                                      refresh_every=refresh_every)
+    for p, _ in shifts.values():  # before any change: the output hook adds along the last axis, not channels
+        if isinstance(p.linear, nn.modules.conv._ConvNd) and not is_pointwise_conv(p.linear):
+            raise ValueError(f"spectral: a {type(p.linear).__name__} projection is not a plain pointwise nn.Conv1d / "
+                             "nn.Conv2d (kernel 1, groups 1); register a layout whose projection is one")
     handles = []
     if mode == "init":  # every C first (svd may refuse a block), then the weights: none or all are changed
         deltas = [(p, shift.delta_weight(projection_weight(p))) for p, shift in shifts.values()]
         with torch.no_grad():
             for p, delta in deltas:
                 param = stored_weight(p)
-                param.add_((delta.T if p.transposed else delta).to(param))
+                param.add_((delta.T if p.transposed else delta).reshape(param.shape).to(param))
         return handles, patched
     for p, shift in shifts.values():
         linear = p.linear
@@ -310,8 +341,8 @@ def patch_spectral(
         linear._condattn_shift = shift
         if not p.called:
             continue
-        if type(linear) is nn.Linear:
-            linear.__class__ = ShiftedLinear
+        if type(linear) in SHIFTED:  # nn.Linear, or a pointwise nn.Conv1d / nn.Conv2d (sites.is_pointwise_conv)
+            linear.__class__ = SHIFTED[type(linear)]
         else:  # a subclass with its own forward (quantised, LoRA, Conv1D, ...): keep it, add C·x to its output
             handles.append(linear.register_forward_hook(shift))
     for owner, entries in (folds.values() if mode == "fixed" else ()):
@@ -323,7 +354,7 @@ def _sizes(p: Projection) -> nn.Module:
     """What SpectralShift reads of a projection: in_features / out_features of the whole weight."""
     if p.param == "weight" and hasattr(p.linear, "in_features"):
         return p.linear
-    out_f, in_f = stored_weight(p).shape[:: -1 if p.transposed else 1]
+    out_f, in_f = as_matrix(stored_weight(p)).shape[:: -1 if p.transposed else 1]
     return SimpleNamespace(in_features=int(in_f), out_features=int(out_f))
 
 
@@ -355,8 +386,8 @@ class FoldWhileCalled:
 
 def unpatch_spectral(model: nn.Module) -> None:
     for m in model.modules():
-        if type(m) is ShiftedLinear:
-            m.__class__ = nn.Linear
+        if type(m) in UNSHIFTED:
+            m.__class__ = UNSHIFTED[type(m)]
         for attr in ("_condattn_shift", "_condattn_shifts"):
             if attr in m.__dict__:
                 del m.__dict__[attr]

@@ -15,7 +15,9 @@
 | hf_vit          | hf_vit (transformers ViTModel)             | hf_vit        |
 | hf_llama        | hf_llama (Llama, Mistral, Qwen2)           | hf_llama      |
 | torch_mha       | torch_mha (nn.MultiheadAttention)          | (none: SCA only) |
-| structural      | structural (any q/k/v or fused-qkv Linears with a head count; priority -100) | (none) |
+| timm_conv       | timm_maxxvit_conv, timm_halo, timm_bottleneck, timm_pwise_conv, timm_csatv2_spatial | (none) |
+| refused         | (none: sites.REFUSED, why attention without q·kᵀ or W_Q is refused) | (none) |
+| structural      | structural (any q/k/v or fused-qkv Linears / 1×1 convs with a head count; priority -100) | (none) |
 
 timm and transformers are imported inside the finders, after a cheap attribute test where one exists, so a model
 of one library never imports the other and both stay optional.
@@ -40,9 +42,11 @@ from . import (
                                                         hf_encoder,
                                                         hf_llama,
                                                         hf_vit,
+                                                        refused,
                                                         structural,
                                                         swin,
                                                         timm_beit,
+                                                        timm_conv,
                                                         timm_eva,
                                                         timm_vit,
                                                         torch_mha,
@@ -51,6 +55,6 @@ from . import (
 
 FAMILIES = {m.__name__.rpartition(".")[2]: m for m in (timm_vit, swin, xcit, davit, hf_encoder, gpt2, detr,
                                                         crammed_bert, timm_eva, timm_beit, hf_vit, hf_llama,
-                                                        torch_mha, structural)}
+                                                        torch_mha, timm_conv, refused, structural)}
 
 __all__ = ["FAMILIES"]

@@ -12,9 +12,13 @@ many heads it has:
 - the head count from the module (num_heads, num_attention_heads, n_head, n_heads, heads, ...) or its `config`.
 
 Structure cannot tell a fused [Q; K; V] from a per-head interleave of equal widths: the names above decide, and a
-module whose forward differs needs a named layout (`attention_layout`). Projections built from convolutions or from
-Linear + BatchNorm are refused in one line (λI before a norm is not W + λI); the reason is what `require_attention`
-prints. Modules with q/v biases read their fused weight themselves (timm Swin-V2): `called=False`, folded.
+module whose forward differs needs a named layout (`attention_layout`). A projection may be a pointwise
+convolution (nn.Conv1d / nn.Conv2d, kernel 1, groups 1: W is its weight's (out, in) view, folded as for a Linear),
+the last module of an nn.Sequential (pooling / depthwise conv / norm before it shape its input, as a pre-norm does),
+or a Linear in a clamping wrapper (`linear`). Other convolutions and Linear/Conv + BatchNorm are refused in one line
+(BN∘W depends on batch statistics in training: no fixed W to add λI to); the reason is what `require_attention`
+prints. Classes in sites.REFUSED (layouts/refused.py: no q·kᵀ, no W_Q) are never matched here. Modules with q/v
+biases read their fused weight themselves (timm Swin-V2): `called=False`, folded.
 
 Expected PatchReport counts: every attention layer the named layouts leave, as `spectral:structural`.
 """
@@ -24,7 +28,19 @@ from __future__ import annotations
 from torch import nn
 
 from ..forms import CROSS_COVARIANCE
-from ..sites import HEADS, ROLES, UNSUPPORTED_WHY, AttentionSite, Projection, attention_layout, interleaved, separate
+from ..sites import (
+    HEADS,
+    ROLES,
+    UNSUPPORTED_WHY,
+    AttentionSite,
+    Projection,
+    attention_layout,
+    interleaved,
+    is_pointwise_conv,
+    out_features,
+    refusal,
+    separate,
+)
 from .gpt2 import _conv1d_as_linear
 
 SEPARATE = (("q", "k", "v"), ("query", "key", "value"), ("q_proj", "k_proj", "v_proj"), ("to_q", "to_k", "to_v"),
@@ -59,15 +75,22 @@ def _heads(m: nn.Module) -> tuple[int | None, int | None]:
 def _projection(m: nn.Module, name: str) -> tuple[nn.Module | None, str]:
     """(the child as a Linear-like projection, or None with the reason it cannot be one)."""
     c = getattr(m, name, None)
-    if isinstance(c, nn.Linear):
+    if isinstance(c, nn.Linear) or is_pointwise_conv(c):  # a 1×1 convolution: W is its weight's (out, in) view
         return c, ""
     if type(c).__name__ == "Conv1D" and hasattr(c, "nf"):  # transformers' Conv1D, weight (in, out)
         return _conv1d_as_linear(c), ""
     if isinstance(c, nn.modules.conv._ConvNd):
-        return None, f"its projection `{name}` is a {type(c).__name__} (convolutional projections are not supported)"
+        return None, (f"its projection `{name}` is a {type(c).__name__} with kernel {tuple(c.kernel_size)}, groups "
+                      f"{c.groups}: only pointwise convolutions (kernel 1, groups 1) act as W on each token")
+    if isinstance(c, nn.Sequential) and len(c) and (isinstance(c[-1], nn.Linear) or is_pointwise_conv(c[-1])):
+        return c[-1], ""  # pooling / depthwise conv / norm before the projection shape its input, as a pre-norm does
+    if isinstance(c, nn.Module) and set(c._modules) == {"linear"} and isinstance(c.linear, nn.Linear) and \
+            not c._parameters:  # a Linear wrapped with input/output clamps (timm Gemma4ClippableLinear)
+        return c.linear, ""
     if isinstance(c, nn.Module) and any(isinstance(x, nn.modules.batchnorm._BatchNorm) for x in c.modules()):
-        return None, (f"its projection `{name}` is a {type(c).__name__} with BatchNorm (Linear/Conv + BN): λI before "
-                      "the norm is not W + λI, not supported")
+        return None, (f"its projection `{name}` is a {type(c).__name__} (Linear/Conv followed by BatchNorm): q/k/v "
+                      "are BN(W x), and BatchNorm in training scales each channel by batch statistics, so BN∘W is no "
+                      "fixed matrix to add λI to (and λI inside W is rescaled by the norm)")
     return None, ""
 
 
@@ -77,7 +100,7 @@ def _rows(lin: nn.Module, widths: tuple[int, int, int]) -> dict[str, Projection]
 
 
 def _fused(m: nn.Module, name: str, lin: nn.Module, heads: int, kv: int | None) -> tuple[int, dict] | str:
-    out = lin.out_features
+    out = out_features(lin)
     key_dim, val_dim = _int(m, ("key_dim",)), _int(m, ("val_dim", "d"))
     cfg = getattr(m, "config", None)
     if name == "query_key_value" and cfg is not None and hasattr(cfg, "new_decoder_architecture"):  # Falcon
@@ -127,13 +150,13 @@ def _match(m: nn.Module) -> tuple[int, int, dict] | str | None:
         head_dim, proj = res
     elif kind == "sep":
         proj = separate(tuple(lins))
-        head_dim = _int(m, HEAD_DIM) or lins[0].out_features // heads
+        head_dim = _int(m, HEAD_DIM) or out_features(lins[0]) // heads
     else:
         two, one = (lins[1], lins[0]) if kind == "q_kv" else (lins[0], lins[1])
-        half = two.out_features // 2
+        half = out_features(two) // 2
         pair = {"k": Projection(two, slice(0, half)), "v": Projection(two, slice(half, 2 * half))} if kind == "q_kv" \
             else {"q": Projection(two, slice(0, half)), "k": Projection(two, slice(half, 2 * half))}
-        proj = {**pair, ("q" if kind == "q_kv" else "v"): Projection(one, slice(0, one.out_features))}
+        proj = {**pair, ("q" if kind == "q_kv" else "v"): Projection(one, slice(0, out_features(one)))}
         proj = {r: proj[r] for r in ROLES}
         head_dim = _int(m, HEAD_DIM) or proj["q"].out_features // heads
     if proj["q"].out_features != heads * head_dim or any(p.out_features % head_dim for p in proj.values()):
@@ -144,7 +167,7 @@ def _match(m: nn.Module) -> tuple[int, int, dict] | str | None:
 @attention_layout("structural", priority=-100)
 def structural(name: str, m: nn.Module) -> AttentionSite | None:
     """Any module whose children hold W_Q, W_K, W_V under common names, with a head count (module docstring)."""
-    if isinstance(m, (nn.Linear, nn.MultiheadAttention)) or not any(True for _ in m.children()):
+    if isinstance(m, (nn.Linear, nn.MultiheadAttention)) or not any(True for _ in m.children()) or refusal(m):
         return None
     res = _match(m)
     if res is None:

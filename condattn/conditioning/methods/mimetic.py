@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..report import PatchEntry, PatchReport
-from ..sites import AttentionSite, require_attention, stored_weight
+from ..sites import AttentionSite, as_matrix, require_attention, stored_weight
 from ..spec import MethodSpec, finite_number, register_method
 from .common import head_rows, not_token_softmax, output_projection
 
@@ -45,7 +45,7 @@ def _factors(t: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _set_rows(p, rows: torch.Tensor, block: torch.Tensor) -> None:
     """Write a torch-layout (rows, in) block into a projection's stored weight (Conv1D stores it transposed)."""
-    w = stored_weight(p)
+    w = as_matrix(stored_weight(p))  # (a view: a 1×1 convolution's (out, in))
     if p.transposed:
         w[:, rows] = block.T.to(w)
     else:
@@ -53,7 +53,7 @@ def _set_rows(p, rows: torch.Tensor, block: torch.Tensor) -> None:
 
 
 def _d_in(p) -> int:
-    w = stored_weight(p)
+    w = as_matrix(stored_weight(p))
     return w.shape[0] if p.transposed else w.shape[1]
 
 

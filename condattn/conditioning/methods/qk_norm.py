@@ -12,8 +12,9 @@ Two ways in, chosen per site:
 
 Both add parameters (2 · head_dim per norm with LayerNorm): the state_dict gains their keys; removal deletes them.
 Not applied where the logits are not q·kᵀ over the tokens (XCiT's XCA, DaViT's channel attention: listed as
-skipped), nor where the module reads its projection weight itself and never calls a projection the hook could see
-(timm BEiT with q/v biases, nn.MultiheadAttention).
+skipped), nor on 1×1-conv projections (channels on axis 1) or heads 1 wide (listed as skipped), nor where the module
+reads its projection weight itself and never calls a projection the hook could see (timm BEiT with q/v biases,
+nn.MultiheadAttention).
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ def _why_not(site) -> str:
     reason = not_token_softmax(site)
     if reason:
         return reason + " (XCA already L2-normalises q and k)" if site.form.name == "xca" else reason
+    if any(isinstance(site.proj[r].linear, nn.modules.conv._ConvNd) for r in ("q", "k")):
+        return ("its q/k projections are 1×1 convolutions (channels on axis 1): the per-head norm hook normalises "
+                "the last axis")
+    if site.head_dim == 1:
+        return "its heads are 1 wide: a norm over one feature is constant"
     if not (site.proj["q"].called and site.proj["k"].called):
         return (f"{type(site.module).__name__} reads its projection weight itself, so no q/k projection output "
                 "passes a module a hook can reach")

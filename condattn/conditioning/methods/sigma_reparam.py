@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..report import PatchEntry, PatchReport
-from ..sites import require_attention
+from ..sites import as_matrix, require_attention
 from ..spec import MethodSpec, choice, register_method
 from .common import Undo, _is_conv1d
 
@@ -38,7 +38,7 @@ class SigmaReparam:
         self.blocks: list[tuple[str, torch.Tensor]] = []  # (suffix, torch-layout output rows)
 
     def _torch(self, w: torch.Tensor) -> torch.Tensor:
-        return w.T if self.transposed else w
+        return w.T if self.transposed else as_matrix(w)  # (a 1×1 convolution's (out, in) view)
 
     @torch.no_grad()
     def add_block(self, suffix: str, rows: torch.Tensor) -> None:
@@ -69,7 +69,7 @@ class SigmaReparam:
             gamma = getattr(self.holder, f"sigma_gamma{suffix}")
             factor = gamma / self.sigma(suffix, wt.index_select(0, idx), step)
             s = s.index_put((idx,), factor.to(s.dtype).expand(idx.numel()))
-        return w * (s[None, :] if self.transposed else s[:, None])
+        return w * (s[None, :] if self.transposed else s.view(-1, *(1,) * (w.dim() - 1)))
 
     def drop(self) -> None:
         for suffix, _ in self.blocks:
