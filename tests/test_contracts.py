@@ -23,11 +23,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class OddAttention(nn.Module):
-    """Attention whose projections are 1×1 convolutions, which no layout matches."""
+    """Attention whose projections are convolutions over neighbouring tokens (kernel 3), which no layout matches
+    (a pointwise one, kernel 1, is matched by structure)."""
 
     def __init__(self, dim=16, heads=2):
         super().__init__()
-        self.heads, self.qkv = heads, nn.Conv1d(dim, 3 * dim, 1)
+        self.heads, self.qkv = heads, nn.Conv1d(dim, 3 * dim, 3, padding=1)
 
     def forward(self, x):
         B, N, D = x.shape
@@ -154,6 +155,7 @@ def test_unmatched_attention_names_the_class_and_the_registration():
     assert "1 of 2 attention layers of Mixed" in msg and f"{__name__}.OddAttention (1×, e.g. odd)" in msg
     assert "partial=True" in msg and "@attention_layout('my_oddattention')" in msg
     assert "if type(m) is not OddAttention" in msg
+    assert "is a Conv1d with kernel (3,), groups 1: only pointwise convolutions" in msg  # why, in one line
 
 
 def test_partial_patches_the_matched_layers_with_a_warning():
