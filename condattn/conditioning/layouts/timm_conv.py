@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..sites import (
-    UNSUPPORTED_WHY,
+    REFUSED,
     AttentionSite,
     Projection,
     attention_layout,
@@ -38,11 +38,19 @@ from ..sites import (
 def _site(name, m, layout, heads, head_dim, proj) -> AttentionSite | None:
     if not all(is_pointwise_conv(p.linear) or isinstance(p.linear, nn.Linear) for p in proj.values()):
         return None
-    if proj["v"].out_features != heads * head_dim:  # one head width per site (SCA's per-head λI, diagnostics)
-        UNSUPPORTED_WHY[type(m)] = (f"its value heads are {proj['v'].out_features // heads} wide and its query/key "
-                                    f"heads {head_dim}: a site has one head width (use qk_ratio=1)")
-        return None
     return AttentionSite(name, m, layout, heads, head_dim, proj)
+
+
+def _widths(m: nn.Module) -> str:
+    """HaloNet / BoTNet with qk_ratio ≠ 1: why they are refused ('' when d_v = d_qk)."""
+    if m.dim_head_v == m.dim_head_qk:
+        return ""
+    return (f"its value heads are {m.dim_head_v} wide and its query/key heads {m.dim_head_qk}: a site has one head "
+            "width (SCA's per-head λI, the diagnostics), so qk_ratio must be 1")
+
+
+REFUSED.update({("timm.layers.halo_attn", "HaloAttn"): _widths,
+                ("timm.layers.bottleneck_attn", "BottleneckAttn"): _widths})
 
 
 @attention_layout("timm_maxxvit_conv", priority=10)
@@ -56,7 +64,7 @@ def timm_maxxvit_conv(name: str, m: nn.Module) -> AttentionSite | None:
 
 @attention_layout("timm_halo", priority=10)
 def timm_halo(name: str, m: nn.Module) -> AttentionSite | None:
-    if not is_class(m, "timm.layers.halo_attn", "HaloAttn"):
+    if not is_class(m, "timm.layers.halo_attn", "HaloAttn") or _widths(m):
         return None
     h, dqk, dv = m.num_heads, m.dim_head_qk, m.dim_head_v
     per = dqk + dv
@@ -68,7 +76,7 @@ def timm_halo(name: str, m: nn.Module) -> AttentionSite | None:
 
 @attention_layout("timm_bottleneck", priority=10)
 def timm_bottleneck(name: str, m: nn.Module) -> AttentionSite | None:
-    if not is_class(m, "timm.layers.bottleneck_attn", "BottleneckAttn"):
+    if not is_class(m, "timm.layers.bottleneck_attn", "BottleneckAttn") or _widths(m):
         return None
     qk, v = m.dim_out_qk, m.dim_out_v
     proj = {"q": Projection(m.qkv, slice(0, qk)), "k": Projection(m.qkv, slice(qk, 2 * qk)),
