@@ -56,7 +56,7 @@ def check(model: nn.Module, inputs: dict | None, run=None) -> tuple[int, int, bo
         rep = condattn.apply_conditioning(model, "spectral", lam=2.0, partial=True)
     except ValueError as e:  # the note: the first unmatched class and why (the line after the summary)
         lines = str(e).split("\n")
-        return len(layers), 0, tokens, "refused", (lines[1].strip() if len(lines) > 1 else lines[0])[:240]
+        return len(layers), 0, tokens, "refused", lines[1].strip() if len(lines) > 1 else lines[0]
     why = ""
     missing = [m for _, m in _unmatched(model)]
     if missing:

@@ -3,6 +3,10 @@
 
 They count as attention layers (their class name says attention), so a model holding them is refused unless
 `partial=True`, which patches its other attention layers. No finder is registered here: nothing is matched.
+
+Linear/Conv + BatchNorm projections (LeViT, EfficientViT-MSRA here; EfficientFormer-V2 by layouts/structural.py) are
+refused rather than given λ·x after the norm (BN∘W + λI): in training BN∘W is a different map for every batch, and
+the diagnostics, svd correction, mode=init and the other methods all read one stored W.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ REFUSED.update({
         "shared by all windows), not from a projection of x: `qkv` holds only W_K, W_V and there is no W_Q"
         if m.use_global else ""),
     ("timm.models.efficientvit_msra", "CascadedGroupAttention"):
-        "EfficientViT-MSRA's cascaded group attention: each head's q/k/v is a ConvNorm (1×1 conv + BatchNorm) fed the "
-        "previous head's output; BN∘W depends on batch statistics in training, so there is no fixed W to add λI to",
+        "EfficientViT-MSRA's cascaded group attention: each head's q/k/v is a ConvNorm (1×1 conv + BatchNorm, whose "
+        "BN∘W depends on batch statistics in training: no fixed W to add λI to) and q passes a depthwise conv after it",
     ("timm.models.levit", "Attention"):
         "LeViT's `qkv` is a LinearNorm (Linear + BatchNorm): BN∘W depends on batch statistics in training, so there "
         "is no fixed W to add λI to (and λI inside W is rescaled by the norm)",
