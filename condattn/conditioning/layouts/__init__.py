@@ -28,7 +28,8 @@ model zoo's tests): ViT / DeiT: `depth` timm_fused_qkv; Swin: sum(depths) timm_s
 Nyströmformer: num_hidden_layers hf_separate_qkv; GPT-2: n_layer hf_gpt2 (2 × n_layer with cross-attention);
 crammed BERT: num_layers crammed_bert; DETR: E + 2·D hf_detr (encoder self, decoder self, decoder cross); Eva /
 BEiT: `depth` timm_eva / timm_beit; HF ViT and Llama-style decoders: num_hidden_layers hf_vit / hf_llama;
-nn.MultiheadAttention: one torch_mha each.
+nn.MultiheadAttention: one torch_mha each; timm 1×1-conv attention: one timm_conv site per attention module
+(timm_conv.py's docstring).
 
 A user's own model needs no edit here: `condattn.conditioning.attention_layout` / `token_layout` register a finder
 from user code (README, "your own model").
