@@ -209,3 +209,25 @@ def test_volo_patches_its_token_attention_under_partial_and_names_outlook():
     assert_identical(before, snapshot(model, x))
     rep = condattn.apply_conditioning(model, "spectral", partial=True, lam=2.0)
     assert rep.count("spectral") == 3 + 2 and "OutlookAttention" in rep.warnings[0]  # 3 blocks + 2 class attention
+
+
+@pytest.mark.slow
+def test_compile_fullgraph_train_and_eval_on_conv_sites():
+    """torch.compile(fullgraph=True, aot_eager) captures the conv fold in train mode (gradients as eager) and eval."""
+    torch.manual_seed(0)
+    model = Residual(_timm("maxxvit").Attention2d(32, dim_head=8), _timm("visformer").Attention(32, num_heads=2))
+    condattn.apply_conditioning(model, "spectral", lam=2.0)
+    x = _x()
+    with torch.no_grad():
+        ref = model.eval()(x)
+    torch._dynamo.reset()
+    eager = copy.deepcopy(model).train()
+    eager(x).sum().backward()
+    compiled_model = copy.deepcopy(model).train()
+    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
+    compiled(x).sum().backward()
+    for (n, a), b in zip(eager.named_parameters(), compiled_model.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=n)
+    compiled_model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), ref, atol=1e-5, rtol=1e-5)
