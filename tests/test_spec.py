@@ -148,7 +148,7 @@ def registry():
 def test_a_registered_method_is_validated_applied_and_named(registry):
     calls = []
 
-    def apply(model, spec, report):
+    def apply(model, spec, report, partial=False):
         calls.append(spec.options)
         report.notes.append(f"toy eps={spec['toy_eps']}")
         return []
