@@ -232,3 +232,29 @@ def test_unconverged_or_nan_polar_factor_falls_back_to_the_exact_svd():
         torch.testing.assert_close(p2[b], p_ref)
         torch.testing.assert_close(s2[b], s_ref)
     assert torch.equal(p2[2], polar[2])  # non-finite tokens: untouched
+
+
+class _WideValues(torch.nn.Module):
+    """q/k heads of width 4, value heads of width 8 (LeViT / EfficientFormer style d_v = 2·d)."""
+
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.num_heads = heads
+        self.q, self.k, self.v = (torch.nn.Linear(dim, heads * w) for w in (4, 4, 8))
+        self.proj = torch.nn.Linear(heads * 8, dim)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, self.num_heads, -1).transpose(1, 2) for t in (self.q(x), self.k(x), self.v(x)))
+        return self.proj(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
+
+
+def test_per_head_identity_follows_each_roles_own_head_width():
+    """identity=per_head gives every head λ I of its own width: 4 for q/k, 8 for the wider value heads."""
+    model = torch.nn.Sequential(_WideValues())
+    condattn.apply_conditioning(model, "spectral", lam=1.0, identity="per_head")
+    (site,) = condattn.conditioning.find_attention(model)
+    for role, width in (("q", 4), ("k", 4), ("v", 8)):
+        delta = site.weight(role) - site.weight(role, effective=False)
+        want = torch.cat([torch.eye(width, 16)] * 2)
+        torch.testing.assert_close(delta, want, rtol=0, atol=1e-6, msg=role)
