@@ -55,3 +55,22 @@ def mini_listops(tmp: Path, *extra: str) -> list[str]:
         "data.generate.max_length=60", "data.max_length=64", "data.seq_len=64", "task.batch_size=8", "task.steps=4",
         "task.eval_every=2", "task.log_every=1", "impl.checkpoint_every=2", "diagnostics.batch_size=2", *extra,
     ]
+
+
+def assert_compiles_like_eager(model: torch.nn.Module, x: torch.Tensor, ref: torch.Tensor) -> None:
+    """torch.compile(fullgraph=True, backend=aot_eager) of a copy of `model`: in train mode its gradients equal
+    eager's (parameters that get one), and in eval mode its output equals `ref`."""
+    import copy
+
+    torch._dynamo.reset()
+    eager = copy.deepcopy(model).train()
+    eager(x).sum().backward()
+    compiled_model = copy.deepcopy(model).train()
+    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
+    compiled(x).sum().backward()
+    for (n, a), b in zip(eager.named_parameters(), compiled_model.parameters()):
+        if a.grad is not None:
+            torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=n)
+    compiled_model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), ref, atol=1e-5, rtol=1e-5)

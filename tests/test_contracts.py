@@ -12,6 +12,7 @@ import pickle
 
 import pytest
 import torch
+from helpers import assert_compiles_like_eager
 from torch import nn
 
 import condattn
@@ -393,19 +394,7 @@ def test_compile_fullgraph_captures_train_and_eval(family):
     and in eval mode, with the eager numbers. backend=aot_eager checks the capture (dynamo + AOT autograd) cheaply;
     the inductor test below compiles one family for real."""
     model, x = zoo_model(family, "spectral+embedded")
-    ref = _eager(model, x)
-    torch._dynamo.reset()
-    eager_train = copy.deepcopy(model).train()
-    eager_train(x).sum().backward()
-    compiled_model = copy.deepcopy(model).train()
-    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
-    compiled(x).sum().backward()
-    for (n, a), b in zip(eager_train.named_parameters(), compiled_model.parameters()):
-        if a.grad is not None:
-            torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=n)
-    compiled_model.eval()
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x), ref, atol=1e-5, rtol=1e-5)
+    assert_compiles_like_eager(model, x, _eager(model, x))
 
 
 @pytest.mark.slow

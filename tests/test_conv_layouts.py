@@ -10,6 +10,7 @@ import pickle
 
 import pytest
 import torch
+from helpers import assert_compiles_like_eager
 from test_contracts import assert_identical, snapshot
 from test_layouts import CASES, ConvStack
 
@@ -220,14 +221,4 @@ def test_compile_fullgraph_train_and_eval_on_conv_sites():
     x = _x()
     with torch.no_grad():
         ref = model.eval()(x)
-    torch._dynamo.reset()
-    eager = copy.deepcopy(model).train()
-    eager(x).sum().backward()
-    compiled_model = copy.deepcopy(model).train()
-    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
-    compiled(x).sum().backward()
-    for (n, a), b in zip(eager.named_parameters(), compiled_model.parameters()):
-        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=n)
-    compiled_model.eval()
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x), ref, atol=1e-5, rtol=1e-5)
+    assert_compiles_like_eager(model, x, ref)
