@@ -258,3 +258,15 @@ def test_per_head_identity_follows_each_roles_own_head_width():
         delta = site.weight(role) - site.weight(role, effective=False)
         want = torch.cat([torch.eye(width, 16)] * 2)
         torch.testing.assert_close(delta, want, rtol=0, atol=1e-6, msg=role)
+
+
+def test_conditioned_init_and_the_diagnostics_follow_the_wider_value_heads():
+    from condattn.diagnostics.weights import weight_conditioning
+
+    model = torch.nn.Sequential(_WideValues())
+    condattn.apply_conditioning(model, "conditioned_init", identity="per_head")
+    (site,) = condattn.conditioning.find_attention(model)
+    assert site.role_head_dim("v") == 8 and site.role_head_dim("q") == 4
+    torch.testing.assert_close(site.weight("v"), torch.cat([torch.eye(8, 16)] * 2), rtol=0, atol=0)
+    (entry,) = weight_conditioning(model)
+    assert len(entry["v"]["kappa_heads"]) == 2 and len(entry["q"]["kappa_heads"]) == 2

@@ -33,11 +33,13 @@ def _x(c: int = 32, hw: int = 8) -> torch.Tensor:
 
 
 def _uniform_v_module(kind: str) -> torch.nn.Module:
+    from timm.layers.attention2d import Attention2d
     from timm.layers.bottleneck_attn import BottleneckAttn
 
     torch.manual_seed(0)
     m = {"maxxvit_head_first": lambda: _timm("maxxvit").Attention2d(32, dim_head=8),
          "maxxvit_stacked": lambda: _timm("maxxvit").Attention2d(32, dim_head=8, head_first=False),
+         "layers_head_first": lambda: Attention2d(32, num_heads=4, head_first=True),  # timm.layers' twin
          "visformer": lambda: _timm("visformer").Attention(32, num_heads=4),
          "bottleneck": lambda: BottleneckAttn(32, feat_size=(8, 8), num_heads=4)}[kind]().eval()
     with torch.no_grad():
@@ -50,7 +52,8 @@ def _uniform_v_module(kind: str) -> torch.nn.Module:
     return m
 
 
-@pytest.mark.parametrize("kind", ["maxxvit_head_first", "maxxvit_stacked", "visformer", "bottleneck"])
+@pytest.mark.parametrize("kind", ["maxxvit_head_first", "maxxvit_stacked", "layers_head_first", "visformer",
+                                  "bottleneck"])
 def test_the_identity_lands_on_each_heads_own_values(kind):
     """With W_Q = W_K = W_V = 0, W_O = I and SCA on V only (λ = 1, identity=full), q = k = 0 and v = x: attention is
     uniform, so the output is every channel's mean over the positions. A layout that put λI on the wrong output

@@ -84,9 +84,11 @@ def test_small_vit_recipe_uses_cached_shifts_and_refuses_them_with_randaugment()
     cfg = compose(["task=imagenet_vit", "scale=small", "logger=none"])
     b = build_datasets(cfg)
     assert "±2 px" in b.info["train_transform"] and b.train[0]["pixel_values"].shape == (3, 32, 32)
-    bad = compose(["task=imagenet_vit", "scale=small", "logger=none", "task.augment.auto_augment=rand-m5"])
-    with pytest.raises(ValueError, match="shift_px=2"):
-        build_datasets(bad)
+    assert "color_jitter=0.4 is not applied" in b.info["train_transform"]  # inherited, inert, and said so
+    for bad, match in ((["task.augment.auto_augment=rand-m5"], "shift_px=2"), (["data.hflip=0.5"], "hflip=0.5"),
+                       (["task.augment.shift_px=32"], "smaller than the image")):
+        with pytest.raises(ValueError, match=match):
+            build_datasets(compose(["task=imagenet_vit", "scale=small", "logger=none", *bad]))
 
 
 def test_randaugment_posterize_zero_bits_does_not_crash():

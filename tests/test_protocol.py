@@ -223,11 +223,17 @@ def test_cost_line_projects_the_whole_table_from_each_tasks_median():
 
     from condattn.reporting.readings import cost_line
 
+    def cell(wall, missing=()):
+        return SimpleNamespace(wall=wall, values=[0.9] * len(wall), missing=list(missing))
+
     exp = {"scales": {"small": {"seeds": [0, 1, 2, 3, 4], "lr_grid": [0.5, 1, 2]}}}
-    rows = [{"task": "vit", "cell": SimpleNamespace(wall=[100.0, 120.0, 140.0])},
-            {"task": "vit", "cell": SimpleNamespace(wall=[])},  # a row not run yet costs the task's median too
-            {"task": "listops", "cell": SimpleNamespace(wall=[200.0])}]
+    rows = [{"task": "vit", "cell": cell([100.0, 120.0, 140.0], [3, 4])},
+            {"task": "vit", "cell": cell([], [0, 1, 2, 3, 4])},  # a row not run yet costs the task's median too
+            {"task": "listops", "cell": cell([200.0], [1, 2, 3, 4])}]
     line = cost_line(exp, "small", rows)
     assert "4 runs, 0.16 h" in line and "vit 120 s, listops 200 s" in line
     assert "3 rows × 7 runs" in line and f"{(120 * 7 * 2 + 200 * 7) / 2 / 3600:.1f} h" in line
-    assert cost_line(exp, "small", [{"task": "vit", "cell": SimpleNamespace(wall=[])}]) == ""
+    rows.append({"task": "text", "cell": cell([], [0, 1, 2, 3, 4])})
+    assert "unknown until text has a finished run" in cost_line(exp, "small", rows)
+    assert "whole table" not in cost_line(exp, "medium", rows[:1])  # one GPU, not two CPU processes
+    assert cost_line(exp, "small", [{"task": "vit", "cell": cell([], [0])}]) == ""

@@ -16,10 +16,11 @@ from torch import nn
 from .sites import AttentionSite, Projection, as_matrix, stored_weight
 
 
-def _head_rows(p: Projection, site: AttentionSite) -> list[torch.Tensor]:
+def _head_rows(p: Projection, site: AttentionSite, role: str) -> list[torch.Tensor]:
     """Each head's output rows of this role, as an index (its own head count: fewer K/V heads under grouped-query
     attention; p.rows is head-major, also where the roles are interleaved per head, e.g. GPT-NeoX)."""
-    return list(p.rows[: p.out_features // site.head_dim * site.head_dim].split(site.head_dim))
+    d = site.role_head_dim(role)  # value heads may be wider than q/k heads
+    return list(p.rows[: p.out_features // d * d].split(d))
 
 
 def _write(p: Projection, rows: torch.Tensor, block: torch.Tensor) -> None:
@@ -45,7 +46,7 @@ def conditioned_init(sites: list[AttentionSite], targets: tuple[str, ...], ident
             w = as_matrix(stored_weight(p))  # (a 1×1 convolution's (out, in) view)
             d_in = w.shape[0] if p.transposed else w.shape[1]
             if role in ("q", "k"):
-                for rows in _head_rows(p, site):
+                for rows in _head_rows(p, site, role):
                     # torch layout d × D with orthonormal rows = the paper's D × d W with orthonormal columns
                     block = torch.empty(site.head_dim, d_in)
                     if generator is None:
@@ -57,7 +58,7 @@ def conditioned_init(sites: list[AttentionSite], targets: tuple[str, ...], ident
                         block = q.T if site.head_dim <= d_in else q
                     _write(p, rows, block)
             else:
-                blocks = [p.rows] if identity == "full" else _head_rows(p, site)
+                blocks = [p.rows] if identity == "full" else _head_rows(p, site, role)
                 for rows in blocks:
                     _write(p, rows, torch.eye(len(rows), d_in))
         done[site.name] = list(targets)

@@ -121,8 +121,15 @@ class AttentionSite:
             w = w + shift.delta_weight(w).to(w)
         return w[p.cols]
 
+    def role_head_dim(self, role: str) -> int:
+        """One head's width in this role: head_dim for q and k; value heads may be wider (d_v = r·d, LeViT /
+        EfficientFormer style), as many as k's heads (fewer than q's under grouped-query attention)."""
+        if role == "v" and "k" in self.proj:
+            return self.proj["v"].out_features // max(self.proj["k"].out_features // self.head_dim, 1)
+        return self.head_dim
+
     def head_weight(self, role: str, head: int, effective: bool = True) -> torch.Tensor:
-        d = self.head_dim
+        d = self.role_head_dim(role)
         return self.weight(role, effective)[head * d : (head + 1) * d]
 
     def grad(self, role: str) -> torch.Tensor | None:

@@ -302,9 +302,7 @@ def _shifts(sites: list[AttentionSite], targets: tuple[str, ...], identity: str,
             key = (id(p.linear), p.param)
             if key not in shifts:
                 shifts[key] = (p, SpectralShift(_sizes(p), transposed=p.transposed, **shift_opts))
-            width = site.head_dim  # value heads may be wider than the q/k heads (d_v = r·d): as many heads as k has
-            if role == "v" and "k" in site.proj:
-                width = p.out_features // max(site.proj["k"].out_features // site.head_dim, 1)
+            width = site.role_head_dim(role)  # value heads may be wider than q/k heads
             shifts[key][1].add_block(p.rows, p.out_features // width, width, identity, projection_weight(p))
             if not p.called:
                 folds.setdefault(id(site.module), (site.module, {}))[1][key] = shifts[key]

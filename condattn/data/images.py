@@ -392,6 +392,25 @@ def _data_check(cfg: Any) -> None:
         check_paper_data(cfg)
 
 
+SHIFT_CACHE_LIMIT = 4 << 30  # bytes of float32 training tensors ShiftedImages may hold
+
+
+def _check_shift(d: Any, aug: Any, shift: int, n_train: int) -> None:
+    """shift_px replaces the whole timm train transform: refuse what it would silently drop, shifts as wide as the
+    image, and a cache above SHIFT_CACHE_LIMIT (it holds every training image as a float tensor)."""
+    size = int(d.img_size)
+    if aug.auto_augment or float(aug.re_prob) > 0 or float(d.hflip) > 0:
+        raise ValueError(f"task.augment.shift_px={shift} replaces the timm train transform, so it cannot be "
+                         f"combined with auto_augment={aug.auto_augment!r}, re_prob={aug.re_prob} or "
+                         f"data.hflip={d.hflip}; set them to null / 0, or shift_px=0")
+    if shift >= size:
+        raise ValueError(f"task.augment.shift_px={shift} must be smaller than the image ({size} px)")
+    if (need := n_train * 3 * size * size * 4) > SHIFT_CACHE_LIMIT:
+        raise ValueError(f"task.augment.shift_px caches the {n_train} training images as float32 tensors "
+                         f"({need / 2**30:.1f} GiB > {SHIFT_CACHE_LIMIT / 2**30:.0f} GiB): it is for the small "
+                         "stand-ins; use shift_px=0 (timm's crop) for this dataset")
+
+
 @register_dataset("images", check=_data_check)
 def build_image_bundle(cfg: Any) -> DataBundle:
     """DataBundle for `data.builder: images` (ImageNet or its offline stand-ins; see configs/data/)."""
@@ -410,13 +429,12 @@ def build_image_bundle(cfg: Any) -> DataBundle:
     splits = {s: ImageClassification(items[s], train_tf if s == "train" else eval_tf, n_cls) for s in items}
     shift = int(aug.get("shift_px", 0) or 0)
     if shift > 0:  # cached tensors + integer shifts instead of timm's per-sample train transform
-        if aug.auto_augment or float(aug.re_prob) > 0:
-            raise ValueError(f"task.augment.shift_px={shift} replaces the timm train transform, so it cannot be "
-                             f"combined with auto_augment={aug.auto_augment!r} or re_prob={aug.re_prob}; set "
-                             "task.augment.auto_augment=null task.augment.re_prob=0, or shift_px=0")
+        _check_shift(d, aug, shift, len(items["train"]))
         black = (torch.zeros(3) - torch.tensor(tuple(d.mean))) / torch.tensor(tuple(d.std))
         splits["train"] = ShiftedImages(items["train"], eval_tf, n_cls, shift, black)
         train_tf = f"eval transform ({eval_tf!r}) once, then random integer shifts of ±{shift} px (fill: black)"
+        if float(aug.color_jitter) > 0:  # timm's default when RandAugment is off; inert here, and said so
+            train_tf += f"; task.augment.color_jitter={aug.color_jitter} is not applied (shift_px replaces it)"
 
     repeats = int(cfg.task.get("repeated_aug", 1) or 1)
     factory = None

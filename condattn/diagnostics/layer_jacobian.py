@@ -79,6 +79,9 @@ def jacobian_kappa(model: nn.Module, forward: Callable, batch, mask: torch.Tenso
     at most the first tokens of sample 0; iters: Lanczos steps when J is too large for the exact SVD;
     exact_max_entries: the exact solver's budget (entries of J; see EXACT_MAX_ENTRIES)."""
     X, W, site = head_inputs(model, forward, batch, mask)
+    if site.role_head_dim("v") != site.head_dim:
+        raise ValueError(f"κ(J) at {site.name}: its value heads are {site.role_head_dim('v')} wide and its q/k heads "
+                         f"{site.head_dim}; the Jacobian solvers take one head width (skip --jacobian here)")
     head, params = site.form.head(site, 0)
     params = dict(params)
     n_all, D, d = X.shape[0], X.shape[1], W[0].shape[1]

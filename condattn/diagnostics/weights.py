@@ -25,7 +25,7 @@ def weight_conditioning(model: nn.Module, effective: bool = True) -> list[dict]:
         for role in ROLES:
             w = site.weight(role, effective)
             s = singular_values(w)
-            heads = w.reshape(-1, site.head_dim, w.shape[-1])  # (k/v of grouped-query attention: fewer heads)
+            heads = w.reshape(-1, site.role_head_dim(role), w.shape[-1])  # (GQA k/v: fewer heads; wider v heads)
             entry[role] = {
                 "kappa": float(s[0] / s[-1]) if s.numel() else float("nan"),
                 "sigma_min": float(s[-1]) if s.numel() else 0.0,

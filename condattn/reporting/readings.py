@@ -181,20 +181,26 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
 
 
 def cost_line(exp: dict, scale: str, rows: list[dict]) -> str:
-    """The measured training time of the runs shown, and what the whole table costs at those per-task medians: every
-    row runs its seeds plus the lr grid's other multipliers on seed 0, on two processes of one thread (2 cores)."""
+    """The measured training time of the runs shown and, at the CPU scales, what the whole table costs at those
+    per-task medians: every row runs its seeds plus the lr grid's other multipliers on seed 0, on two processes of
+    one thread (2 cores). A task with no finished run yet makes the projection unknown."""
     walls = [w for r in rows for w in r["cell"].wall]
     if not walls:
         return ""
-    sc = exp["scales"].get(scale) or {}
-    per_row = len(sc.get("seeds") or []) + max(len(sc.get("lr_grid") or []) - 1, 0)
     medians = {t: statistics.median(ws) for t in dict.fromkeys(r["task"] for r in rows)
                if (ws := [w for r in rows if r["task"] == t for w in r["cell"].wall])}
-    whole = sum(medians.get(r["task"], 0.0) * per_row for r in rows) / 2
     per_task = ", ".join(f"{t} {m:.0f} s" for t, m in medians.items())
-    return (f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time summed "
-            f"(median per run: {per_task}). The whole table, {len(rows)} rows × {per_row} runs (seeds + the lr "
-            f"grid's other multipliers), at these medians on two processes of one thread: {whole / 3600:.1f} h.")
+    line = (f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time summed "
+            f"(median per run: {per_task}).")
+    if scale not in ("smoke", "small"):
+        return line
+    grid_extra = max(len((exp["scales"].get(scale) or {}).get("lr_grid") or []) - 1, 0)
+    per_row = [len(r["cell"].values) + len(r["cell"].missing) + grid_extra for r in rows]
+    unmeasured = sorted({r["task"] for r in rows} - set(medians))
+    whole = (f"unknown until {', '.join(unmeasured)} has a finished run" if unmeasured else
+             f"{sum(medians[r['task']] * k for r, k in zip(rows, per_row)) / 2 / 3600:.1f} h")
+    return (f"{line} The whole table, {len(rows)} rows × {max(per_row)} runs (seeds + the lr grid's other "
+            f"multipliers), at these medians on two processes of one thread: {whole}.")
 
 
 def _convergence_csv(r: dict) -> dict:

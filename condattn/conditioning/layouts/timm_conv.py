@@ -45,8 +45,8 @@ def _widths(m: nn.Module) -> str:
     """HaloNet / BoTNet with qk_ratio ≠ 1: why they are refused ('' when d_v = d_qk)."""
     if m.dim_head_v == m.dim_head_qk:
         return ""
-    return (f"its value heads are {m.dim_head_v} wide and its query/key heads {m.dim_head_qk}: a site has one head "
-            "width (SCA's per-head λI, the diagnostics), so qk_ratio must be 1")
+    return (f"its value heads are {m.dim_head_v} wide and its query/key heads {m.dim_head_qk}: its kv projection "
+            "interleaves k and v per head at two widths, which no layout expresses yet, so qk_ratio must be 1")
 
 
 REFUSED.update({("timm.layers.halo_attn", "HaloAttn"): _widths,
@@ -55,7 +55,9 @@ REFUSED.update({("timm.layers.halo_attn", "HaloAttn"): _widths,
 
 @attention_layout("timm_maxxvit_conv", priority=10)
 def timm_maxxvit_conv(name: str, m: nn.Module) -> AttentionSite | None:
-    if not is_class(m, "timm.models.maxxvit", "Attention2d"):
+    # timm.layers.attention2d.Attention2d has the same qkv layout and head_first switch
+    if not (is_class(m, "timm.models.maxxvit", "Attention2d") or is_class(m, "timm.layers.attention2d",
+                                                                          "Attention2d")):
         return None
     fn = interleaved if m.head_first else stacked
     head_dim, proj = fn(m.qkv, m.num_heads)
