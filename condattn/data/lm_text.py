@@ -12,6 +12,9 @@ layouts found is used:
     data/train-*.parquet (+ data/validation-*.parquet)   a snapshot of the Hugging Face dataset repository
 
 A source without a validation split gets one: `data.val_fraction` of its documents, drawn with `data.split_seed`.
+These layouts are TinyStories' own, so `find_source` stays here rather than in text_corpus.py (the MLM corpus finder,
+whose `.txt` kind is one document per line, would split the release's <|endoftext|>-separated stories wrongly);
+checksums and the saved-dataset reader are shared with it.
 
 Tokenization: `data.tokenizer` = a local tokenizer (a `tokenizer.json` file, a folder holding one, or a folder with
 GPT-2's `vocab.json` + `merges.txt`); null = a byte-level BPE (GPT-2's pre-tokenizer and byte alphabet, special token
