@@ -237,3 +237,15 @@ def test_cost_line_projects_the_whole_table_from_each_tasks_median():
     assert "unknown until text has a finished run" in cost_line(exp, "small", rows)
     assert "whole table" not in cost_line(exp, "medium", rows[:1])  # one GPU, not two CPU processes
     assert cost_line(exp, "small", [{"task": "vit", "cell": cell([], [0])}]) == ""
+
+
+def test_a_pick_at_an_end_of_the_grid_is_marked():
+    from condattn.reporting.protocol import lr_text
+
+    def exp(pick):
+        return {"lr_picks": {"r": {"base_lr": 1e-3, "scores": {0.5: 0.9, 1.0: 0.8, 2.0: 0.7}, "pick": pick,
+                                   "lr": 1e-3 * pick}}}
+
+    assert lr_text(exp(0.5), "r") == "×0.5 (5e-04, grid edge)"
+    assert lr_text(exp(2.0), "r") == "×2 (2e-03, grid edge)"
+    assert lr_text(exp(1.0), "r") == "×1 (1e-03)"

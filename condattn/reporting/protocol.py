@@ -22,13 +22,16 @@ def curve(summary: dict, key: str, multiplier: float = 1.0, split: str = "val") 
 
 
 def lr_text(exp: dict, row: str) -> str:
-    """The row's lr as picked: "×2 (2e-03)", "×1 (1e-03), grid unfinished", or "–" without a grid."""
+    """The row's lr as picked: "×1 (1e-03)", "×2 (2e-03, grid edge)" (the pick is an end of the grid, so the best lr
+    may lie beyond it), "1e-03 (grid unfinished)", or "–" without a grid."""
     p = (exp.get("lr_picks") or {}).get(row)
     if not p:
         return "–"
     if p["pick"] is None:
         return f"{p['base_lr']:.0e} (grid unfinished)"
-    return f"×{p['pick']:g} ({p['lr']:.0e})"
+    grid = sorted(p["scores"])
+    edge = ", grid edge" if len(grid) > 1 and p["pick"] in (grid[0], grid[-1]) else ""  # the optimum may lie beyond
+    return f"×{p['pick']:g} ({p['lr']:.0e}{edge})"
 
 
 def grid_text(exp: dict, row: str) -> str:
@@ -113,7 +116,8 @@ def mde_text(base_values: list[float], n: int) -> tuple[str, float | None]:
 
 FOOTER = ("Protocol: each row's peak lr is picked from the scale's lr grid (multiples of the row's optim.lr) by its "
           "first seed's validation score (never a test score; the grid's scores are in the CSV), then every seed runs "
-          f"at the pick. {MDE_FORMULA}, s the baseline's std over its seeds, n seeds per arm: a true difference "
+          "at the pick ('grid edge': the pick is an end of the grid, so the row's best lr may lie beyond it). "
+          f"{MDE_FORMULA}, s the baseline's std over its seeds, n seeds per arm: a true difference "
           "smaller than the MDE is missed more often than 1 time in 5. Steps to target: the first evaluated step at "
           "which a run's validation metric reaches the baseline's final mean validation metric, median over seeds "
           "('> N': the median run never reached it by its last evaluation N).")
