@@ -185,7 +185,7 @@ def _refused_cases():
         "efficientformer_v2": (lambda: _timm("efficientformer_v2").Attention2d(32, key_dim=8, num_heads=2,
                                                                                  resolution=8), maps, "BatchNorm"),
         "bottleneck_qk_ratio": (lambda: BottleneckAttn(32, feat_size=(8, 8), num_heads=4, qk_ratio=0.5), maps,
-                                "one head width"),
+                                "different widths"),
     }
 
 

@@ -45,8 +45,8 @@ def _widths(m: nn.Module) -> str:
     """HaloNet / BoTNet with qk_ratio ≠ 1: why they are refused ('' when d_v = d_qk)."""
     if m.dim_head_v == m.dim_head_qk:
         return ""
-    return (f"its value heads are {m.dim_head_v} wide and its query/key heads {m.dim_head_qk}: its kv projection "
-            "interleaves k and v per head at two widths, which no layout expresses yet, so qk_ratio must be 1")
+    return (f"its value heads are {m.dim_head_v} wide and its query/key heads {m.dim_head_qk}: roles of different "
+            "widths in one projection are not split by this layout yet, so qk_ratio must be 1")
 
 
 REFUSED.update({("timm.layers.halo_attn", "HaloAttn"): _widths,
