@@ -140,6 +140,13 @@ def test_steps_to_target_and_convergence_on_a_synthetic_curve():
     assert last_quarter_change(curve, 1000) == pytest.approx(math.exp(-3.5) - math.exp(-5))
 
 
+def test_a_baseline_at_its_final_level_in_the_first_half_is_called_a_plateau():
+    from condattn.reporting.protocol import plateau_text
+    assert "by step 200 of 400" in plateau_text([200, 100, 300, 200, None], 400)
+    assert plateau_text([2500, 2400, 2600], 3000) == ""
+    assert plateau_text([None, None, 100], 400) == "" and plateau_text([], 400) == ""
+
+
 def test_readings_table_reports_the_protocol(tmp_path):
     from condattn.reporting.readings import write_table
 

@@ -106,6 +106,18 @@ def steps_column(summaries: list[dict], target: float | None, key: str, multipli
     return (f"> {last}" if med is None else f"{med:g}"), steps
 
 
+def plateau_text(steps: list[int | None], total: int) -> str:
+    """A line when the baseline got to its own final level in the first half of training (median over seeds): its
+    convergence figure then holds because it plateaued early, not because it learned the task, and the table says
+    so; "" otherwise. `steps`: the baseline's per-seed steps to its target; `total`: its last evaluated step."""
+    med = median_steps(steps) if steps else None
+    if med is None or not total or med > total / 2:
+        return ""
+    return (f"Plateau: the baseline reaches its final validation level by step {med:g} of {total} (median over seeds), "
+            "in the first half of training: its convergence figure reads an early plateau, so this task's readings "
+            "compare methods on that plateau rather than on a learned task (its floors are above).")
+
+
 def mde_text(base_values: list[float], n: int) -> tuple[str, float | None]:
     """The minimum detectable effect for n seeds per arm from the baseline's spread ("–" under 2 seeds)."""
     if len(base_values) < 2 or n < 2:

@@ -168,6 +168,9 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
         base = next((x for x in rows if x["task"] == task and x["is_baseline"]), None)
         if base and base["target"]:
             lines += ["", base["target"].text()]
+            total = max((int(s.get("steps") or 0) for s in base["cell"].summaries), default=0)
+            if plateau := protocol.plateau_text(base["steps"][1], total):
+                lines += ["", plateau]
     n_seeds = max((len(r["cell"].values) for r in rows), default=0)
     if n_seeds < 2:
         verdict = "With fewer than 2 seeds per row there is no interval: this table cannot say which reading is better."
