@@ -1,5 +1,6 @@
 """SCA on attention whose W_Q/W_K/W_V are 1×1 convolutions (layouts/timm_conv.py, structural), and the one-line
-refusals of attention without q·kᵀ logits, without a W_Q, or with BatchNorm after the projection (layouts/refused.py).
+refusals of attention without q·kᵀ logits, without a W_Q, or with a cascade of per-head projections
+(layouts/refused.py). BatchNorm after the projection: tests/test_bn_layouts.py.
 The contract tests of tests/test_layouts.py run on the conv cases too (CASES: *_conv, csatv2_spatial)."""
 
 from __future__ import annotations
@@ -173,17 +174,29 @@ def test_gemma4_clippable_linear_is_unwrapped():
 # ---------------------------------------------------------------- refusals: one line, the model untouched
 
 
+class LinearBNAttention(torch.nn.Module):
+    """q / k / v are LeViT LinearNorms (Linear + BatchNorm) in a class no named layout knows: structural refuses."""
+
+    def __init__(self, dim: int = 32):
+        super().__init__()
+        self.num_heads = 2
+        self.q, self.k, self.v = (_timm("levit").LinearNorm(dim, dim) for _ in range(3))
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+
+
 def _refused_cases():
     from timm.layers.bottleneck_attn import BottleneckAttn
 
     maps = _x()
     return {  # name -> (module, input, words of the reason)
+        "structural_linear_bn": (LinearBNAttention, maps.flatten(2).transpose(1, 2), "followed by BatchNorm"),
         "swiftformer": (lambda: _timm("swiftformer").EfficientAdditiveAttention(32, 32), maps, "additive attention"),
         "nextvit_mhca": (lambda: _timm("nextvit").ConvAttention(32, head_dim=16), maps, "no q·kᵀ logits"),
-        "levit": (lambda: _timm("levit").Attention(32, key_dim=8, num_heads=2, resolution=8),
-                  maps.flatten(2).transpose(1, 2), "LinearNorm"),
-        "efficientformer_v2": (lambda: _timm("efficientformer_v2").Attention2d(32, key_dim=8, num_heads=2,
-                                                                                 resolution=8), maps, "BatchNorm"),
+        "efficientvit_msra": (lambda: _timm("efficientvit_msra").CascadedGroupAttention(
+            32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8), maps, "cascaded group attention"),
         "bottleneck_qk_ratio": (lambda: BottleneckAttn(32, feat_size=(8, 8), num_heads=4, qk_ratio=0.5), maps,
                                 "different widths"),
     }
@@ -196,7 +209,7 @@ def test_refusals_name_the_reason_and_change_nothing(name):
     model = ConvStack(build()).eval()
     before = snapshot(model, x)
     with pytest.raises(ValueError) as err:
-        condattn.apply_conditioning(model, "spectral+embedded" if name == "levit" else "spectral")
+        condattn.apply_conditioning(model, "spectral+embedded" if name == "efficientvit_msra" else "spectral")
     reason = str(err.value).split("\n")[1]
     assert words in reason and "nothing was changed" in str(err.value), reason
     assert_identical(before, snapshot(model, x))

@@ -216,6 +216,39 @@ def _maps(channels: int):
     return lambda: {"x": torch.randn(2, channels, 8, 8, generator=torch.Generator().manual_seed(3))}
 
 
+def randomise_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
+    """Random BatchNorm affine and running statistics (timm inits some γ to 0, e.g. LeViT's output norm), so the
+    norm after a projection is a real per-channel map in eval."""
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                n = m.num_features
+                m.weight.copy_(torch.rand(n, generator=g) + 0.5)
+                m.bias.copy_(0.1 * torch.randn(n, generator=g))
+                m.running_mean.copy_(0.1 * torch.randn(n, generator=g))
+                m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
+    return model
+
+
+def _bn_attention(kind: str):
+    """Attention whose projections are Linear / 1×1 conv + BatchNorm (layouts/timm_bn.py); value heads 2× wider."""
+    import importlib
+
+    mod = {n: importlib.import_module(f"timm.models.{n}") for n in ("levit", "efficientformer_v2")}
+    blocks = {  # LeViT on (B, N, C) tokens: fused qkv, then q after token subsampling and a fused kv
+        "levit": lambda: (mod["levit"].Attention(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=4),
+                          mod["levit"].AttentionDownsample(32, 48, key_dim=8, num_heads=2, attn_ratio=2,
+                                                           resolution=4)),
+        "efficientformer_v2": lambda: (  # separate q / k / v; strided; q as a LocalGlobalQuery
+            mod["efficientformer_v2"].Attention2d(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8),
+            mod["efficientformer_v2"].Attention2d(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8, stride=2),
+            mod["efficientformer_v2"].Attention2dDownsample(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8,
+                                                            out_dim=48)),
+    }[kind]
+    return _seeded(lambda: randomise_batchnorm(ConvStack(*blocks())))
+
+
 class UserMHAModel(torch.nn.Module):
     """A user's model built from torch.nn: a 2-layer nn.TransformerEncoder (packed in_proj_weight; its fused
     inference path would bypass nn.MultiheadAttention.forward) and a cross-attention with kdim/vdim != embed_dim
@@ -285,6 +318,11 @@ CASES = {
     "pwise_conv": Case(_conv_attention("pwise"), _maps(128), _kw, {"timm_pwise_conv": 2}, None),
     "csatv2_spatial": Case(_conv_attention("csatv2"), _maps(32), _kw, {"timm_csatv2_spatial": 2}, None),
     "conv_structural": Case(_conv_attention("structural"), _maps(32), _kw, {"structural": 2}, None),
+    # Linear / 1×1 conv + BatchNorm projections (layouts/timm_bn.py: λI added to W before its BatchNorm)
+    "levit_bn": Case(_bn_attention("levit"), lambda: {"x": torch.randn(2, 16, 32, generator=torch.Generator()
+                                                                       .manual_seed(3))}, _kw, {"timm_levit": 2}, None),
+    "efficientformer_v2_bn": Case(_bn_attention("efficientformer_v2"), _maps(32), _kw,
+                                  {"timm_efficientformer_v2": 3}, None),
 }
 NAMES = list(CASES)
 
@@ -308,10 +346,10 @@ def test_sites_and_patch_counts_match_the_architecture(name):
     model = case.build()
     sites = find_attention(model)
     assert Counter(s.layout for s in sites) == case.attention
-    for s in sites:  # each role's columns hold all its heads (k/v: fewer under grouped-query attention)
+    for s in sites:  # each role's columns hold all its heads (k/v: fewer under grouped-query attention; v: wider)
         assert s.proj["q"].out_features == s.num_heads * s.head_dim, s.name
-        assert all(p.out_features % s.head_dim == 0 and p.out_features <= s.num_heads * s.head_dim
-                   for p in s.proj.values()), s.name
+        assert all(p.out_features % s.role_head_dim(r) == 0 and p.out_features // s.role_head_dim(r) <= s.num_heads
+                   for r, p in s.proj.items()), s.name
     assert (find_tokens(model) and find_tokens(model).layout) == case.token
     rep = condattn.apply_conditioning(model, case.methods[-1])
     embedded = {f"embedded:{case.token}": 1} if case.token else {}
@@ -374,9 +412,10 @@ def _explicit(site, targets, lam: float, identity: str) -> dict[tuple[int, str],
         rows, d_in = p.rows, w.shape[1]  # (a role's rows: a range, or per head when interleaved)
         if identity == "full":
             w[rows] += lam * torch.eye(len(rows), d_in)
-        else:  # the role's own heads (k/v of grouped-query attention have fewer)
-            for h in range(p.out_features // site.head_dim):
-                w[rows[h * site.head_dim:(h + 1) * site.head_dim]] += lam * torch.eye(site.head_dim, d_in)
+        else:  # the role's own heads (k/v of grouped-query attention have fewer; value heads may be wider)
+            d = site.role_head_dim(role)
+            for h in range(p.out_features // d):
+                w[rows[h * d:(h + 1) * d]] += lam * torch.eye(d, d_in)
     return out
 
 

@@ -30,10 +30,12 @@ REFUSED = {
     **{("qk_norm", n): "1×1 convolutions" for n in ("maxxvit_conv", "halo_conv", "bottleneck_conv", "pwise_conv",
                                                    "conv_structural")},
     ("qk_norm", "csatv2_spatial"): "1 wide",
-    # W_O is a 1×1 conv or absent (csatv2): output_projection finds Linear / Conv1D W_O only
+    **{("qk_norm", n): "followed by BatchNorm" for n in ("levit_bn", "efficientformer_v2_bn")},
+    # W_O is a 1×1 conv, a Linear/Conv + BatchNorm, or absent (csatv2): output_projection finds Linear / Conv1D only
     **{("ns_attention", n): "no output projection W_O found" for n in ("maxxvit_conv", "halo_conv", "bottleneck_conv",
                                                                       "pwise_conv", "csatv2_spatial",
-                                                                      "conv_structural")},
+                                                                      "conv_structural", "levit_bn",
+                                                                      "efficientformer_v2_bn")},
 }
 # (method, family) -> why the output is unchanged although the method applied: CSATv2's spatial attention reads
 # LayerNorm(1) of its input, i.e. the norm's bias (0 at init), so its q and k are constant over the positions and only

@@ -73,6 +73,7 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
             state.handles += handles
             for site in sites:
                 detail = f"{'/'.join(patched[site.name])} heads={site.num_heads}x{site.head_dim}"
+                detail += f"; {site.note}" if site.note else ""
                 report.entries.append(PatchEntry(site.name, f"spectral:{site.layout}", detail))
             what = "λI" if opts["correction"] == "identity" else "C = σ_max(W)·UVᵀ (Theorem 3.5)"
             if opts["mode"] == "init":
@@ -90,6 +91,7 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
             done = conditioned_init(sites, opts["targets"], opts["identity"])
             for site in sites:
                 detail = f"{'/'.join(done[site.name])} heads={site.num_heads}x{site.head_dim}"
+                detail += f"; {site.note}" if site.note else ""
                 report.entries.append(PatchEntry(site.name, f"conditioned_init:{site.layout}", detail))
             report.notes.append("conditioned_init: W_Q, W_K set to independent semi-orthogonal matrices per head and "
                                 "W_V to the rectangular identity, once; plain Linears trained from here")

@@ -109,6 +109,8 @@ class AttentionSite:
     masked_keys: bool = True  # ... and to its keys (DETR: decoder queries are never padded, cross-attention keys are)
     # how the logits are formed from the q and k roles (scores for the entropy probe, head function for κ(J))
     form: AttentionForm = field(default=TOKEN_SOFTMAX)
+    # the reading this site is patched under, where the layout states one (PatchReport entry detail)
+    note: str = ""
 
     def weight(self, role: str, effective: bool = True) -> torch.Tensor:
         """torch-layout weight (heads*head_dim, D_in) of one role; `effective` includes an SCA correction (W + C)."""

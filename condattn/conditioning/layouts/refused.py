@@ -4,9 +4,9 @@
 They count as attention layers (their class name says attention), so a model holding them is refused unless
 `partial=True`, which patches its other attention layers. No finder is registered here: nothing is matched.
 
-Linear/Conv + BatchNorm projections (LeViT, EfficientViT-MSRA here; EfficientFormer-V2 by layouts/structural.py) are
-refused rather than given λ·x after the norm (BN∘W + λI): in training BN∘W is a different map for every batch, and
-the diagnostics, svd correction, mode=init and the other methods all read one stored W.
+LeViT and EfficientFormer-V2 (Linear/Conv + BatchNorm projections) are patched by layouts/timm_bn.py, λI added to W
+before its BatchNorm. EfficientViT-MSRA is refused here: its cascade gives each head its own W_Q/W_K/W_V over its own
+input, which no site (one W per role over the layer's input) holds.
 """
 
 from __future__ import annotations
@@ -28,12 +28,6 @@ REFUSED.update({
         "shared by all windows), not from a projection of x: `qkv` holds only W_K, W_V and there is no W_Q"
         if m.use_global else ""),
     ("timm.models.efficientvit_msra", "CascadedGroupAttention"):
-        "EfficientViT-MSRA's cascaded group attention: each head's q/k/v is a ConvNorm (1×1 conv + BatchNorm, whose "
-        "BN∘W depends on batch statistics in training: no fixed W to add λI to) and q passes a depthwise conv after it",
-    ("timm.models.levit", "Attention"):
-        "LeViT's `qkv` is a LinearNorm (Linear + BatchNorm): BN∘W depends on batch statistics in training, so there "
-        "is no fixed W to add λI to (and λI inside W is rescaled by the norm)",
-    ("timm.models.levit", "AttentionDownsample"):
-        "LeViT's `q` / `kv` are LinearNorm (Linear + BatchNorm): BN∘W depends on batch statistics in training, so "
-        "there is no fixed W to add λI to (and λI inside W is rescaled by the norm)",
+        "EfficientViT-MSRA's cascaded group attention: head h has its own q/k/v conv over x's h-th channel chunk plus "
+        "head h−1's attention output, so there is no W_Q/W_K/W_V over the layer's input that one site holds",
 })

@@ -16,9 +16,10 @@ module whose forward differs needs a named layout (`attention_layout`). A projec
 convolution (nn.Conv1d / nn.Conv2d, kernel 1, groups 1: W is its weight's (out, in) view, folded as for a Linear),
 the last module of an nn.Sequential (pooling / depthwise conv / norm before it shape its input, as a pre-norm does),
 or a Linear in a clamping wrapper (`linear`). Other convolutions and Linear/Conv + BatchNorm are refused in one line
-(BN∘W depends on batch statistics in training: no fixed W to add λI to); the reason is what `require_attention`
-prints. Classes in sites.REFUSED (layouts/refused.py: no q·kᵀ, no W_Q) are never matched here. Modules with q/v
-biases read their fused weight themselves (timm Swin-V2): `called=False`, folded.
+(BN∘W depends on batch statistics in training: no fixed W to add λI to; layouts/timm_bn.py states a reading, λI
+on W before its BatchNorm, for LeViT and EfficientFormer-V2 by name); the reason is what `require_attention` prints.
+Classes in sites.REFUSED (layouts/refused.py: no q·kᵀ, no W_Q) are never matched here. Modules with q/v biases read
+their fused weight themselves (timm Swin-V2): `called=False`, folded.
 
 Expected PatchReport counts: every attention layer the named layouts leave, as `spectral:structural`.
 """

@@ -69,6 +69,8 @@ def _why_not(site) -> str:
     reason = not_token_softmax(site)
     if reason:
         return reason + " (XCA already L2-normalises q and k)" if site.form.name == "xca" else reason
+    if "BatchNorm" in site.note:  # layouts/timm_bn.py
+        return f"its q/k projections are followed by BatchNorm ({site.note}): a norm of W x is not the q of q·kᵀ"
     if any(isinstance(site.proj[r].linear, nn.modules.conv._ConvNd) for r in ("q", "k")):
         return ("its q/k projections are 1×1 convolutions (channels on axis 1): the per-head norm hook normalises "
                 "the last axis")
