@@ -159,7 +159,7 @@ def plot(path: Path, arms: dict[str, dict], title: str, footer: str) -> None:
     for arm, nested in arms.items():
         ls = styles[arm]
         for role, color in zip("qkv", ("C0", "C1", "C2")):
-            y = [w[role]["kappa"] for w in nested["weights"]]
+            y = [float("nan") if w[role] is None else w[role]["kappa"] for w in nested["weights"]]  # absent: a gap
             axes[0].plot(range(len(y)), y, ls, marker="o", color=color, label=f"W_{role.upper()} {arm}")
         y = [b["kappa_mean"] for b in nested["blocks"]]
         axes[1].plot(range(len(y)), y, ls, marker="o", color="C3", label=f"{arm} (mean)")
@@ -275,6 +275,7 @@ def notes(arms: dict, report) -> list[str]:
         f"{_fmt(flat[0].get('feature_spread'))}{ARROW}{_fmt(flat[1].get('feature_spread'))}.",
         *(f"patch note: {n}" for n in report.notes),
         *absent_notes(arms["baseline"]["attention"]),
+        *absent_weight_notes(arms["baseline"]["weights"]),
     ]
 
 
@@ -294,6 +295,12 @@ def jacobian_lines(jb: dict, jc: dict) -> list[str]:
             lines.append(f"  {arm}: J Jᵀ is numerically singular, κ(J) undefined matrix-free")
     lines.append(f"  κ(J): {_fmt(jb['kappa'])}{ARROW}{_fmt(jc['kappa'])}  ({jb['seconds']}s, {jc['seconds']}s)")
     return lines
+
+
+def absent_weight_notes(weights: list[dict]) -> list[str]:
+    """One line per role a layer has no projection for (its κ(W) is absent, —), with the reason."""
+    return [f"κ(W_{r.upper()}) — at layer {w['layer']} ({w['name']}): {why}" for w in weights
+            for r, why in w.get("absent", {}).items()]
 
 
 def absent_notes(attention: list[dict]) -> list[str]:
@@ -334,7 +341,8 @@ def run_own(spec: str, method: str, overrides: list[str], out: str | None) -> di
     opts = ", ".join(f"{k}={v}" for k, v in options.items())
     lines = [f"condattn.diagnose: {spec}, baseline (none) → {method}({opts})",
              f"  patch: {', '.join(f'{k} ×{v}' for k, v in res['patch']['counts'].items()) or 'nothing'}", "",
-             *table(flat, rows), *absent_notes(res["baseline"]["attention"])]
+             *table(flat, rows), *absent_notes(res["baseline"]["attention"]),
+             *absent_weight_notes(res["baseline"]["weights"])]
     if out:
         write_json_atomic(Path(out) / f"{fn}_{method}.json", res)
         lines.append(f"wrote {Path(out) / f'{fn}_{method}.json'}")

@@ -249,6 +249,15 @@ def _bn_attention(kind: str):
     return _seeded(lambda: randomise_batchnorm(ConvStack(*blocks())))
 
 
+def _gcvit():
+    """A 2-stage GCViT: in each stage block 0 is local window attention (q/k/v), block 1 global (queries: the stage's
+    global query tokens, `qkv` holds W_K, W_V only; layouts/timm_gcvit.py)."""
+    from timm.models.gcvit import GlobalContextVit
+
+    return GlobalContextVit(num_classes=10, img_size=32, depths=(2, 2), num_heads=(2, 4), embed_dim=32,
+                            window_ratio=(8, 8))
+
+
 class UserMHAModel(torch.nn.Module):
     """A user's model built from torch.nn: a 2-layer nn.TransformerEncoder (packed in_proj_weight; its fused
     inference path would bypass nn.MultiheadAttention.forward) and a cross-attention with kdim/vdim != embed_dim
@@ -323,6 +332,8 @@ CASES = {
                                                                        .manual_seed(3))}, _kw, {"timm_levit": 2}, None),
     "efficientformer_v2_bn": Case(_bn_attention("efficientformer_v2"), _maps(32), _kw,
                                   {"timm_efficientformer_v2": 3}, None),
+    # GCViT: 2 local sites (q/k/v) and 2 global ones without W_Q (layouts/timm_gcvit.py: λI on W_K, W_V only)
+    "gcvit": Case(_seeded(_gcvit), _images, _kw, {"timm_gcvit": 4}, None),
 }
 NAMES = list(CASES)
 
@@ -347,7 +358,8 @@ def test_sites_and_patch_counts_match_the_architecture(name):
     sites = find_attention(model)
     assert Counter(s.layout for s in sites) == case.attention
     for s in sites:  # each role's columns hold all its heads (k/v: fewer under grouped-query attention; v: wider)
-        assert s.proj["q"].out_features == s.num_heads * s.head_dim, s.name
+        assert set(s.proj) | set(s.missing) == set(ROLES) and not set(s.proj) & set(s.missing), s.name
+        assert (s.proj["q"] if "q" in s.proj else s.proj["k"]).out_features == s.num_heads * s.head_dim, s.name
         assert all(p.out_features % s.role_head_dim(r) == 0 and p.out_features // s.role_head_dim(r) <= s.num_heads
                    for r, p in s.proj.items()), s.name
     assert (find_tokens(model) and find_tokens(model).layout) == case.token
@@ -406,7 +418,7 @@ def _explicit(site, targets, lam: float, identity: str) -> dict[tuple[int, str],
     each target role's output columns (all of the block for `full`, the same λI_{d×D} in every head for
     `per_head`)."""
     out: dict[tuple[int, str], torch.Tensor] = {}
-    for role in targets:
+    for role in (r for r in targets if r in site.proj):  # (a role the layer lacks, GCViT's global W_Q: none)
         p = site.proj[role]
         w = out.setdefault((id(p.linear), p.param), _torch_weight(p))
         rows, d_in = p.rows, w.shape[1]  # (a role's rows: a range, or per head when interleaved)
@@ -435,7 +447,7 @@ def test_sca_is_the_explicit_formula(name, identity, targets):
     handles = []
     for site in sites:
         want = _explicit(site, targets, lam, identity)
-        for role in ROLES:
+        for role in site.roles:
             p = site.proj[role]
             w = want.get((id(p.linear), p.param), _torch_weight(p))
             torch.testing.assert_close(site.weight(role, effective=True), w[p.cols])

@@ -41,9 +41,11 @@ REFUSED = {
 # LayerNorm(1) of its input, i.e. the norm's bias (0 at init), so its q and k are constant over the positions and only
 # W_V acts (mimetic_init sets W_Q, W_K; this site has no W_O)
 NO_EFFECT = {("mimetic_init", "csatv2_spatial")}
-# (method, family) -> sites listed as skipped (channel-softmax attention; MHA cross-attention over other widths)
+# (method, family) -> sites listed as skipped (channel-softmax attention; MHA cross-attention over other widths;
+# GCViT's global attention, which has no W_Q: its queries are the stage's global query tokens)
 SKIPPED = {("qk_norm", "xcit"): 2, ("qk_norm", "davit"): 2, ("mimetic_init", "xcit"): 2,
-           ("mimetic_init", "davit"): 2, ("mimetic_init", "torch_mha"): 1}
+           ("mimetic_init", "davit"): 2, ("mimetic_init", "torch_mha"): 1, ("qk_norm", "gcvit"): 2,
+           ("mimetic_init", "gcvit"): 2}
 ADDS_KEYS = {"qk_norm", "sigma_reparam"}
 
 
@@ -133,7 +135,7 @@ def _scale_queries(model, factor: float) -> None:
     that carry the norm) by `factor`."""
     with torch.no_grad():
         for site in find_attention(model):
-            if site.form.over != "tokens":
+            if site.form.over != "tokens" or "q" not in site.proj:  # (GCViT's global attention: no W_Q, skipped)
                 continue
             p = site.proj["q"]
             w = stored_weight(p)

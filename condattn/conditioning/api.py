@@ -67,6 +67,7 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
             sites = planned
             report.options = spec.on_model(site_kinds=any(s.group is not None for s in sites))
             sites = _selected(sites, opts["detr_attention"], "spectral", report)
+            sites = _with_roles(sites, opts["targets"], "spectral", report)
             handles, patched = patch_spectral(sites, opts["lam"], opts["targets"], opts["identity"],
                                               opts["correction"], opts["mode"], opts["lam_unit"],
                                               opts["refresh_every"])
@@ -88,6 +89,7 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
             sites = planned
             report.options = spec.on_model(site_kinds=any(s.group is not None for s in sites))
             sites = _selected(sites, opts["detr_attention"], "conditioned_init", report)
+            sites = _with_roles(sites, opts["targets"], "conditioned_init", report)
             done = conditioned_init(sites, opts["targets"], opts["identity"])
             for site in sites:
                 detail = f"{'/'.join(done[site.name])} heads={site.num_heads}x{site.head_dim}"
@@ -137,6 +139,21 @@ def _selected(sites: list, kinds: tuple[str, ...], method: str, report: PatchRep
             report.skipped.append(PatchEntry(site.name, f"{method}:{site.layout}",
                                              f"{site.group} not in detr_attention={list(kinds)}"))
     return [s for s in sites if s.group is None or s.group in kinds]
+
+
+def _with_roles(sites: list, targets: tuple[str, ...], method: str, report: PatchReport) -> list:
+    """The sites holding at least one target role; the others (e.g. targets=[q] on GCViT's global attention, which
+    has no W_Q) are listed as skipped with why. Refused, before anything is changed, when no site holds one."""
+    kept = [s for s in sites if any(r in s.proj for r in targets)]
+    ids = {id(s) for s in kept}
+    if sites and not kept:
+        raise ValueError(f"{method}: targets={list(targets)} selects no projection of any attention layer "
+                         f"({sites[0].name}: {sites[0].lacks(*targets)}; nothing was changed)")
+    for site in sites:
+        if id(site) not in ids:
+            report.skipped.append(PatchEntry(site.name, f"{method}:{site.layout}",
+                                             f"targets={list(targets)}: {site.lacks(*targets)}"))
+    return kept
 
 
 def remove_conditioning(model: nn.Module) -> None:

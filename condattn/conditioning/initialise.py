@@ -42,6 +42,8 @@ def conditioned_init(sites: list[AttentionSite], targets: tuple[str, ...], ident
     done: dict[str, list[str]] = {}
     for site in sites:
         for role in targets:
+            if role not in site.proj:  # a role the layer does not have (GCViT's global attention: no W_Q)
+                continue
             p = site.proj[role]
             w = as_matrix(stored_weight(p))  # (a 1×1 convolution's (out, in) view)
             d_in = w.shape[0] if p.transposed else w.shape[1]
@@ -61,5 +63,5 @@ def conditioned_init(sites: list[AttentionSite], targets: tuple[str, ...], ident
                 blocks = [p.rows] if identity == "full" else _head_rows(p, site, role)
                 for rows in blocks:
                     _write(p, rows, torch.eye(len(rows), d_in))
-        done[site.name] = list(targets)
+        done[site.name] = [r for r in targets if r in site.proj]  # (a site without W_Q: W_K, W_V only)
     return done

@@ -111,10 +111,29 @@ class AttentionSite:
     form: AttentionForm = field(default=TOKEN_SOFTMAX)
     # the reading this site is patched under, where the layout states one (PatchReport entry detail)
     note: str = ""
+    # roles the layer has no projection for, each with why (GCViT's global attention: no W_Q, its queries are the
+    # stage's global query tokens). `proj` then lacks them: methods act on the roles it holds or skip the site with
+    # that reason, diagnostics of a missing role are absent with it (never NaN)
+    missing: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The roles this site has a projection for, in ROLES order (all three except where `missing` says)."""
+        return tuple(r for r in ROLES if r in self.proj)
+
+    def lacks(self, *roles: str) -> str:
+        """Why this site has no projection for one of `roles` ('' when it has all of them)."""
+        gone = [r for r in roles if r not in self.proj]
+        return "; ".join(f"no W_{r.upper()}: {self.missing.get(r, 'the layout found none')}" for r in gone)
+
+    def _proj(self, role: str) -> Projection:
+        if role not in self.proj:
+            raise KeyError(f"{self.name} ({self.layout}) has {self.lacks(role)}")
+        return self.proj[role]
 
     def weight(self, role: str, effective: bool = True) -> torch.Tensor:
         """torch-layout weight (heads*head_dim, D_in) of one role; `effective` includes an SCA correction (W + C)."""
-        p = self.proj[role]
+        p = self._proj(role)
         w = as_matrix(stored_weight(p).detach())
         if p.transposed:  # Conv1D stores (in, out): back to torch layout, where delta_weight() lives
             w = w.T
@@ -135,7 +154,7 @@ class AttentionSite:
         return self.weight(role, effective)[head * d : (head + 1) * d]
 
     def grad(self, role: str) -> torch.Tensor | None:
-        p = self.proj[role]
+        p = self._proj(role)
         g = stored_weight(p).grad
         g = None if g is None else as_matrix(g)
         if g is not None and p.transposed:
@@ -336,7 +355,7 @@ UNSUPPORTED_WHY: dict[type, str] = {}  # class -> one line why no layout can pat
 
 
 # (module, qualname) -> why no layout may patch that class (or a function of the instance returning it, '' when this
-# instance can be patched): attention without q·kᵀ logits or without a W_Q (layouts/refused.py). Never matched.
+# instance can be patched): attention without q·kᵀ logits or one W per role (layouts/refused.py). Never matched.
 REFUSED: dict[tuple[str, str], str | Callable[[nn.Module], str]] = {}
 
 

@@ -292,12 +292,15 @@ def _shifts(sites: list[AttentionSite], targets: tuple[str, ...], identity: str,
                        dict[str, list[str]]]:
     """One SpectralShift per projection weight (keyed by module and parameter name), the modules that read weights
     themselves (Projection.called False) with theirs, and per site name the roles shifted. A role's correction spans
-    its own heads (fewer than the site's for the K/V of grouped-query attention: out_features // head_dim)."""
+    its own heads (fewer than the site's for the K/V of grouped-query attention: out_features // head_dim). A target
+    role a site has no projection for is left out of its list (api._with_roles skips a site that has none of them)."""
     shifts: dict[tuple[int, str], tuple[Projection, SpectralShift]] = {}
     folds: dict[int, tuple[nn.Module, dict]] = {}  # owner -> the weights it reads itself
     patched: dict[str, list[str]] = {}
     for site in sites:
         for role in targets:
+            if role not in site.proj:  # a role the layer does not have (AttentionSite.missing: GCViT's global W_Q)
+                continue
             p = site.proj[role]
             key = (id(p.linear), p.param)
             if key not in shifts:
@@ -306,7 +309,7 @@ def _shifts(sites: list[AttentionSite], targets: tuple[str, ...], identity: str,
             shifts[key][1].add_block(p.rows, p.out_features // width, width, identity, projection_weight(p))
             if not p.called:
                 folds.setdefault(id(site.module), (site.module, {}))[1][key] = shifts[key]
-        patched[site.name] = list(targets)
+        patched[site.name] = [r for r in targets if r in site.proj]
     return shifts, folds, patched
 
 

@@ -44,7 +44,8 @@ def self_attention_sites(site: AttentionSite, nq: int, nk: int) -> tuple[bool, b
     the first query is the class token attending over keys that start with it: class attention, or a token site
     of a model with prefix tokens — the caller decides the latter)."""
     own = site.attends_over == "tokens" and site.queries == "all" and nq == nk and site.group != "decoder_cross"
-    return own, site.attends_over == "tokens" and site.group != "decoder_cross"
+    own = own and "q" in site.proj  # a site without W_Q takes its queries from elsewhere (GCViT's global tokens)
+    return own, site.attends_over == "tokens" and site.group != "decoder_cross" and "q" in site.proj
 
 
 class AttentionProbe:

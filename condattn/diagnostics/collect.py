@@ -45,11 +45,12 @@ def flat_metrics(nested: dict) -> dict[str, float]:
     """The flat scalar dict (module docstring) of a cheap_diagnostics nested result."""
     flat: dict[str, float] = {}
     w = nested.get("weights", [])
-    for r in ROLES:
-        _series(flat, f"kappa_w{r}", "l", [e[r]["kappa"] for e in w])
-        _series(flat, f"sigma_min_w{r}", "l", [e[r]["sigma_min"] for e in w])
-        _series(flat, f"sigma_max_w{r}", "l", [e[r]["sigma_max"] for e in w])
-        _series(flat, f"kappa_head_w{r}", "l", [sum(e[r]["kappa_heads"]) / len(e[r]["kappa_heads"]) for e in w])
+    for r in ROLES:  # (a role a layer does not have, e.g. GCViT's global W_Q, is None: left out, as absent)
+        _series(flat, f"kappa_w{r}", "l", [e[r] and e[r]["kappa"] for e in w])
+        _series(flat, f"sigma_min_w{r}", "l", [e[r] and e[r]["sigma_min"] for e in w])
+        _series(flat, f"sigma_max_w{r}", "l", [e[r] and e[r]["sigma_max"] for e in w])
+        _series(flat, f"kappa_head_w{r}", "l", [e[r] and sum(e[r]["kappa_heads"]) / len(e[r]["kappa_heads"])
+                                                for e in w])
     blocks = nested.get("blocks", [])
     _series(flat, "kappa_x", "b", [b["kappa_mean"] for b in blocks])
     _series(flat, "kappa_x_max", "b", [b["kappa_max"] for b in blocks])

@@ -44,6 +44,9 @@ def head_inputs(model: nn.Module, forward: Callable, batch, mask: torch.Tensor |
     if not sites:
         raise ValueError(f"no attention layer of {type(model).__name__} matches a registered layout")
     site, seen = sites[0], []
+    if site.lacks(*ROLES):  # J is taken w.r.t. all three weights (GCViT's global attention has no W_Q)
+        raise ValueError(f"κ(J) at {site.name}: it has {site.lacks(*ROLES)}; J w.r.t. (W_Q, W_K, W_V) is not "
+                         "defined there (skip --jacobian here)")
     handle = site.module.register_forward_pre_hook(
         lambda m, a, kw: seen.append(block_input(a, kw).detach()), with_kwargs=True
     )

@@ -272,7 +272,7 @@ def reader_for(site: AttentionSite) -> tuple[str, Callable]:
         return "eager", _transformers
     if isinstance(getattr(m, "softmax", None), nn.Softmax) or isinstance(getattr(m, "attn_drop", None), nn.Module):
         return "unfused", _timm
-    if site.form.complete and all(site.proj[r].called for r in ("q", "k")):
+    if site.form.complete and all(r in site.proj and site.proj[r].called for r in ("q", "k")):
         return "recomputed", _recompute
     return "sdpa", _sdpa
 

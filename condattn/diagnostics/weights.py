@@ -17,12 +17,20 @@ def weight_conditioning(model: nn.Module, effective: bool = True) -> list[dict]:
         {"layer": i, "name": str, "num_heads": H, "head_dim": d,
          "q": {"kappa", "sigma_min", "sigma_max", "kappa_heads": [κ of head 0, ...]}, "k": {...}, "v": {...}}
 
-    effective=True measures W + λI when SCA is applied (what the forward uses); False the stored weight.
+    effective=True measures W + λI when SCA is applied (what the forward uses); False the stored weight. A role the
+    layer has no projection for (GCViT's global attention: no W_Q) is None, with the reason under
+    "absent": {role: why}.
     """
     out = []
     for i, site in enumerate(find_attention(model)):
         entry = {"layer": i, "name": site.name, "num_heads": site.num_heads, "head_dim": site.head_dim}
+        absent = {r: site.lacks(r) for r in ROLES if r not in site.proj}
+        if absent:
+            entry["absent"] = absent
         for role in ROLES:
+            if role in absent:
+                entry[role] = None
+                continue
             w = site.weight(role, effective)
             s = singular_values(w)
             heads = w.reshape(-1, site.role_head_dim(role), w.shape[-1])  # (GQA k/v: fewer heads; wider v heads)

@@ -17,7 +17,8 @@
 | torch_mha       | torch_mha (nn.MultiheadAttention)          | (none: SCA only) |
 | timm_conv       | timm_maxxvit_conv, timm_halo, timm_bottleneck, timm_pwise_conv, timm_csatv2_spatial | (none) |
 | timm_bn         | timm_levit, timm_efficientformer_v2 (λI added to W before its BatchNorm) | (none) |
-| refused         | (none: sites.REFUSED, why attention without q·kᵀ, a W_Q or one W per role is refused) | (none) |
+| timm_gcvit      | timm_gcvit (GCViT; its global attention has no W_Q: λI on W_K, W_V only) | (none) |
+| refused         | (none: sites.REFUSED, why attention without q·kᵀ or one W per role is refused) | (none) |
 | structural      | structural (any q/k/v or fused-qkv Linears / 1×1 convs with a head count; priority -100) | (none) |
 
 timm and transformers are imported inside the finders, after a cheap attribute test where one exists, so a model
@@ -30,7 +31,8 @@ Nyströmformer: num_hidden_layers hf_separate_qkv; GPT-2: n_layer hf_gpt2 (2 × 
 crammed BERT: num_layers crammed_bert; DETR: E + 2·D hf_detr (encoder self, decoder self, decoder cross); Eva /
 BEiT: `depth` timm_eva / timm_beit; HF ViT and Llama-style decoders: num_hidden_layers hf_vit / hf_llama;
 nn.MultiheadAttention: one torch_mha each; timm 1×1-conv attention: one timm_conv site per attention module
-(timm_conv.py's docstring); LeViT / EfficientFormer-V2: one timm_bn site per attention module (timm_bn.py's).
+(timm_conv.py's docstring); LeViT / EfficientFormer-V2: one timm_bn site per attention module (timm_bn.py's);
+GCViT: sum(depths) timm_gcvit (timm_gcvit.py's).
 
 A user's own model needs no edit here: `condattn.conditioning.attention_layout` / `token_layout` register a finder
 from user code (README, "your own model").
@@ -51,6 +53,7 @@ from . import (
                                                         timm_bn,
                                                         timm_conv,
                                                         timm_eva,
+                                                        timm_gcvit,
                                                         timm_vit,
                                                         torch_mha,
                                                         xcit,
@@ -58,6 +61,7 @@ from . import (
 
 FAMILIES = {m.__name__.rpartition(".")[2]: m for m in (timm_vit, swin, xcit, davit, hf_encoder, gpt2, detr,
                                                         crammed_bert, timm_eva, timm_beit, hf_vit, hf_llama,
-                                                        torch_mha, timm_conv, timm_bn, refused, structural)}
+                                                        torch_mha, timm_conv, timm_bn, timm_gcvit, refused,
+                                                        structural)}
 
 __all__ = ["FAMILIES"]

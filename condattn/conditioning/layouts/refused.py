@@ -6,7 +6,8 @@ They count as attention layers (their class name says attention), so a model hol
 
 LeViT and EfficientFormer-V2 (Linear/Conv + BatchNorm projections) are patched by layouts/timm_bn.py, λI added to W
 before its BatchNorm. EfficientViT-MSRA is refused here: its cascade gives each head its own W_Q/W_K/W_V over its own
-input, which no site (one W per role over the layer's input) holds.
+input, which no site (one W per role over the layer's input) holds. GCViT's global attention (queries from the
+stage's global query tokens, no W_Q) is patched by layouts/timm_gcvit.py on its W_K and W_V.
 """
 
 from __future__ import annotations
@@ -23,10 +24,6 @@ REFUSED.update({
         f"keys; {NO_QK}",
     ("timm.models.nextvit", "ConvAttention"):
         f"NextViT's multi-head convolutional attention is a grouped 3×3 conv + BN + ReLU + 1×1 conv; {NO_QK}",
-    ("timm.models.gcvit", "WindowAttentionGlobal"): lambda m: (
-        "GCViT's global attention takes its queries from the stage's global query tokens (GlobalContext features "
-        "shared by all windows), not from a projection of x: `qkv` holds only W_K, W_V and there is no W_Q"
-        if m.use_global else ""),
     ("timm.models.efficientvit_msra", "CascadedGroupAttention"):
         "EfficientViT-MSRA's cascaded group attention: head h has its own q/k/v conv over x's h-th channel chunk plus "
         "head h−1's attention output, so there is no W_Q/W_K/W_V over the layer's input that one site holds",

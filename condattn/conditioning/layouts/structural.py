@@ -18,8 +18,8 @@ the last module of an nn.Sequential (pooling / depthwise conv / norm before it s
 or a Linear in a clamping wrapper (`linear`). Other convolutions and Linear/Conv + BatchNorm are refused in one line
 (BN∘W depends on batch statistics in training: no fixed W to add λI to; layouts/timm_bn.py states a reading, λI
 on W before its BatchNorm, for LeViT and EfficientFormer-V2 by name); the reason is what `require_attention` prints.
-Classes in sites.REFUSED (layouts/refused.py: no q·kᵀ, no W_Q) are never matched here. Modules with q/v biases read
-their fused weight themselves (timm Swin-V2): `called=False`, folded.
+Classes in sites.REFUSED (layouts/refused.py: no q·kᵀ, cascaded heads) are never matched here. Modules with q/v
+biases read their fused weight themselves (timm Swin-V2): `called=False`, folded.
 
 Expected PatchReport counts: every attention layer the named layouts leave, as `spectral:structural`.
 """

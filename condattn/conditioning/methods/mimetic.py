@@ -13,7 +13,8 @@ for every head and every product:
   evenly among the query heads that read it.
 W_O is found structurally (methods/common.py); a site without one gets QK only, and the report says so. Biases
 are left as built. Sites whose softmax runs over channels (XCiT's XCA, DaViT's channel attention) are skipped:
-W_Q W_Kᵀ ≈ I means something else there.
+W_Q W_Kᵀ ≈ I means something else there; so are sites without a W_Q (GCViT's global attention: its queries are the
+stage's global query tokens), where there is no W_Q W_Kᵀ to set.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def apply_mimetic(model: nn.Module, report: PatchReport, qk_alpha: float = 0.7, 
     sites, warnings = require_attention(model, "mimetic_init", partial)
     report.warnings += warnings
     for site in sites:
-        reason = not_token_softmax(site)
+        reason = not_token_softmax(site) or site.lacks("q", "k", "v")  # (GCViT's global attention: no W_Q)
         if not reason and _d_in(site.proj["k"]) != _d_in(site.proj["q"]):
             reason = (f"keys read width {_d_in(site.proj['k'])}, queries {_d_in(site.proj['q'])}: W_Q W_Kᵀ ≈ I "
                       "needs one width")

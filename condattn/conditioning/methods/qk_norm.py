@@ -14,7 +14,8 @@ Both add parameters (2 · head_dim per norm with LayerNorm): the state_dict gain
 Not applied where the logits are not q·kᵀ over the tokens (XCiT's XCA, DaViT's channel attention: listed as
 skipped), nor on 1×1-conv projections (channels on axis 1) or heads 1 wide (listed as skipped), nor where the module
 reads its projection weight itself and never calls a projection the hook could see (timm BEiT with q/v biases,
-nn.MultiheadAttention).
+nn.MultiheadAttention), nor where the layer has no W_Q (GCViT's global attention: its queries are the stage's
+global query tokens; listed as skipped).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def _why_not(site) -> str:
     reason = not_token_softmax(site)
     if reason:
         return reason + " (XCA already L2-normalises q and k)" if site.form.name == "xca" else reason
+    if site.lacks("q", "k"):  # GCViT's global attention (layouts/timm_gcvit.py)
+        return f"it has {site.lacks('q', 'k')}, so no q projection output for the per-head norm hook"
     if "BatchNorm" in site.note:  # layouts/timm_bn.py
         return f"its q/k projections are followed by BatchNorm ({site.note}): a norm of W x is not the q of q·kᵀ"
     if any(isinstance(site.proj[r].linear, nn.modules.conv._ConvNd) for r in ("q", "k")):

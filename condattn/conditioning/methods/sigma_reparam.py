@@ -7,7 +7,8 @@ reference: apple/ml-sigma-reparam): every reparametrised weight is used as Ŵ = 
 - γ is a learnable scalar (`sigma_gamma*`), initialised to σ_max(W). u, v start at W's top singular vectors (one
   SVD when the method is applied), so Ŵ = W at init and σ(W) = σ_max(W) from the first step.
 - scope=attention (default): W_Q, W_K and W_V of every attention site, one σ and γ per role (a fused qkv Linear
-  holds three: the paper's W_Q, W_K, W_V are separate matrices). scope=all_linear: also every other nn.Linear
+  holds three: the paper's W_Q, W_K, W_V are separate matrices; a site without W_Q, GCViT's global attention, has
+  W_K and W_V only). scope=all_linear: also every other nn.Linear
   and transformers Conv1D of the model (the reference's `convert_to_sn` converts every Linear), one σ per weight.
 
 Ŵ is built out of place from the parameter for the length of each forward of the module that reads it (the
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..report import PatchEntry, PatchReport
-from ..sites import as_matrix, require_attention
+from ..sites import ROLES, as_matrix, require_attention
 from ..spec import MethodSpec, choice, register_method
 from .common import Undo, _is_conv1d
 
@@ -117,8 +118,9 @@ def apply_sigma_reparam(model: nn.Module, report: PatchReport, scope: str = "att
                 reparams[key] = SigmaReparam(p.linear, p.param, p.transposed, owner)
             suffix = f"_{role}" if p.param == "weight" else f"_{p.param}_{role}"
             reparams[key].add_block(suffix, p.rows)
+        lacks = f"; {site.lacks(*ROLES)}" if site.missing else ""  # (GCViT's global attention: W_K, W_V only)
         report.entries.append(PatchEntry(site.name, f"sigma_reparam:{site.layout}",
-                                         f"{'/'.join(site.proj)} heads={site.num_heads}x{site.head_dim}"))
+                                         f"{'/'.join(site.proj)} heads={site.num_heads}x{site.head_dim}{lacks}"))
     if scope == "all_linear":
         mha_out = {id(m.out_proj): m for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
         for name, m in model.named_modules():
