@@ -1,5 +1,5 @@
-"""Shared test helpers: tiny models and their inputs. Test modules import them with `from helpers import ...` (pytest
-puts tests/ on sys.path); fixtures and the tier rules stay in conftest.py."""
+"""Shared test helpers: tiny models and their inputs, and the before/after snapshot of a model. Test modules import
+them with `from helpers import ...` (pytest puts tests/ on sys.path); fixtures and tier rules stay in conftest.py."""
 
 from __future__ import annotations
 
@@ -74,3 +74,25 @@ def assert_compiles_like_eager(model: torch.nn.Module, x: torch.Tensor, ref: tor
     compiled_model.eval()
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), ref, atol=1e-5, rtol=1e-5)
+
+
+def snapshot(model: torch.nn.Module, x: torch.Tensor) -> dict:
+    """What a refusal or a removal must leave as it was: weights, module types, hooks, condattn attributes, output."""
+    with torch.no_grad():
+        out = model(x)
+    return {
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "types": [(n, type(m)) for n, m in model.named_modules()],
+        "hooks": [(n, len(m._forward_pre_hooks), len(m._forward_hooks)) for n, m in model.named_modules()],
+        "attrs": [(n, sorted(k for k in vars(m) if k.startswith("_condattn"))) for n, m in model.named_modules()],
+        "out": out,
+    }
+
+
+def assert_identical(before: dict, after: dict) -> None:
+    assert before["types"] == after["types"]
+    assert before["hooks"] == after["hooks"]
+    assert before["attrs"] == after["attrs"]
+    assert before["state"].keys() == after["state"].keys()
+    assert all(torch.equal(before["state"][k], after["state"][k]) for k in before["state"])
+    assert torch.equal(before["out"], after["out"])

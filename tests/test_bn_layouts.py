@@ -8,7 +8,7 @@ import copy
 import pytest
 import timm
 import torch
-from test_contracts import assert_identical, snapshot
+from helpers import assert_identical, snapshot
 from test_layouts import randomise_batchnorm
 
 import condattn

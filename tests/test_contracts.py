@@ -12,7 +12,7 @@ import pickle
 
 import pytest
 import torch
-from helpers import assert_compiles_like_eager
+from helpers import assert_compiles_like_eager, assert_identical, snapshot
 from torch import nn
 
 import condattn
@@ -66,27 +66,6 @@ def _pit():
 
 def _images():
     return torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-
-
-def snapshot(model: nn.Module, x: torch.Tensor) -> dict:
-    with torch.no_grad():
-        out = model(x)
-    return {
-        "state": {k: v.clone() for k, v in model.state_dict().items()},
-        "types": [(n, type(m)) for n, m in model.named_modules()],
-        "hooks": [(n, len(m._forward_pre_hooks), len(m._forward_hooks)) for n, m in model.named_modules()],
-        "attrs": [(n, sorted(k for k in vars(m) if k.startswith("_condattn"))) for n, m in model.named_modules()],
-        "out": out,
-    }
-
-
-def assert_identical(before: dict, after: dict) -> None:
-    assert before["types"] == after["types"]
-    assert before["hooks"] == after["hooks"]
-    assert before["attrs"] == after["attrs"]
-    assert before["state"].keys() == after["state"].keys()
-    assert all(torch.equal(before["state"][k], after["state"][k]) for k in before["state"])
-    assert torch.equal(before["out"], after["out"])
 
 
 REFUSALS = {  # (build, input, method, options, message)

@@ -11,8 +11,7 @@ import pickle
 
 import pytest
 import torch
-from helpers import assert_compiles_like_eager
-from test_contracts import assert_identical, snapshot
+from helpers import assert_compiles_like_eager, assert_identical, snapshot
 from test_layouts import CASES, ConvStack
 
 import condattn

@@ -11,7 +11,7 @@ import math
 import pytest
 import timm
 import torch
-from test_contracts import assert_identical, snapshot
+from helpers import assert_identical, snapshot
 
 import condattn
 from condattn.conditioning import find_attention
@@ -85,6 +85,7 @@ def test_site_without_wq_says_why():
         site.weight("q")
 
 
+@pytest.mark.slow  # every method / the diagnostics on the whole gcvit_xxtiny: seconds
 def test_other_methods_act_on_the_roles_it_has_or_skip_it_in_one_line():
     """conditioned_init and sigma_reparam on W_K, W_V of the global sites; ns_attention before W_O of all 12; qk_norm
     and mimetic_init need W_Q: the global sites are listed as skipped with why; targets=[q] skips them too."""
@@ -140,6 +141,7 @@ def test_targets_selecting_no_role_of_any_layer_is_refused_and_changes_nothing()
         jacobian_kappa(model, lambda m, b: m(b), x)
 
 
+@pytest.mark.slow  # every method / the diagnostics on the whole gcvit_xxtiny: seconds
 def test_diagnostics_of_the_missing_wq_are_absent_with_the_reason_and_entropy_is_the_modules_own():
     """weight κ of W_Q: None with the reason (no NaN, no flat key); gradient norms likewise; the global sites'
     entropy is that of the module's own softmax(q_global·kᵀ·scale + relative bias), computed here by hand."""
