@@ -126,6 +126,10 @@ class AttentionSite:
         gone = [r for r in roles if r not in self.proj]
         return "; ".join(f"no W_{r.upper()}: {self.missing.get(r, 'the layout found none')}" for r in gone)
 
+    def absent(self) -> dict[str, str]:
+        """{role: why} for each role this site has no projection for (the diagnostics' "absent" entry)."""
+        return {r: self.lacks(r) for r in ROLES if r not in self.proj}
+
     def _proj(self, role: str) -> Projection:
         if role not in self.proj:
             raise KeyError(f"{self.name} ({self.layout}) has {self.lacks(role)}")

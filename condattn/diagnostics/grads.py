@@ -15,7 +15,7 @@ def qkv_grad_norms(model: nn.Module) -> list[dict]:
     out = []
     for i, site in enumerate(find_attention(model)):
         entry: dict = {"layer": i, "name": site.name}
-        absent = {r: site.lacks(r) for r in ROLES if r not in site.proj}
+        absent = site.absent()
         if absent:
             entry["absent"] = absent
         for role in ROLES:

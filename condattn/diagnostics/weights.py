@@ -24,7 +24,7 @@ def weight_conditioning(model: nn.Module, effective: bool = True) -> list[dict]:
     out = []
     for i, site in enumerate(find_attention(model)):
         entry = {"layer": i, "name": site.name, "num_heads": site.num_heads, "head_dim": site.head_dim}
-        absent = {r: site.lacks(r) for r in ROLES if r not in site.proj}
+        absent = site.absent()
         if absent:
             entry["absent"] = absent
         for role in ROLES:
