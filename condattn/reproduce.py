@@ -133,7 +133,8 @@ def selection_key(exp: dict, row: str, scale: str | None = None) -> str:
     metric (final_val_<k>: ViT's final validation top-1) itself. The row's metric at `scale` is its
     `metrics: {<scale>: key}` entry when it has one (readings.row_metric)."""
     spec = exp["rows"][row]
-    metric = (spec.get("metrics") or {}).get(scale) or spec.get("metric") or exp["metric"]
+    metric = ((spec.get("metrics") or {}).get(scale) or spec.get("metric")
+              or (exp.get("metric_at") or {}).get(scale) or exp["metric"])
     key = spec.get("select_metric", exp.get("select_metric"))
     if key is None:
         for test, val in (("final_test_", "final_val_"), ("test_", "val_")):

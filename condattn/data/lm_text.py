@@ -230,6 +230,7 @@ def build(cfg: Any) -> DataBundle:
     seq_len, vocab_size = int(d.seq_len), int(d.vocab_size)
     column = str(d.get("text_column") or "text")
     val_fraction, split_seed = float(d.val_fraction), int(d.split_seed)
+    test_fraction = float(d.get("test_fraction") or 0.0)  # a held-out test split of the stand-in (small: table 5)
     gen = OmegaConf.to_container(d.generate, resolve=True) if d.get("generate") else None
     corpus = str(gen.get("corpus", "political_speeches")) if gen is not None else None
     kind, folder, files, checksum, source = _source(d, corpus)
@@ -237,16 +238,25 @@ def build(cfg: Any) -> DataBundle:
     tok_sha = files_checksum([_tokenizer_file(tok_path)]) if tok_path else None
     params = {"version": VERSION, "source_checksum": checksum, "vocab_size": vocab_size, "tokenizer": tok_sha,
               "tokenizer_train_docs": d.get("tokenizer_train_docs"), "text_column": column,
-              "val_fraction": val_fraction, "split_seed": split_seed, "generate": gen}
+              "val_fraction": val_fraction, "split_seed": split_seed, "generate": gen,
+              **({"test_fraction": test_fraction} if test_fraction else {})}
     out = params_dir(cfg.paths.cache, "lm_text", params)
     counts: dict[str, Any] = {}
 
     def generate(o: Path) -> None:
+        test_docs: list[str] = []
         if kind == "stand_in":
             docs, _ = speeches.stand_in_documents(corpus)
             train_docs, val_docs = split_documents(docs, val_fraction, split_seed)
             val_split = f"seeded {val_fraction:g} of the speeches (data.split_seed={split_seed})"
+            if test_fraction:  # then test_fraction of the rest, with the next seed: validation stays as it was
+                train_docs, test_docs = split_documents(train_docs, test_fraction, split_seed + 1)
+                val_split += f"; test: seeded {test_fraction:g} of the others (data.test_fraction)"
         else:
+            if test_fraction:
+                raise ValueError(f"data.test_fraction={test_fraction:g} is for the offline stand-in only "
+                                 "(data.generate set); a release's splits are read as they are: "
+                                 "set data.test_fraction=null")
             train_docs, val_docs = read_documents(kind, folder, files, column)
             val_split = "the release's validation split"
             if val_docs is None:
@@ -261,12 +271,14 @@ def build(cfg: Any) -> DataBundle:
             raise ValueError(f"the tokenizer has no {EOS} token (GPT-2's document separator)")
         o.mkdir(parents=True, exist_ok=True)
         tok.save(str(o / "tokenizer.json"))
-        for split, docs in (("train", train_docs), ("val", val_docs)):
+        splits = {"train": train_docs, "val": val_docs, **({"test": test_docs} if test_docs else {})}
+        for split, docs in splits.items():
             np.save(o / f"{split}.npy", encode(tok, docs))
-        counts.update({"docs": {"train": len(train_docs), "val": len(val_docs)}, "val_split": val_split})
+        counts.update({"docs": {k: len(v) for k, v in splits.items()}, "val_split": val_split})
         write_bytes_atomic(o / "counts.json", json.dumps(counts).encode())
 
-    ensure_generated(out, params, ["tokenizer.json", "train.npy", "val.npy", "counts.json"], generate)
+    names = ("train", "val", *(("test",) if test_fraction else ()))
+    ensure_generated(out, params, ["tokenizer.json", *(f"{s}.npy" for s in names), "counts.json"], generate)
     from tokenizers import Tokenizer
 
     counts = json.loads((out / "counts.json").read_text())
@@ -275,10 +287,11 @@ def build(cfg: Any) -> DataBundle:
         raise ValueError(f"the tokenizer has {tok.get_vocab_size()} tokens but data.vocab_size={vocab_size} (the "
                          f"model's embedding rows): set data.vocab_size={tok.get_vocab_size()}")
     eos = tok.token_to_id(EOS)
-    tokens = {s: np.load(out / f"{s}.npy", mmap_mode="r") for s in ("train", "val")}
+    tokens = {s: np.load(out / f"{s}.npy", mmap_mode="r") for s in names}
     max_val = d.get("val_max_blocks")
     train = PackedBlocks(tokens["train"], seq_len, eos, keep_partial=False)
     val = PackedBlocks(tokens["val"], seq_len, eos, keep_partial=True, max_blocks=max_val)
+    test = PackedBlocks(tokens["test"], seq_len, eos, keep_partial=True) if "test" in tokens else None
     if len(train) == 0 or len(val) == 0:
         raise ValueError(f"{len(tokens['train'])} training / {len(tokens['val'])} validation tokens make no block of "
                          f"data.seq_len={seq_len}")
@@ -289,7 +302,7 @@ def build(cfg: Any) -> DataBundle:
         "docs": counts["docs"],
         "val_split": counts["val_split"],
         "tokens": {s: int(len(t)) for s, t in tokens.items()},
-        "blocks": {"train": len(train), "val": len(val)},
+        "blocks": {"train": len(train), "val": len(val), **({"test": len(test)} if test is not None else {})},
         "val_tokens_used": int(min(len(tokens["val"]), len(val) * seq_len)),
         "seq_len": seq_len,
         "tokenizer": {
@@ -299,7 +312,7 @@ def build(cfg: Any) -> DataBundle:
         },
         "cache": str(out),
     }
-    return DataBundle(train, val, None, checksum, info)
+    return DataBundle(train, val, test, checksum, info)
 
 
 def _tokenizer_choice(d: Any) -> tuple[str | None, str]:

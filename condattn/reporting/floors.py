@@ -61,7 +61,8 @@ def groups(exp: dict, scale: str) -> dict[str, tuple[str, list[str]]]:
             continue
         row_scale = [o.replace("{method}", "none").replace("{scale}", scale)
                      for o in (spec.get("scales") or {}).get(scale) or []]
-        metric = (spec.get("metrics") or {}).get(scale) or spec.get("metric", exp["metric"])  # as the renderers
+        metric = ((spec.get("metrics") or {}).get(scale) or spec.get("metric")  # as the renderers
+                  or (exp.get("metric_at") or {}).get(scale) or exp["metric"])
         out[group] = (str(metric),
                       [*spec.get("overrides", []), *at_scale, *row_scale, "conditioning=none", f"scale={scale}",
                        "seed=0"])

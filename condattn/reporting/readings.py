@@ -31,6 +31,7 @@ from .tables import (
     renderer_cli,
     rows_for,
     save_outputs,
+    scale_metric,
     table_start,
 )
 
@@ -70,7 +71,7 @@ def _fmt(st: tuple[float, float] | None, sci: bool = False) -> str:
 def row_metric(exp: dict, scale: str, spec: dict) -> str:
     """The summary key a row reports: its `metrics: {scale: key}` entry, else its `metric:`, else the experiment's
     (the small ViT reports its test split; the medium and paper ViT, like ImageNet, their validation split)."""
-    return (spec.get("metrics") or {}).get(scale) or spec.get("metric") or exp["metric"]
+    return (spec.get("metrics") or {}).get(scale) or spec.get("metric") or scale_metric(exp, scale)
 
 
 def row_cells(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -> dict[str, TableCell]:
@@ -78,7 +79,7 @@ def row_cells(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) ->
     out = {}
     for row in rows_for(exp, scale):
         spec = exp["rows"][row]
-        sub = {**exp, "metric": row_metric(exp, scale, spec), "rows": {row: spec},
+        sub = {**exp, "metric": row_metric(exp, scale, spec), "metric_at": {}, "rows": {row: spec},
                "scales": {scale: {"seeds": seeds}}}
         (cell,) = collect(sub, scale, runs_root, seeds).values()
         out[row] = cell

@@ -93,18 +93,25 @@ class TableCell:
         return s + (f", missing seeds {self.missing}" if self.missing else "")
 
 
+def scale_metric(exp: dict, scale: str) -> str:
+    """The summary key a table reports at `scale`: its `metric_at: {<scale>: key}` entry, else its `metric` (the small
+    tables with an lr grid report their test split; validation picks the lr)."""
+    return (exp.get("metric_at") or {}).get(scale) or exp["metric"]
+
+
 def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None) -> dict[tuple, TableCell]:
     seeds = list(seeds if seeds is not None else exp["scales"][scale]["seeds"])
+    metric = scale_metric(exp, scale)
     cells = {}
     for row in rows_for(exp, scale):
         for method in methods_for(exp, row):
             cell = TableCell(row, method, seeds)
             for seed in seeds:
                 s = RunRecord.of(runs_root, RunId(exp["table"], row, method, scale, seed), exp.get("variants")).summary
-                if s is None or exp["metric"] not in s["metrics"]:
+                if s is None or metric not in s["metrics"]:
                     cell.missing.append(seed)
                     continue
-                cell.values.append(multiplier(exp) * float(s["metrics"][exp["metric"]]))
+                cell.values.append(multiplier(exp) * float(s["metrics"][metric]))
                 cell.steps.append(int(s["steps"]))
                 cell.wall.append(float(s["wall_time_s"]))
                 cell.summaries.append(s)

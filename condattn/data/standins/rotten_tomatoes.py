@@ -49,9 +49,12 @@ def split_groups(groups: Iterable[str], fractions: Mapping[str, float], seed: in
     return out
 
 
-def stand_in_splits(seed: int, val_fraction: float) -> tuple[dict[str, tuple[list, list]], Path]:
+def stand_in_splits(seed: int, val_fraction: float,
+                    test_fraction: float = 0.0) -> tuple[dict[str, tuple[list, list]], Path]:
+    """{split: (texts, labels)} by movie: train, val and, with `test_fraction`, a test split of other movies."""
     texts, labels, movies, path = rotten_tomatoes()
-    parts = split_groups(movies, {"train": 1.0 - val_fraction, "val": val_fraction}, seed)
+    fractions = {"train": 1.0 - val_fraction - test_fraction, "val": val_fraction}
+    parts = split_groups(movies, {**fractions, **({"test": test_fraction} if test_fraction else {})}, seed)
     out = {}
     for split, names in parts.items():
         keep = set(names)
