@@ -34,6 +34,7 @@ from .engine.preflight import preflight_checked
 from .engine.signals import StopFlag
 from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, ConfigError, RunSpec, active_job, compose_cell, launcher_problems
 from .reporting import load_experiment
+from .reporting.protocol import pick_key
 from .reporting.tables import methods_for, renderer_for, rows_for
 from .runs import RunId, RunRecord
 
@@ -232,7 +233,8 @@ class Plan:
 
     @property
     def waiting(self) -> list[str]:
-        """The rows whose lr grid has no pick yet: their other seeds are not planned."""
+        """The rows (`pick_key`s: "<row>/<method>" where a row trains several) whose lr grid has no pick yet: their
+        other seeds are not planned."""
         return [row for row, p in self.picks.items() if p.pick is None]
 
     def cost(self, specs: list[RunSpec]) -> list[str]:
@@ -317,7 +319,7 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
             row_cells, pick = _grid_row(comp, group, grid, extra, exp, scale, read_records, shown)
             planned += row_cells
             if pick is not None:
-                picks[group[0].row] = pick
+                picks[pick_key(exp, group[0].row, group[0].method)] = pick
             continue
         for part in group:
             spec, shown[part.name] = _named(comp, part, list(extra), renamed)
@@ -389,12 +391,18 @@ def problems(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> tuple[d
 
 
 def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
-    """Skip finished cells and cells whose SLURM job is still queued or running; on a job array, fine-tuning cells
-    wait for their pretraining run (a job array has no order)."""
+    """Skip finished cells and cells whose SLURM job is still queued or running; link a cell not started yet to a
+    finished run of its science config under another name (engine/twins.py) instead of training it; on a job array,
+    fine-tuning cells wait for their pretraining run (a job array has no order)."""
+    from .engine.twins import TwinIndex, link
+
     out = Todo()
     by_name = {c.name: c for c in p.cells}
+    twins: dict[Path, TwinIndex] = {}
     n = len(specs)
     for i, c in enumerate(specs, 1):
+        if args.force and c.run_dir.is_symlink():  # a reused twin: train this cell in its own dir, the twin stays
+            c.run_dir.unlink()
         status = RunRecord(c.run_dir).status
         first_stage = needs(p.exp, c.name, args.scale)
         if first_stage and c.cfg.launcher.name in SUBMITIT_LAUNCHERS and \
@@ -410,6 +418,15 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
         if status == "finished":
             print(f"[reproduce] {i}/{n} {c.name}: finished earlier, skipped")
             continue
+        if not c.run_dir.exists() and not getattr(args, "no_reuse", False):
+            index = twins.setdefault(c.run_dir.parent, TwinIndex(c.run_dir.parent))
+            if (twin := index.find(c.cfg, c.run_dir)) is not None:
+                if not args.dry_run:
+                    link(c.run_dir, twin)
+                print(f"[reproduce] {i}/{n} {c.name}: the same science config finished as {twin.name}; "
+                      f"{'would reuse' if args.dry_run else 'reused (linked)'} it, not trained again (--no-reuse: "
+                      "train it anyway)")
+                continue
         if status == "corrupt":
             print(f"[reproduce] {i}/{n} {c.name}: summary.json is unreadable (corrupt or half-written); "
                   "treating the cell as unfinished")
@@ -561,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true",
                    help="validate every cell and print the jobs (and the exact sbatch script) without running")
     p.add_argument("--force", action="store_true", help="rerun finished cells from scratch")
+    p.add_argument("--no-reuse", action="store_true", help="train every cell in its own run dir, even when a finished "
+                   "run of another table has the same science config (by default it is linked and reused)")
     p.add_argument("--report-only", action="store_true", help="only rebuild the table from existing runs")
     p.add_argument("--status", action="store_true", help="list each cell as queued, running, failed or finished (run "
                    "records, and squeue/sacct for SLURM jobs); trains nothing")

@@ -87,6 +87,18 @@ def test_stand_in_items_and_split_by_movie(tmp_path, tokenizer):
     assert set(torch.stack([b.train[i]["labels"] for i in range(200)]).tolist()) == {0, 1}
 
 
+@pytest.mark.slow
+def test_stand_in_test_fraction_holds_out_other_movies(tmp_path, tokenizer):
+    from condattn.data.standins.rotten_tomatoes import stand_in_splits
+
+    parts, _ = stand_in_splits(0, 0.1, 0.1)
+    assert sorted(parts) == ["test", "train", "val"] and all(len(parts[k][0]) > 1000 for k in ("val", "test"))
+    assert parts["val"][0][:3] != parts["test"][0][:3]
+    b = build_datasets(glue_cfg(tmp_path, tokenizer, "data.test_fraction=0.1", "data.max_val_samples=null"))
+    assert b.test is not None and len(b.test) == len(parts["test"][0]) and b.info["splits"]["test"] == "held-out movies"
+    assert b.info["sizes"]["test"] == len(b.test)
+
+
 def _glue_rows(n: int, pair: tuple[str, str], regression: bool = False, classes: int = 2) -> dict:
     a = [f"the movie number {i} was good" for i in range(n)]
     b = [f"is it a question {i} ?" for i in range(n)]

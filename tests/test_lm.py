@@ -184,6 +184,26 @@ def test_data_builder_offline_stand_in(tmp_path):
     assert reseeded.info["tokens"]["val"] != info["tokens"]["val"]
 
 
+@pytest.mark.slow
+def test_stand_in_test_fraction_holds_out_other_speeches_and_keeps_validation(tmp_path):
+    plain = build_datasets(smoke_cfg(tmp_path, "data.val_max_blocks=null"))
+    held = build_datasets(smoke_cfg(tmp_path, "data.val_max_blocks=null", "data.test_fraction=0.1"))
+    docs = held.info["docs"]
+    assert docs["val"] == 19 and docs["test"] == 17 and docs["train"] == 189 - 19 - 17  # ceil(0.1 · 170) others
+    assert held.info["tokens"]["val"] == plain.info["tokens"]["val"] and held.checksum == plain.checksum
+    assert held.test is not None and held.info["blocks"]["test"] == len(held.test) > 0
+    assert "test: seeded 0.1 of the others" in held.info["val_split"]
+    with pytest.raises(ValueError, match="data.test_fraction=0.1 is for the offline stand-in only"):
+        build_datasets(compose(["task=lm_tinystories", "scale=paper", f"paths.cache={tmp_path / 'c'}",
+                                f"data.root={_layout(tmp_path / 'ts')}", "data.tokenizer=null",
+                                "data.test_fraction=0.1", "data.vocab_size=300", "data.tokenizer_if_missing=train"]))
+
+
+def _layout(root: Path) -> Path:
+    _write_layout(root, "text")
+    return root
+
+
 def _write_layout(root: Path, kind: str) -> None:
     stories = [f"Once upon a time there was a {w} who liked to {v}." for w in ("cat", "dog", "girl", "boy", "bird")
                for v in ("run", "sing", "play", "read")]

@@ -256,3 +256,36 @@ def test_a_pick_at_an_end_of_the_grid_is_marked():
     assert lr_text(exp(0.5), "r") == "×0.5 (5e-04, grid edge)"
     assert lr_text(exp(2.0), "r") == "×2 (2e-03, grid edge)"
     assert lr_text(exp(1.0), "r") == "×1 (1e-03)"
+
+
+def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_reports_metric_at(tmp_path):
+    """Tables 1/3/4/5 at small: each method of a row has its own pick ("<row>/<method>"), the held-out metric of
+    `metric_at` is what the table reports, and the protocol block names Δ, lr, MDE and steps-to-target."""
+    from condattn.reporting.protocol import pick_key
+    from condattn.reporting.tables import scale_metric, write_table
+
+    exp = load_experiment(REPO / "experiments" / "table4_lra.yaml")
+    exp["rows"] = {"listops": exp["rows"]["listops"]}
+    exp["methods"] = ["none", "spectral"]
+    exp["scales"]["small"] = {"seeds": [0, 1, 2], "rows": ["listops"], "lr_grid": [0.5, 1, 2]}
+    exp["metric_at"] = {"small": "final_test_acc"}
+    assert scale_metric(exp, "small") == "final_test_acc" and scale_metric(exp, "smoke") == "test_acc"
+    assert selection_key(exp, "listops", "small") == "final_val_acc"
+    assert pick_key(exp, "listops", "spectral") == "listops/spectral"
+    assert pick_key(grid_exp(), "vit_sca10", "spectral") == "vit_sca10"  # a reading: its row is its method
+    exp["lr_picks"] = {f"listops/{m}": {"key": "final_val_acc", "base_lr": 1e-3, "lrs": {0.5: 5e-4, 1.0: 1e-3,
+                                                                                       2.0: 2e-3},
+                                        "scores": {0.5: 0.5, 1.0: 0.6, 2.0: 0.7}, "pick": p, "lr": 1e-3 * p}
+                       for m, p in (("none", 1.0), ("spectral", 2.0))}
+    runs = tmp_path / "runs" / "small"
+    for method, better in (("none", 0.0), ("spectral", 0.1)):
+        for seed in range(3):
+            spec = type("S", (), {"run_dir": runs / f"table4_lra_listops_{method}_small_s{seed}"})
+            curve = [(s, min(0.3 + 0.01 * seed + better, s / 400)) for s in range(0, 401, 100)]
+            finish(spec, {"final_test_acc": curve[-1][1] + 0.05, "test_acc": 0.0}, curve, steps=400)
+    _, md = write_table(exp, "small", tmp_path / "runs", tmp_path / "results", [0, 1, 2])
+    assert "mean ± std over seeds of final_test_acc × 100" in md
+    assert "| listops | baseline | 36.00 ± 1.00 (n=3) | (baseline) | ×1 (1e-03) | 3.04 | 200 |" in md
+    assert "| listops | SCA | 46.00 ± 1.00 (n=3) | +10.00 [" in md and "| ×2 (2e-03, grid edge) | 3.04 | 200 |" in md
+    assert "listops: Baseline convergence:" in md and "listops: Plateau: the baseline reaches" in md
+    assert "Methods better than their row's baseline beyond the 95% interval: listops SCA (+10.00" in md

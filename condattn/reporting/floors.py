@@ -13,8 +13,9 @@ refitted on all of it.
 - text (LRA Text / Retrieval bytes decoded to text; the GLUE stand-in's WordPiece ids as words): tf-idf (uni- and
   bigrams) logistic regression; Retrieval on [u, v, u·v, |u − v|, cos(u, v)] of the two documents' tf-idf vectors;
 - ListOps: logistic regression on standardised token counts (bag of tokens);
-- LM: an interpolated Kneser-Ney trigram (discount 0.75) over the training tokens, its validation loss in nats per
-  token on the predictions the LM task counts (each block on its own: token t + 1 from tokens ≤ t of its block).
+- LM: an interpolated Kneser-Ney trigram (discount 0.75) over the training tokens, its loss in nats per token on the
+  held-out split (validation, or test for a test metric), on the predictions the LM task counts (each block on its
+  own: token t + 1 from tokens ≤ t of its block).
 
 The GLUE stand-in's inputs are encoded with the tokenizer its pretraining run's data builder trains (table 3's
 `pretrain:` cell, built here the same way). Results are cached as JSON in `results/<scale>/floors/<table>.json`,
@@ -275,11 +276,13 @@ def compute(cfg: Any, bundle, metric: str) -> list[dict]:
     split = "test" if metric.startswith(("test_", "final_test_")) else "val"
     builder = str(cfg.data.builder)
     if builder == "lm_text":
+        if split == "test" and bundle.test is None:
+            raise ValueError(f"metric {metric} reads the test split but the LM data has none (data.test_fraction)")
         train = np.asarray(bundle.train.tokens[: len(bundle.train) * bundle.train.seq_len], dtype=np.int64)
-        val = stack(bundle.val)
-        blocks = [row[m > 0] for row, m in zip(val["input_ids"], val["attention_mask"])]
+        held = stack(bundle.test if split == "test" else bundle.val)
+        blocks = [row[m > 0] for row, m in zip(held["input_ids"], held["attention_mask"])]
         (loss, n), s = _timed(lambda: kneser_ney_loss(train, blocks, int(cfg.data.vocab_size)))
-        return [_floor("Kneser-Ney trigram (interpolated, D = 0.75)", loss, "val", s, predictions=n,
+        return [_floor("Kneser-Ney trigram (interpolated, D = 0.75)", loss, split, s, predictions=n,
                        unit="nats per token")]
     if builder == "mlm_text":
         raise ValueError("no floor for the MLM pretraining data (table 3 reports the GLUE fine-tuning score)")

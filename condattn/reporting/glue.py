@@ -10,7 +10,16 @@ import statistics
 from pathlib import Path
 
 from ..runs import RunId, RunRecord
-from .tables import METHOD_LABELS, collect, plot_curves, provenance_line, rows_for, save_outputs
+from .tables import (
+    METHOD_LABELS,
+    collect,
+    plot_curves,
+    protocol_lines,
+    provenance_line,
+    rows_for,
+    save_outputs,
+    scale_metric,
+)
 
 SECOND = {"mnli": ("mnli_mm", "final_test_score", "MNLI-mm")}  # a row whose runs also report a second dev split
 
@@ -58,8 +67,10 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
         if vals:
             lines.append(f"| {label} | " + " | ".join("–" if v is None else f"{v:.1f}" for v in vals) + " |")
 
-    lines += ["", f"## Ours: median over fine-tuning seeds of the dev score × 100 ({exp['metric']}; MNLI-mm: "
-              "final_test_score), n = finished seeds", "",
+    metric = scale_metric(exp, scale)
+    split = ("the held-out test score" if metric.startswith(("final_test_", "test_")) else "the dev score")
+    lines += ["", f"## Ours: median over fine-tuning seeds of {split} × 100 ({metric}"
+              f"{'; MNLI-mm: final_test_score' if 'mnli' in rows_for(exp, scale) else ''}), n = finished seeds", "",
               "| method | " + " | ".join(label for _, label, _ in cols) + " | average |",
               "|---|" + "---|" * (len(cols) + 1)]
     csv_rows = []
@@ -82,6 +93,7 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
                   "| method | run | steps | tokens/s | budget | final MLM val loss | training time |",
                   "|---|---|---|---|---|---|---|"]
         lines += [_pretrain_line(exp, scale, runs_root, m) for m in methods]
+    lines += protocol_lines(exp, scale, {k: v for k, v in cells.items() if k[0] != "pretrain"}, METHOD_LABELS, 1)
     note = (exp.get("notes") or {}).get(scale)
     lines += ["", *([f"Note ({scale}): {note.strip()}", ""] if note else []), provenance_line(exp, scale, cells)]
     return save_outputs(exp, scale, results_root, "\n".join(lines) + "\n", csv_rows,

@@ -21,9 +21,16 @@ def curve(summary: dict, key: str, multiplier: float = 1.0, split: str = "val") 
     return [(int(r["step"]), multiplier * float(r[key])) for r in rows if r.get(key) is not None]
 
 
+def pick_key(exp: dict, row: str, method: str) -> str:
+    """The key of a cell group's lr pick in `exp["lr_picks"]`: the row, when it trains one method (table 9's readings),
+    else "<row>/<method>" (tables 1, 3, 4, 5: each method of a row picks its own lr)."""
+    own = exp["rows"][row].get("method")
+    return row if own is not None or len(exp["methods"]) == 1 else f"{row}/{method}"
+
+
 def lr_text(exp: dict, row: str) -> str:
-    """The row's lr as picked: "×1 (1e-03)", "×2 (2e-03, grid edge)" (the pick is an end of the grid, so the best lr
-    may lie beyond it), "1e-03 (grid unfinished)", or "–" without a grid."""
+    """The lr of the pick named `row` (a `pick_key`) as picked: "×1 (1e-03)", "×2 (2e-03, grid edge)" (the pick is
+    an end of the grid, so the best lr may lie beyond it), "1e-03 (grid unfinished)", or "–" without a grid."""
     p = (exp.get("lr_picks") or {}).get(row)
     if not p:
         return "–"
@@ -35,7 +42,8 @@ def lr_text(exp: dict, row: str) -> str:
 
 
 def grid_text(exp: dict, row: str) -> str:
-    """"×0.5: 51.0, ×1: 55.2, ×2: failed" — each grid value's validation score (None: not finished), for the CSV."""
+    """"×0.5: 51.0, ×1: 55.2, ×2: failed" — each grid value's validation score in the pick named `row` (a
+    `pick_key`; pending: not finished), for the CSV."""
     p = (exp.get("lr_picks") or {}).get(row)
     if not p:
         return ""
@@ -115,7 +123,7 @@ def plateau_text(steps: list[int | None], total: int) -> str:
         return ""
     return (f"Plateau: the baseline reaches its final validation level by step {med:g} of {total} (median over seeds), "
             "in the first half of training: its convergence figure reads an early plateau, so this task's readings "
-            "compare methods on that plateau rather than on a learned task (its floors are above).")
+            "compare methods on that plateau rather than on a learned task (the table prints its floors).")
 
 
 def mde_text(base_values: list[float], n: int) -> tuple[str, float | None]:
@@ -133,3 +141,4 @@ FOOTER = ("Protocol: each row's peak lr is picked from the scale's lr grid (mult
           "smaller than the MDE is missed more often than 1 time in 5. Steps to target: the first evaluated step at "
           "which a run's validation metric reaches the baseline's final mean validation metric, median over seeds "
           "('> N': the median run never reached it by its last evaluation N).")
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -10,9 +11,11 @@ from pathlib import Path
 
 import yaml
 
+from ..engine.twins import made_elsewhere
 from ..runs import RunId, RunRecord
 from .floors import floor_table
 from .notes import table_notes, tokenizer_notes
+from .protocol import FOOTER, Target, baseline_target, lr_text, mde_text, pick_key, plateau_text, steps_column
 from .stats import diff_ci, mean_std
 
 METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET",
@@ -146,10 +149,13 @@ def provenance_line(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> str
                 "values; the papers' numbers are shown for orientation)")
     else:
         data = "the papers' datasets"
+    shared = "".join(f", {n} of them made for {t} (the same science config, reused: engine/twins.py)"
+                     for t, n in sorted(made_elsewhere(sums, exp["table"]).items()))
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"Ours: scale={scale}, {data}, seeds {seeds}, commit {', '.join(commits)}, hardware {', '.join(hardware)}, "
-        f"torch threads {', '.join(threads)}, {len(sums)} finished runs{device_hours(sums)}{validation(cells)}; "
+        f"torch threads {', '.join(threads)}, {len(sums)} finished runs{shared}{device_hours(sums)}"
+        f"{validation(cells)}; "
         f"written {when}."
     )
 
@@ -198,7 +204,8 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> tuple[str, l
     head = ["row", *paper_columns(exp).values()]
     head += [f"ours: {METHOD_LABELS.get(m, m)}" for m in methods] + ["steps", "wall time / run"]
     lines = table_start(exp, f"Papers' numbers ({exp.get('paper_provenance', 'see experiments yaml')}) beside ours "
-                             f"(mean ± std over seeds of {exp['metric']}{_times(exp)}).{_direction(exp)}", head)
+                             f"(mean ± std over seeds of {scale_metric(exp, scale)}{_times(exp)})."
+                             f"{_direction(exp)}", head)
     csv_rows = []
     base = methods[0]  # the baseline column: CIs of every other method's difference to it
     for row in rows_for(exp, scale):
@@ -215,7 +222,7 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> tuple[str, l
             ci = diff_ci(cells[(row, base)].values, c.values) if c.method != base else None
             csv_rows.append({
                 "table": exp["table"], "row": row, "method": c.method, "label": METHOD_LABELS.get(c.method, c.method),
-                "scale": scale, "metric": exp["metric"], "n": len(c.values),
+                "scale": scale, "metric": scale_metric(exp, scale), "n": len(c.values),
                 "mean": f"{ms[0]:.4f}" if ms else "",
                 "std": f"{ms[1]:.4f}" if len(c.values) > 1 else "",
                 "values": " ".join(f"{v:.4f}" for v in c.values), "missing_seeds": " ".join(map(str, c.missing)),
@@ -227,10 +234,63 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> tuple[str, l
                 "diff_ci95_low": f"{ci.low:.4f}" if ci else "",
                 "diff_ci95_high": f"{ci.high:.4f}" if ci else "",
                 "ci_method": ci.method if ci else "",
+                "lr": lr_text(exp, pick_key(exp, row, c.method)),
             })
+    lines += protocol_lines(exp, scale, cells, METHOD_LABELS)
     lines += tokenizer_notes([s for c in cells.values() for s in c.summaries])
     lines += ["", provenance_line(exp, scale, cells)]
     return "\n".join(lines) + "\n", csv_rows
+
+
+def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], digits: int = 2) -> list[str]:
+    """The fair protocol's block under a table whose scale has an lr grid (tables 1, 3, 4, 5 at small): per row, one
+    line per method with its held-out metric (mean ± std), Δ to the row's baseline (the first method) with its 95%
+    interval, the lr it picked, the MDE and steps-to-target; then the baseline's convergence figure (and the plateau
+    line), a verdict and the protocol's footer. `cells`: {(row, method): TableCell}; [] without an lr grid."""
+    if not (exp["scales"].get(scale) or {}).get("lr_grid"):
+        return []
+    key = (exp.get("curve") or {}).get("key", "acc")
+    higher = bool(exp.get("higher_is_better", True))
+    mult = multiplier(exp)
+    head = ["row", "method", f"{scale_metric(exp, scale)} (mean ± std)", "Δ vs baseline [95% CI]", "lr (pick)",
+            "MDE (80% power)", "steps to baseline's final val"]
+    lines = ["", f"**The fair protocol** (each method picks its lr; {'higher' if higher else 'lower'} is better)", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes, winners = [], []
+    for row in rows_for(exp, scale):
+        methods = [m for (r, m) in cells if r == row]
+        if not methods:
+            continue
+        base = cells[(row, methods[0])]
+        target = baseline_target(base.summaries, key, mult, higher)
+        if mult != 100:  # a loss, not a percentage: "0.5 points" does not apply, the loss-fall criterion decides
+            target = Target(target.value, None, target.loss_fall)
+        for m in methods:
+            c = cells[(row, m)]
+            ci = diff_ci(base.values, c.values) if m != methods[0] else None
+            if ci is not None and (ci.low > 0 if higher else ci.high < 0):
+                winners.append(f"{row} {labels.get(m, m)} ({ci.text(digits)})")
+            n = min(len(c.values), len(base.values))
+            steps = steps_column(c.summaries, target.value, key, mult, higher)
+            vals = c.values
+            ms = (f"{statistics.fmean(vals):.{digits}f} ± {statistics.stdev(vals) if len(vals) > 1 else 0:.{digits}f}"
+                  f" (n={len(vals)})") if vals else "missing"
+            delta = "(baseline)" if m == methods[0] else (ci.text(digits) if ci else "–")
+            lr = lr_text(exp, pick_key(exp, row, m))
+            lines.append(f"| {row} | {labels.get(m, m)} | {ms} | {delta} | {lr} | "
+                         f"{mde_text(base.values, n)[0]} | {steps[0]} |")
+            if m == methods[0]:
+                base_steps = steps[1]
+        notes += [f"{row}: {target.text()}"]
+        total = max((int(s.get("steps") or 0) for s in base.summaries), default=0)
+        if plateau := plateau_text(base_steps, total):
+            notes.append(f"{row}: {plateau}")
+    n_seeds = max((len(c.values) for c in cells.values()), default=0)
+    verdict = ("With fewer than 2 seeds per method there is no interval: the table cannot say which method is better."
+               if n_seeds < 2 else
+               ("Methods better than their row's baseline beyond the 95% interval: " + "; ".join(winners) + ".")
+               if winners else "No method is better than its row's baseline beyond the 95% interval.")
+    return [*lines, "", *[x for n in notes for x in (n, "")], verdict, "", FOOTER]
 
 
 def plot_curves(exp: dict, scale: str, cells: dict[tuple, TableCell], out: Path) -> Path | None:
