@@ -267,10 +267,12 @@ def _named(comp: _Composer, part: Part, tail: list[str], renamed: dict[str, str]
 
 
 def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list[str], exp: dict, scale: str,
-              read_records: bool, shown: dict[str, str]) -> tuple[list[tuple[Part, RunSpec]], LrPick | None]:
+              read_records: bool, shown: dict[str, str],
+              renamed: dict[str, str]) -> tuple[list[tuple[Part, RunSpec]], LrPick | None]:
     """One row's cells under an lr grid: stage 1 (its first seed at every multiplier) and, once stage 1 has picked,
     stage 2 (its other seeds at the pick; the first seed's run at the pick is that seed's). Adds the variants of the
-    runs the table shows (at the pick, at ×1 until there is one) to `shown`."""
+    runs the table shows (at the pick, at ×1 until there is one) to `shown`. `renamed`: the pretraining runs' variant
+    names, which the cells' model.init_from follows (table 3)."""
     first = group[0]
     try:
         base_lr = float(comp.base([*first.own, *extra]).optim.lr)
@@ -281,7 +283,8 @@ def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list
     out: list[tuple[Part, RunSpec]] = []
     stage1: dict[float, str] = {}
     for m in grid:  # ×1 is the row's own cell: no lr override, its usual name
-        spec, stage1[m] = _named(comp, first, [*([] if m == 1 else [lr_override(base_lr * m)]), *extra], {})
+        spec, stage1[m] = _named(comp, first, [*([] if m == 1 else [lr_override(base_lr * m)]), *extra],
+                                 dict(renamed))
         if spec is not None:
             out.append((first, spec))
             pick.scores[m] = grid_score(RunRecord(spec.run_dir), pick.key) if read_records else None
@@ -289,7 +292,7 @@ def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list
     if len(out) == len(grid) and pick.choose(higher) is not None:
         lr_tail = [] if pick.pick == 1 else [lr_override(base_lr * pick.pick)]
         for part in group[1:]:
-            spec, v = _named(comp, part, [*lr_tail, *extra], {})
+            spec, v = _named(comp, part, [*lr_tail, *extra], dict(renamed))
             if spec is not None:
                 out.append((part, spec))
                 shown[part.name] = v
@@ -316,7 +319,7 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
         groups.setdefault((p.name,) if p.pretrain else (p.row, p.method), []).append(p)
     for group in groups.values():
         if grid and not group[0].pretrain:
-            row_cells, pick = _grid_row(comp, group, grid, extra, exp, scale, read_records, shown)
+            row_cells, pick = _grid_row(comp, group, grid, extra, exp, scale, read_records, shown, renamed)
             planned += row_cells
             if pick is not None:
                 picks[pick_key(exp, group[0].row, group[0].method)] = pick

@@ -62,6 +62,7 @@ class ShiftedImages(Dataset):
 
     def __init__(self, items: Sequence, transform: Callable, num_classes: int, shift_px: int, fill: torch.Tensor):
         self.num_classes, self.k, self.fill = num_classes, int(shift_px), fill.view(-1, 1, 1)
+        self.items = items  # the raw split (the floors fit their classical models on its pixels)
         pairs = [items[i] for i in range(len(items))]
         self.x = torch.stack([transform(img) for img, _ in pairs])
         self.y = torch.tensor([int(label) for _, label in pairs], dtype=torch.long)
