@@ -224,8 +224,11 @@ class RunRecord:
         return None
 
     def tokenizer_file(self) -> Path | None:
-        """The tokenizer.json of the run's data: the data cache its summary names (text builders cache it there),
-        else the `data.tokenizer` of its config.yaml; None when neither names one."""
+        """The tokenizer.json of the run's data: the run's own copy (engine/setup.py keep_tokenizer), else the data
+        cache its summary names (text builders cache it there), else the `data.tokenizer` of its config.yaml; None
+        when none names one."""
+        if (self.dir / TOKENIZER).is_file():
+            return self.dir / TOKENIZER
         cache = ((self.read_summary() or {}).get("data") or {}).get("cache")
         if cache and (Path(cache) / TOKENIZER).is_file():
             return Path(cache) / TOKENIZER

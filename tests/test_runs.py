@@ -200,6 +200,15 @@ def test_tokenizer_file_of_a_pretraining_run(tmp_path):
     assert record.tokenizer_file() == Path("tok/tokenizer.json")  # the cache holds no tokenizer yet
     write(cache / "tokenizer.json", "{}")
     assert record.tokenizer_file() == cache / "tokenizer.json"  # the data cache named by the summary comes first
+    from condattn.engine.setup import keep_tokenizer
+
+    keep_tokenizer({"cache": str(cache)}, run)  # what the trainer does at the start of a run
+    write(cache / "tokenizer.json", '{"retrained": 1}')  # the cache cleared and rebuilt: other ids
+    assert record.tokenizer_file() == run / "tokenizer.json" and (run / "tokenizer.json").read_text() == "{}"
+    keep_tokenizer({"cache": str(cache)}, run)  # a resumed run keeps its first copy
+    assert (run / "tokenizer.json").read_text() == "{}"
+    keep_tokenizer({}, tmp_path / "other")  # a builder without a cache: nothing to keep
+    assert not (tmp_path / "other").exists()
 
 
 def test_submission_record(tmp_path):

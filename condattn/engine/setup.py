@@ -151,6 +151,18 @@ def build_components(cfg: Any, conditioning: Any, data_guard: Any = None, prepar
     return Components(data, model, report, build_task(cfg), unpatched)
 
 
+def keep_tokenizer(info: dict, run_dir: Path) -> None:
+    """Copy the data cache's tokenizer.json into the run dir (once: a resumed run keeps its first copy). A text
+    builder trains its tokenizer into the cache, and retraining it (a cleared or moved cache) need not give the same
+    ids, so a fine-tuning run reads its pretraining run's own copy (runs.RunRecord.tokenizer_file)."""
+    from ..runs import TOKENIZER
+
+    src = Path(info["cache"]) / TOKENIZER if info.get("cache") else None
+    if src is not None and src.is_file() and not (run_dir / TOKENIZER).exists():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, run_dir / TOKENIZER)
+
+
 def build_run(cfg: Any, run_dir: Path, deterministic: bool, checked: Checked | None = None) -> Run:
     """The run of `cfg`, from its one config check (`checked`: the conditioning spec and the budget; checked here when
     None)."""
@@ -160,6 +172,8 @@ def build_run(cfg: Any, run_dir: Path, deterministic: bool, checked: Checked | N
     world, rank = accelerator.num_processes, accelerator.process_index
     # rank 0 generates/caches the data files, the others then read them
     data, model, report, task = build_components(cfg, checked.conditioning, accelerator.main_process_first())
+    if accelerator.is_main_process:
+        keep_tokenizer(data.info, run_dir)
     steps = int(cfg.task.steps)
     budget = checked.budget  # wall-clock budget + batch ramp (engine/budget.py); off by default
     optimizer, scheduler = build_optimizer(model, cfg, glob, steps, progress=budget.progress,
