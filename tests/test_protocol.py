@@ -289,3 +289,19 @@ def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_report
     assert "| listops | SCA | 46.00 ± 1.00 (n=3) | +10.00 [" in md and "| ×2 (2e-03, grid edge) | 3.04 | 200 |" in md
     assert "listops: Baseline convergence:" in md and "listops: Plateau: the baseline reaches" in md
     assert "Methods better than their row's baseline beyond the 95% interval: listops SCA (+10.00" in md
+
+
+def test_floor_verdict_names_the_best_floor_and_the_gap():
+    from condattn.reporting.tables import floor_verdict
+
+    entry = {"floors": [{"label": "floor: majority class", "value": 0.10, "split": "test"},
+                        {"label": "floor: MLP", "value": 0.942, "split": "test"}]}
+    assert floor_verdict("vit", [96.0, 96.04], entry, 100, True) == (
+        "vit: the baseline (96.02) beats every floor (the best: MLP, 94.20 on test).")
+    below = floor_verdict("rt", [70.0, 72.0], {"floors": [{"label": "floor: tf-idf", "value": 0.74, "split": "test"}]},
+                          100, True, 1)
+    assert "does NOT beat its floors: the best, tf-idf, reaches 74.0 on test, a gap of 3.0" in below
+    loss = {"floors": [{"label": "floor: trigram", "value": 4.14, "split": "test"}]}
+    assert "a gap of 0.36" in floor_verdict("gpt2", [4.5], loss, 1, False)  # lower is better
+    assert "beats every floor" in floor_verdict("gpt2", [4.0], loss, 1, False)
+    assert floor_verdict("x", [], entry, 100, True) == "" and floor_verdict("x", [1.0], None, 100, True) == ""

@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 
 from ..runs import RunId, RunRecord
+from .floors import load as load_floors
 from .tables import (
     METHOD_LABELS,
     collect,
@@ -93,7 +94,8 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
                   "| method | run | steps | tokens/s | budget | final MLM val loss | training time |",
                   "|---|---|---|---|---|---|---|"]
         lines += [_pretrain_line(exp, scale, runs_root, m) for m in methods]
-    lines += protocol_lines(exp, scale, {k: v for k, v in cells.items() if k[0] != "pretrain"}, METHOD_LABELS, 1)
+    lines += protocol_lines(exp, scale, {k: v for k, v in cells.items() if k[0] != "pretrain"}, METHOD_LABELS, 1,
+                            load_floors(results_root, scale, exp["table"]))
     note = (exp.get("notes") or {}).get(scale)
     lines += ["", *([f"Note ({scale}): {note.strip()}", ""] if note else []), provenance_line(exp, scale, cells)]
     return save_outputs(exp, scale, results_root, "\n".join(lines) + "\n", csv_rows,

@@ -14,6 +14,7 @@ import yaml
 from ..engine.twins import made_elsewhere
 from ..runs import RunId, RunRecord
 from .floors import floor_table
+from .floors import load as load_floors
 from .notes import table_notes, tokenizer_notes
 from .protocol import FOOTER, Target, baseline_target, lr_text, mde_text, pick_key, plateau_text, steps_column
 from .stats import diff_ci, mean_std
@@ -198,8 +199,9 @@ def table_start(exp: dict, intro: str, head: list[str]) -> list[str]:
             "|" + "---|" * len(head)]
 
 
-def render(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> tuple[str, list[dict]]:
-    """Markdown text and CSV rows for one table at one scale."""
+def render(exp: dict, scale: str, cells: dict[tuple, TableCell],
+           floors: dict | None = None) -> tuple[str, list[dict]]:
+    """Markdown text and CSV rows for one table at one scale (`floors`: the cached floors, {row: entry})."""
     methods = exp["methods"]
     head = ["row", *paper_columns(exp).values()]
     head += [f"ours: {METHOD_LABELS.get(m, m)}" for m in methods] + ["steps", "wall time / run"]
@@ -236,17 +238,36 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> tuple[str, l
                 "ci_method": ci.method if ci else "",
                 "lr": lr_text(exp, pick_key(exp, row, c.method)),
             })
-    lines += protocol_lines(exp, scale, cells, METHOD_LABELS)
+    lines += protocol_lines(exp, scale, cells, METHOD_LABELS, floors=floors)
     lines += tokenizer_notes([s for c in cells.values() for s in c.summaries])
     lines += ["", provenance_line(exp, scale, cells)]
     return "\n".join(lines) + "\n", csv_rows
 
 
-def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], digits: int = 2) -> list[str]:
+def floor_verdict(row: str, base: list[float], entry: dict | None, mult: float, higher: bool, digits: int = 2) -> str:
+    """"<row>: the baseline (96.02) beats every floor (the best: MLP … 94.20)", or names the best floor it is below
+    and by how much; "" without floors or baseline runs."""
+    floors = (entry or {}).get("floors") or []
+    if not floors or not base:
+        return ""
+    mean = statistics.fmean(base)
+    best = (max if higher else min)(floors, key=lambda f: f["value"])
+    value = mult * float(best["value"])
+    label = best["label"].removeprefix("floor: ")
+    if (mean > value) if higher else (mean < value):
+        return (f"{row}: the baseline ({mean:.{digits}f}) beats every floor (the best: {label}, {value:.{digits}f} on "
+                f"{best['split']}).")
+    return (f"{row}: the baseline ({mean:.{digits}f}) does NOT beat its floors: the best, {label}, reaches "
+            f"{value:.{digits}f} on {best['split']}, a gap of {abs(value - mean):.{digits}f} in its favour.")
+
+
+def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], digits: int = 2,
+                   floors: dict | None = None) -> list[str]:
     """The fair protocol's block under a table whose scale has an lr grid (tables 1, 3, 4, 5 at small): per row, one
     line per method with its held-out metric (mean ± std), Δ to the row's baseline (the first method) with its 95%
     interval, the lr it picked, the MDE and steps-to-target; then the baseline's convergence figure (and the plateau
-    line), a verdict and the protocol's footer. `cells`: {(row, method): TableCell}; [] without an lr grid."""
+    line), the baseline against its floors (`floors`: {row: cached entry}), a verdict and the protocol's footer.
+    `cells`: {(row, method): TableCell}; [] without an lr grid."""
     if not (exp["scales"].get(scale) or {}).get("lr_grid"):
         return []
     key = (exp.get("curve") or {}).get("key", "acc")
@@ -282,6 +303,8 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
             if m == methods[0]:
                 base_steps = steps[1]
         notes += [f"{row}: {target.text()}"]
+        if verdict := floor_verdict(row, base.values, (floors or {}).get(row), mult, higher, digits):
+            notes.append(verdict)
         total = max((int(s.get("steps") or 0) for s in base.summaries), default=0)
         if plateau := plateau_text(base_steps, total):
             notes.append(f"{row}: {plateau}")
@@ -362,7 +385,7 @@ def save_outputs(exp: dict, scale: str, results_root: str | Path, md: str, csv_r
 def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,
                 seeds: list[int] | None = None) -> tuple[Path, str]:
     cells = collect(exp, scale, runs_root, seeds)
-    md, csv_rows = render(exp, scale, cells)
+    md, csv_rows = render(exp, scale, cells, load_floors(results_root, scale, exp["table"]))
     return save_outputs(exp, scale, results_root, md, csv_rows, lambda png: plot_curves(exp, scale, cells, png),
                         "validation curves")
 
