@@ -34,6 +34,7 @@ from .engine.preflight import preflight_checked
 from .engine.signals import StopFlag
 from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, ConfigError, RunSpec, active_job, compose_cell, launcher_problems
 from .reporting import load_experiment
+from .reporting.metric import row_metric
 from .reporting.protocol import pick_key
 from .reporting.tables import methods_for, renderer_for, rows_for
 from .runs import RunId, RunRecord
@@ -131,11 +132,10 @@ def selection_key(exp: dict, row: str, scale: str | None = None) -> str:
     """The validation metric a row's lr grid picks by, never a test metric: the row's (or the experiment's)
     `select_metric`, else the validation twin of the row's metric: test_<k> (scored at the best validation
     checkpoint, LRA) -> val_<k> (the best validation value), final_test_<k> -> final_val_<k>, and a validation
-    metric (final_val_<k>: ViT's final validation top-1) itself. The row's metric at `scale` is its
-    `metrics: {<scale>: key}` entry when it has one (readings.row_metric)."""
+    metric (final_val_<k>: ViT's final validation top-1) itself. The row's metric at `scale` is the one its table
+    reports (reporting/metric.py row_metric)."""
     spec = exp["rows"][row]
-    metric = ((spec.get("metrics") or {}).get(scale) or spec.get("metric")
-              or (exp.get("metric_at") or {}).get(scale) or exp["metric"])
+    metric = row_metric(exp, scale, row)
     key = spec.get("select_metric", exp.get("select_metric"))
     if key is None:
         for test, val in (("final_test_", "final_val_"), ("test_", "val_")):
@@ -404,7 +404,9 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
     twins: dict[Path, TwinIndex] = {}
     n = len(specs)
     for i, c in enumerate(specs, 1):
-        if args.force and c.run_dir.is_symlink():  # a reused twin: train this cell in its own dir, the twin stays
+        # a reused twin (a link) is only ever read: under --force, or when its run is no longer finished (the owner
+        # retrained or removed it), the link goes and this cell trains in its own dir; the twin is never touched
+        if c.run_dir.is_symlink() and (args.force or not RunRecord(c.run_dir).finished) and not args.dry_run:
             c.run_dir.unlink()
         status = RunRecord(c.run_dir).status
         first_stage = needs(p.exp, c.name, args.scale)
@@ -421,7 +423,7 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
         if status == "finished":
             print(f"[reproduce] {i}/{n} {c.name}: finished earlier, skipped")
             continue
-        if not c.run_dir.exists() and not getattr(args, "no_reuse", False):
+        if not c.run_dir.is_symlink() and not c.run_dir.exists() and not getattr(args, "no_reuse", False):
             index = twins.setdefault(c.run_dir.parent, TwinIndex(c.run_dir.parent))
             if (twin := index.find(c.cfg, c.run_dir)) is not None:
                 if not args.dry_run:

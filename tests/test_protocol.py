@@ -261,15 +261,16 @@ def test_a_pick_at_an_end_of_the_grid_is_marked():
 def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_reports_metric_at(tmp_path):
     """Tables 1/3/4/5 at small: each method of a row has its own pick ("<row>/<method>"), the held-out metric of
     `metric_at` is what the table reports, and the protocol block names Δ, lr, MDE and steps-to-target."""
+    from condattn.reporting.metric import row_metric
     from condattn.reporting.protocol import pick_key
-    from condattn.reporting.tables import scale_metric, write_table
+    from condattn.reporting.tables import write_table
 
     exp = load_experiment(REPO / "experiments" / "table4_lra.yaml")
     exp["rows"] = {"listops": exp["rows"]["listops"]}
     exp["methods"] = ["none", "spectral"]
     exp["scales"]["small"] = {"seeds": [0, 1, 2], "rows": ["listops"], "lr_grid": [0.5, 1, 2]}
     exp["metric_at"] = {"small": "final_test_acc"}
-    assert scale_metric(exp, "small") == "final_test_acc" and scale_metric(exp, "smoke") == "test_acc"
+    assert row_metric(exp, "small", "listops") == "final_test_acc" and row_metric(exp, "smoke") == "test_acc"
     assert selection_key(exp, "listops", "small") == "final_val_acc"
     assert pick_key(exp, "listops", "spectral") == "listops/spectral"
     assert pick_key(grid_exp(), "vit_sca10", "spectral") == "vit_sca10"  # a reading: its row is its method

@@ -336,7 +336,8 @@ def test_saturated_sca_shows_input_independent_features_and_no_embedding_gradien
 
 def test_table9_renderer_from_run_summaries(tmp_path):
     from condattn.reporting import load_experiment
-    from condattn.reporting.readings import row_metric, write_table
+    from condattn.reporting.metric import row_metric
+    from condattn.reporting.readings import write_table
     from condattn.reporting.tables import methods_for
 
     exp = load_experiment(Path(__file__).resolve().parents[1] / "experiments" / "table9_readings.yaml")
@@ -345,7 +346,7 @@ def test_table9_renderer_from_run_summaries(tmp_path):
     runs = tmp_path / "runs"
     for row, spec in exp["rows"].items():
         (method,) = methods_for(exp, row)
-        metric = row_metric(exp, "small", spec)  # the small ViT rows report their test split
+        metric = row_metric(exp, "small", row)  # the small ViT rows report their test split
         assert metric == ("final_test_acc" if spec["task"] == "vit" else "test_acc")
         for seed in (0, 1, 2):
             if row == "vit_cet_norm" and seed == 2:

@@ -80,8 +80,23 @@ def test_reproduce_reuses_another_tables_run_and_force_trains_its_own(tmp_path, 
     md = (tmp_path / "results" / "smoke" / "table4_copy.md").read_text()
     assert "1 of them made for table4_lra (the same science config, reused" in md
 
+    assert main([str(copy), *args, "--force", "--dry-run"]) == 0 and mine.is_symlink()  # a dry run changes nothing
     assert main([str(copy), *args, "--force"]) == 0
     assert not mine.is_symlink() and RunRecord(mine).finished
     assert (original / "summary.json").read_text() == before  # the twin is untouched
+
+    # the owner's run is no longer finished (retrained or removed): a link to it goes, and the cell reuses another
+    # finished run of its config (here the copy's own, trained above) or trains
+    (mine_too := runs / "table4_copy2_listops_none_smoke_s0").parent.mkdir(parents=True, exist_ok=True)
+    from condattn.engine.twins import link
+
+    link(mine_too, original)
+    (original / "summary.json").rename(original / "summary.json.bak")
+    copy2 = tmp_path / "copy2.yaml"
+    copy2.write_text(yaml.safe_dump({**exp, "table": "table4_copy2"}, sort_keys=False))
+    assert main([str(copy2), *args]) == 0
+    assert mine_too.resolve() == mine.resolve() and RunRecord(mine_too).finished
+    assert (original / "summary.json.bak").read_text() == before and not (original / "summary.json").exists()
+    capsys.readouterr()
     assert main([str(copy), *args, "--no-reuse", "task.steps=3"]) == 0  # a new config: its own run, no twin
     assert "reused (linked)" not in capsys.readouterr().out

@@ -191,8 +191,9 @@ def build(cfg: Any) -> DataBundle:
         "stand_in": gen is not None,
         "glue_task": name,
         "metric": spec.metric,
-        "splits": {"val": spec.val if gen is None else "held-out movies",
-                   **({"test": spec.test if gen is None else "held-out movies"} if test is not None else {})},
+        "splits": {"val": spec.val if gen is None else "held-out movies (data.val_fraction)",
+                   **({"test": spec.test if gen is None else "other held-out movies (data.test_fraction)"}
+                      if test is not None else {})},
         "sizes": sizes,
         "truncated": {"train": train.truncated, "val": val.truncated},
         "seq_len": int(d.seq_len),

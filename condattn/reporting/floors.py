@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..utils.io import read_json, write_json_atomic
+from .metric import row_metric
 
 VERSION = 1  # bump when a floor's definition changes (the cache then recomputes)
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
@@ -62,8 +63,7 @@ def groups(exp: dict, scale: str) -> dict[str, tuple[str, list[str]]]:
             continue
         row_scale = [o.replace("{method}", "none").replace("{scale}", scale)
                      for o in (spec.get("scales") or {}).get(scale) or []]
-        metric = ((spec.get("metrics") or {}).get(scale) or spec.get("metric")  # as the renderers
-                  or (exp.get("metric_at") or {}).get(scale) or exp["metric"])
+        metric = row_metric(exp, scale, row)  # as the renderers
         out[group] = (str(metric),
                       [*spec.get("overrides", []), *at_scale, *row_scale, "conditioning=none", f"scale={scale}",
                        "seed=0"])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..runs import RunId, RunRecord
 from .floors import load as load_floors
+from .metric import row_metric
 from .tables import (
     METHOD_LABELS,
     collect,
@@ -19,7 +20,6 @@ from .tables import (
     provenance_line,
     rows_for,
     save_outputs,
-    scale_metric,
 )
 
 SECOND = {"mnli": ("mnli_mm", "final_test_score", "MNLI-mm")}  # a row whose runs also report a second dev split
@@ -68,7 +68,7 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
         if vals:
             lines.append(f"| {label} | " + " | ".join("–" if v is None else f"{v:.1f}" for v in vals) + " |")
 
-    metric = scale_metric(exp, scale)
+    metric = row_metric(exp, scale)
     split = ("the held-out test score" if metric.startswith(("final_test_", "test_")) else "the dev score")
     lines += ["", f"## Ours: median over fine-tuning seeds of {split} × 100 ({metric}"
               f"{'; MNLI-mm: final_test_score' if 'mnli' in rows_for(exp, scale) else ''}), n = finished seeds", "",

@@ -141,4 +141,3 @@ FOOTER = ("Protocol: each row's peak lr is picked from the scale's lr grid (mult
           "smaller than the MDE is missed more often than 1 time in 5. Steps to target: the first evaluated step at "
           "which a run's validation metric reaches the baseline's final mean validation metric, median over seeds "
           "('> N': the median run never reached it by its last evaluation N).")
-

@@ -22,6 +22,7 @@ from pathlib import Path
 from . import protocol
 from .floors import SCALES as FLOOR_SCALES
 from .floors import load as load_floors
+from .metric import row_metric
 from .stats import diff_ci
 from .tables import (
     TableCell,
@@ -31,7 +32,6 @@ from .tables import (
     renderer_cli,
     rows_for,
     save_outputs,
-    scale_metric,
     table_start,
 )
 
@@ -68,18 +68,12 @@ def _fmt(st: tuple[float, float] | None, sci: bool = False) -> str:
     return f"{st[0]:.2e}" if sci else f"{st[0]:.3f}"
 
 
-def row_metric(exp: dict, scale: str, spec: dict) -> str:
-    """The summary key a row reports: its `metrics: {scale: key}` entry, else its `metric:`, else the experiment's
-    (the small ViT reports its test split; the medium and paper ViT, like ImageNet, their validation split)."""
-    return (spec.get("metrics") or {}).get(scale) or spec.get("metric") or scale_metric(exp, scale)
-
-
 def row_cells(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -> dict[str, TableCell]:
     """One TableCell per row (its method, its metric)."""
     out = {}
     for row in rows_for(exp, scale):
         spec = exp["rows"][row]
-        sub = {**exp, "metric": row_metric(exp, scale, spec), "metric_at": {}, "rows": {row: spec},
+        sub = {**exp, "rows": {row: spec},
                "scales": {scale: {"seeds": seeds}}}
         (cell,) = collect(sub, scale, runs_root, seeds).values()
         out[row] = cell
@@ -108,7 +102,7 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -
                                            higher),
             "target": target,
             "row": row, "task": spec["task"], "reading": spec.get("reading", row), "method": c.method,
-            "metric": row_metric(exp, scale, spec), "cell": c, "ci": ci, "is_baseline": row == b,
+            "metric": row_metric(exp, scale, row), "cell": c, "ci": ci, "is_baseline": row == b,
             "step0": {k: _mean([f(d) for d in d0]) for k, f in STEP0.items()},
             "extra": {k: _mean([f(d) for d in d0]) for k, f in EXTRA.items()},
         })

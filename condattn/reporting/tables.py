@@ -15,6 +15,7 @@ from ..engine.twins import made_elsewhere
 from ..runs import RunId, RunRecord
 from .floors import floor_table
 from .floors import load as load_floors
+from .metric import row_metric
 from .notes import table_notes, tokenizer_notes
 from .protocol import FOOTER, Target, baseline_target, lr_text, mde_text, pick_key, plateau_text, steps_column
 from .stats import diff_ci, mean_std
@@ -97,17 +98,11 @@ class TableCell:
         return s + (f", missing seeds {self.missing}" if self.missing else "")
 
 
-def scale_metric(exp: dict, scale: str) -> str:
-    """The summary key a table reports at `scale`: its `metric_at: {<scale>: key}` entry, else its `metric` (the small
-    tables with an lr grid report their test split; validation picks the lr)."""
-    return (exp.get("metric_at") or {}).get(scale) or exp["metric"]
-
-
 def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None) -> dict[tuple, TableCell]:
     seeds = list(seeds if seeds is not None else exp["scales"][scale]["seeds"])
-    metric = scale_metric(exp, scale)
     cells = {}
     for row in rows_for(exp, scale):
+        metric = row_metric(exp, scale, row)
         for method in methods_for(exp, row):
             cell = TableCell(row, method, seeds)
             for seed in seeds:
@@ -206,7 +201,7 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell],
     head = ["row", *paper_columns(exp).values()]
     head += [f"ours: {METHOD_LABELS.get(m, m)}" for m in methods] + ["steps", "wall time / run"]
     lines = table_start(exp, f"Papers' numbers ({exp.get('paper_provenance', 'see experiments yaml')}) beside ours "
-                             f"(mean ± std over seeds of {scale_metric(exp, scale)}{_times(exp)})."
+                             f"(mean ± std over seeds of {row_metric(exp, scale)}{_times(exp)})."
                              f"{_direction(exp)}", head)
     csv_rows = []
     base = methods[0]  # the baseline column: CIs of every other method's difference to it
@@ -224,7 +219,7 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell],
             ci = diff_ci(cells[(row, base)].values, c.values) if c.method != base else None
             csv_rows.append({
                 "table": exp["table"], "row": row, "method": c.method, "label": METHOD_LABELS.get(c.method, c.method),
-                "scale": scale, "metric": scale_metric(exp, scale), "n": len(c.values),
+                "scale": scale, "metric": row_metric(exp, scale, row), "n": len(c.values),
                 "mean": f"{ms[0]:.4f}" if ms else "",
                 "std": f"{ms[1]:.4f}" if len(c.values) > 1 else "",
                 "values": " ".join(f"{v:.4f}" for v in c.values), "missing_seeds": " ".join(map(str, c.missing)),
@@ -273,7 +268,7 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
     key = (exp.get("curve") or {}).get("key", "acc")
     higher = bool(exp.get("higher_is_better", True))
     mult = multiplier(exp)
-    head = ["row", "method", f"{scale_metric(exp, scale)} (mean ± std)", "Δ vs baseline [95% CI]", "lr (pick)",
+    head = ["row", "method", f"{row_metric(exp, scale)} (mean ± std)", "Δ vs baseline [95% CI]", "lr (pick)",
             "MDE (80% power)", "steps to baseline's final val"]
     lines = ["", f"**The fair protocol** (each method picks its lr; {'higher' if higher else 'lower'} is better)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -284,7 +279,7 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
             continue
         base = cells[(row, methods[0])]
         target = baseline_target(base.summaries, key, mult, higher)
-        if mult != 100:  # a loss, not a percentage: "0.5 points" does not apply, the loss-fall criterion decides
+        if not higher:  # a loss (table 5), not a percentage: "0.5 points" does not apply, the loss-fall criterion does
             target = Target(target.value, None, target.loss_fall)
         for m in methods:
             c = cells[(row, m)]
@@ -303,7 +298,11 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
             if m == methods[0]:
                 base_steps = steps[1]
         notes += [f"{row}: {target.text()}"]
-        if verdict := floor_verdict(row, base.values, (floors or {}).get(row), mult, higher, digits):
+        entry, metric = (floors or {}).get(row), row_metric(exp, scale, row)
+        if entry and entry.get("metric") != metric:  # cached for another metric (split): not this table's floors
+            notes.append(f"{row}: its cached floors are for {entry.get('metric')}, not {metric}: rerun `python -m "
+                         f"condattn.reporting.floors --scale {scale}`.")
+        elif verdict := floor_verdict(row, base.values, entry, mult, higher, digits):
             notes.append(verdict)
         total = max((int(s.get("steps") or 0) for s in base.summaries), default=0)
         if plateau := plateau_text(base_steps, total):

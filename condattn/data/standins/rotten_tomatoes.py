@@ -52,6 +52,9 @@ def split_groups(groups: Iterable[str], fractions: Mapping[str, float], seed: in
 def stand_in_splits(seed: int, val_fraction: float,
                     test_fraction: float = 0.0) -> tuple[dict[str, tuple[list, list]], Path]:
     """{split: (texts, labels)} by movie: train, val and, with `test_fraction`, a test split of other movies."""
+    if not (0.0 < val_fraction and 0.0 <= test_fraction and val_fraction + test_fraction < 1.0):
+        raise ValueError(f"data.val_fraction={val_fraction:g} and data.test_fraction={test_fraction:g} must be shares "
+                         "of the movies that leave some for training (each ≥ 0, val > 0, together < 1)")
     texts, labels, movies, path = rotten_tomatoes()
     fractions = {"train": 1.0 - val_fraction - test_fraction, "val": val_fraction}
     parts = split_groups(movies, {**fractions, **({"test": test_fraction} if test_fraction else {})}, seed)
