@@ -72,12 +72,16 @@ class Target:
     def text(self, unit: str = "points") -> str:
         if self.gain is None and self.loss_fall is None:
             return "Baseline convergence: no validation curve to measure it on."
-        gain = f"gains {self.gain:+.2f} {unit}" if self.gain is not None else "has no metric curve"
-        loss = f", the validation loss falls {self.loss_fall:.1f} %" if self.loss_fall is not None else ""
+        parts, rule = [], []
+        if self.gain is not None:
+            parts.append(f"its validation metric gains {self.gain:+.2f} {unit}")
+            rule.append(f"gain < {CONVERGED_GAIN:g} {unit}")
+        if self.loss_fall is not None:
+            parts.append(f"the validation loss falls {self.loss_fall:.1f} %")
+            rule.append(f"loss fall < {CONVERGED_LOSS_FALL:g} %")
         verdict = "holds" if self.converged else "does NOT hold: the baseline is still learning"
-        return (f"Baseline convergence: over the last quarter of training its validation metric {gain}{loss} (mean "
-                f"over seeds); the criterion (gain < {CONVERGED_GAIN:g} {unit} or loss fall < "
-                f"{CONVERGED_LOSS_FALL:g} %) {verdict}.")
+        return (f"Baseline convergence: over the last quarter of training {', '.join(parts)} (mean over seeds); the "
+                f"criterion ({' or '.join(rule)}) {verdict}.")
 
 
 def baseline_target(summaries: list[dict], key: str, multiplier: float, higher_is_better: bool = True) -> Target:

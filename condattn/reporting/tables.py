@@ -17,7 +17,7 @@ from .floors import floor_table
 from .floors import load as load_floors
 from .metric import row_metric
 from .notes import table_notes, tokenizer_notes
-from .protocol import FOOTER, Target, baseline_target, lr_text, mde_text, pick_key, plateau_text, steps_column
+from .protocol import FOOTER, Target, baseline_target, grid_text, lr_text, mde_text, pick_key, plateau_text, steps_column
 from .stats import diff_ci, mean_std
 
 METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET",
@@ -232,8 +232,9 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell],
                 "diff_ci95_high": f"{ci.high:.4f}" if ci else "",
                 "ci_method": ci.method if ci else "",
                 "lr": lr_text(exp, pick_key(exp, row, c.method)),
+                "lr_grid_scores": grid_text(exp, pick_key(exp, row, c.method)),
             })
-    lines += protocol_lines(exp, scale, cells, METHOD_LABELS, floors=floors)
+    lines += protocol_lines(exp, scale, cells, METHOD_LABELS, 2 if multiplier(exp) == 100 else 3, floors)
     lines += tokenizer_notes([s for c in cells.values() for s in c.summaries])
     lines += ["", provenance_line(exp, scale, cells)]
     return "\n".join(lines) + "\n", csv_rows
