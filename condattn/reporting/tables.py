@@ -17,7 +17,17 @@ from .floors import floor_table
 from .floors import load as load_floors
 from .metric import row_metric
 from .notes import table_notes, tokenizer_notes
-from .protocol import FOOTER, Target, baseline_target, grid_text, lr_text, mde_text, pick_key, plateau_text, steps_column
+from .protocol import (
+    FOOTER,
+    Target,
+    baseline_target,
+    grid_text,
+    lr_text,
+    mde_text,
+    pick_key,
+    plateau_text,
+    steps_column,
+)
 from .stats import diff_ci, mean_std
 
 METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET",
