@@ -75,9 +75,13 @@ def _row_tasks(exp: dict, rows: list[str]) -> dict[str, str]:
 
 
 def table_notes(exp: dict, scale: str, rows: list[str]) -> list[str]:
-    """Markdown lines for under the table: the experiment's `notes:` (every scale) and, at paper scale, the
-    deliberate differences of each row's recipe card."""
-    lines = [f"Note: {n}" for n in exp.get("notes") or []]
+    """Markdown lines for under the table: the experiment's `notes:` (a list: at every scale; a mapping: the note of
+    this scale, {scale: text}) and, at paper scale, the deliberate differences of each row's recipe card."""
+    notes = exp.get("notes") or []
+    if isinstance(notes, dict):
+        lines = [f"Note ({scale}): {' '.join(str(notes[scale]).split())}"] if notes.get(scale) else []
+    else:
+        lines = [f"Note: {n}" for n in notes]
     if scale == "paper":
         cards = load_cards()
         by_task: dict[str, list[str]] = {}
