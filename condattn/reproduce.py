@@ -283,8 +283,7 @@ def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list
     out: list[tuple[Part, RunSpec]] = []
     stage1: dict[float, str] = {}
     for m in grid:  # ×1 is the row's own cell: no lr override, its usual name
-        spec, stage1[m] = _named(comp, first, [*([] if m == 1 else [lr_override(base_lr * m)]), *extra],
-                                 dict(renamed))
+        spec, stage1[m] = _named(comp, first, [*([] if m == 1 else [lr_override(base_lr * m)]), *extra], renamed)
         if spec is not None:
             out.append((first, spec))
             pick.scores[m] = grid_score(RunRecord(spec.run_dir), pick.key) if read_records else None
@@ -292,7 +291,7 @@ def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list
     if len(out) == len(grid) and pick.choose(higher) is not None:
         lr_tail = [] if pick.pick == 1 else [lr_override(base_lr * pick.pick)]
         for part in group[1:]:
-            spec, v = _named(comp, part, [*lr_tail, *extra], dict(renamed))
+            spec, v = _named(comp, part, [*lr_tail, *extra], renamed)
             if spec is not None:
                 out.append((part, spec))
                 shown[part.name] = v

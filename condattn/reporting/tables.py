@@ -28,7 +28,7 @@ from .protocol import (
     plateau_text,
     steps_column,
 )
-from .stats import diff_ci, mean_std
+from .stats import diff_ci, fmt_mean_std, mean_std
 
 METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET",
                  "conditioned_init": "conditioned init", "mimetic_init": "mimetic init", "qk_norm": "QK-norm",
@@ -299,9 +299,7 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
                 winners.append(f"{row} {labels.get(m, m)} ({ci.text(digits)})")
             n = min(len(c.values), len(base.values))
             steps = steps_column(c.summaries, target.value, key, mult, higher)
-            vals = c.values
-            ms = (f"{statistics.fmean(vals):.{digits}f} ± {statistics.stdev(vals) if len(vals) > 1 else 0:.{digits}f}"
-                  f" (n={len(vals)})") if vals else "missing"
+            ms = f"{fmt_mean_std(c.values, digits)} (n={len(c.values)})" if c.values else "missing"
             delta = "(baseline)" if m == methods[0] else (ci.text(digits) if ci else "–")
             lr = lr_text(exp, pick_key(exp, row, m))
             lines.append(f"| {row} | {labels.get(m, m)} | {ms} | {delta} | {lr} | "
