@@ -1,17 +1,27 @@
-"""QK-norm (Dehghani et al. 2023, ViT-22B; timm's `qk_norm=True`): a LayerNorm (or RMSNorm) over each head's
-head_dim features of q and of k, before the logits. One norm for q and one for k per attention layer, shared by its
-heads (as timm's `q_norm` / `k_norm`), initialised to weight 1, bias 0.
+"""QK-norm (Dehghani et al. 2023, ViT-22B; timm's `qk_norm=True`): a norm over each head's head_dim features of q and
+of k, before the logits. One norm for q and one for k per attention layer, shared by its heads (as timm's `q_norm` /
+`k_norm`), at its own init (weight 1, bias 0).
+
+Which norm (`norm`): timm builds `q_norm = norm_layer(head_dim)` from the `norm_layer` the block gets, so by default
+(`norm=model`) the norm is the model's own: the nearest last-axis norm around the attention layer (its block's
+`norm1`, BERT's `output.LayerNorm`, Llama's `input_layernorm`), of the same class and eps, resized to head_dim.
+That is LayerNorm(eps=1e-6) on a plain timm ViT, LayerNorm(eps=1e-5) on a CLIP-style one, timm's RmsNorm where the
+model is built with `norm_layer='rmsnorm'`. Where no such norm is found (a model with channel-first or batch norms
+only), LayerNorm(eps=1e-6), timm's default, and the report says so. `norm=layernorm` / `rmsnorm` overrides the
+model's choice with torch's LayerNorm / RMSNorm at eps 1e-6.
 
 Two ways in, chosen per site:
 - native: the attention module has timm's `q_norm` / `k_norm` slots holding nn.Identity (timm `Attention`, Eva's
   `EvaAttention`, `AttentionRope`). They receive the norms, so the model is the one timm builds with `qk_norm=True`
   (the same modules, state_dict keys and forward; RoPE rotates after the norm, as there).
-- patched: a forward hook on the q and k projections normalises each head's slice of their output (fused qkv:
-  one hook on the Linear covering both slices). The norms are registered on the attention module as
+- patched: the q and k projections' outputs are normalised per head (fused qkv: one projection covering both
+  slices). A plain nn.Linear switches class in place to `QKNormedLinear` (same parameters), whose forward applies
+  the norms, so torch.fx and torch.export trace them (a forward hook on a leaf Linear is invisible to fx); any
+  other projection class (GPT-2's Conv1D) gets a forward hook. The norms are registered on the attention module as
   `condattn_q_norm` / `condattn_k_norm`.
 
-Both add parameters (2 · head_dim per norm with LayerNorm): the state_dict gains their keys; removal deletes them.
-Not applied where the logits are not q·kᵀ over the tokens (XCiT's XCA, DaViT's channel attention: listed as
+Both add parameters (the norm's weight, and bias where it has one): the state_dict gains their keys; removal deletes
+them. Not applied where the logits are not q·kᵀ over the tokens (XCiT's XCA, DaViT's channel attention: listed as
 skipped), nor on 1×1-conv projections (channels on axis 1) or heads 1 wide (listed as skipped), nor where the module
 reads its projection weight itself and never calls a projection the hook could see (timm BEiT with q/v biases,
 nn.MultiheadAttention), nor where the layer has no W_Q (GCViT's global attention: its queries are the stage's
@@ -20,7 +30,10 @@ global query tokens; listed as skipped).
 
 from __future__ import annotations
 
+import copy
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..report import PatchEntry, PatchReport
@@ -28,11 +41,12 @@ from ..sites import require_attention
 from ..spec import MethodSpec, choice, register_method
 from .common import Undo, not_token_softmax
 
-NORMS = ("layernorm", "rmsnorm")
-EPS = 1e-6  # timm's ViT / Eva norm_layer (LayerNorm(eps=1e-6)), which its qk_norm=True uses
+NORMS = ("model", "layernorm", "rmsnorm")
+EPS = 1e-6  # timm's ViT / Eva norm_layer (LayerNorm(eps=1e-6)): the fallback, and the eps of the two overrides
 
 
 def make_norm(kind: str, dim: int) -> nn.Module:
+    """The override norms (`norm=layernorm|rmsnorm`); `model` is resolved per site by `model_norm`."""
     if kind == "layernorm":
         return nn.LayerNorm(dim, eps=EPS)
     if kind == "rmsnorm":
@@ -40,19 +54,110 @@ def make_norm(kind: str, dim: int) -> nn.Module:
     raise ValueError(f"qk_norm: norm={kind!r} is invalid; choose one of {list(NORMS)}")
 
 
+def is_last_axis_norm(m: nn.Module) -> bool:
+    """A LayerNorm / RMSNorm over the last axis only (not timm's LayerNorm2d, which permutes channels first)."""
+    name = type(m).__name__
+    if "2d" in name.lower() or "channels" in name.lower():
+        return False
+    if isinstance(m, nn.LayerNorm | nn.RMSNorm):
+        return len(m.normalized_shape) == 1
+    w = getattr(m, "weight", None)
+    return name.lower().endswith("rmsnorm") and isinstance(w, torch.Tensor) and w.dim() == 1
+
+
+def model_norm(model: nn.Module, site_name: str) -> tuple[nn.Module, str] | None:
+    """(the norm, its name) that the site's block uses: the first last-axis norm (is_last_axis_norm) in the nearest
+    ancestor of the site that holds one outside the site itself; None where the model has none around it."""
+    parts = site_name.split(".") if site_name else []
+    inside = site_name + "."
+    for depth in range(len(parts) - 1, -1, -1):
+        prefix = ".".join(parts[:depth])
+        anc = model.get_submodule(prefix) if prefix else model
+        for name, m in anc.named_modules(prefix=prefix):
+            if name != site_name and not name.startswith(inside) and is_last_axis_norm(m):
+                return m, name
+    return None
+
+
+@torch.no_grad()
+def resized(norm: nn.Module, dim: int) -> nn.Module:
+    """A fresh copy of `norm` (its class, eps and flags) over `dim` features, at its own init (weight 1, bias 0):
+    what timm's `norm_layer(head_dim)` builds."""
+    new = copy.deepcopy(norm)
+    for name, p in norm.named_parameters(recurse=False):
+        new._parameters[name] = nn.Parameter(torch.empty(dim, dtype=p.dtype, device=p.device),
+                                             requires_grad=p.requires_grad)
+    if hasattr(new, "normalized_shape"):
+        new.normalized_shape = (dim,)
+    if hasattr(new, "reset_parameters"):
+        new.reset_parameters()
+    else:  # (transformers' RMSNorms: weight ones at init)
+        for name, p in new.named_parameters(recurse=False):
+            p.fill_(0.0 if name == "bias" else 1.0)
+    return new
+
+
+def describe(norm: nn.Module) -> str:
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+    return f"{type(norm).__name__}(eps={eps:g})" if isinstance(eps, float) else type(norm).__name__
+
+
+class NormFactory:
+    """The norm each site gets: the model's own (`model`), or an override."""
+
+    def __init__(self, model: nn.Module, kind: str):
+        make_norm(kind, 1) if kind != "model" else None  # (the option's check, before anything is changed)
+        self.model, self.kind = model, kind
+
+    def __call__(self, site_name: str, dim: int) -> tuple[nn.Module, str]:
+        """(a norm over `dim`, where its kind comes from)."""
+        if self.kind != "model":
+            norm = make_norm(self.kind, dim)
+            return norm, f"{describe(norm)}, norm={self.kind}"
+        found = model_norm(self.model, site_name)
+        if found is None:
+            norm = nn.LayerNorm(dim, eps=EPS)
+            return norm, f"{describe(norm)}: no last-axis norm around the layer, timm's default"
+        norm = resized(found[0], dim)
+        return norm, f"{describe(norm)} as {found[1]}"
+
+
 class HeadNormHook:
-    """Forward hook on a projection: each (cols, norm) slice of its output is normalised per head of head_dim."""
+    """On a projection's output: each (rows, norm) slice is normalised per head of head_dim (out of place:
+    index_select, then index_copy of the normalised heads). A forward hook, or called by QKNormedLinear."""
 
     def __init__(self, head_dim: int):
         self.head_dim = head_dim
         self.slices: list[tuple[torch.Tensor, nn.Module]] = []  # (output rows of the role, its norm)
 
     def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        for rows, norm in self.slices:  # out of place: index_select, then index_copy of the normalised heads
+        for rows, norm in self.slices:
             idx = rows.to(output.device)
             seg = output.index_select(-1, idx)
             output = output.index_copy(-1, idx, norm(seg.unflatten(-1, (-1, self.head_dim))).flatten(-2))
         return output
+
+
+class QKNormedLinear(nn.Linear):
+    """An nn.Linear whose output goes through its `_condattn_qk` (HeadNormHook): parameters and state_dict
+    unchanged; not a torch.nn leaf, so torch.fx traces the norms inside it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._condattn_qk(self, (x,), F.linear(x, self.weight, self.bias))
+
+
+def _unswap(linear: nn.Module) -> None:
+    if type(linear) is QKNormedLinear:
+        linear.__class__ = nn.Linear
+    linear.__dict__.pop("_condattn_qk", None)
+
+
+def _attach(linear: nn.Module, hook: HeadNormHook) -> list:
+    if type(linear) is nn.Linear:
+        linear._condattn_qk = hook
+        linear.__class__ = QKNormedLinear
+        return [Undo(_unswap, linear)]
+    return [linear.register_forward_hook(hook)]
 
 
 def _restore_native(module: nn.Module) -> None:
@@ -93,10 +198,10 @@ def _plan(site) -> str:
     return _why_not(site) or "patch"
 
 
-def apply_qk_norm(model: nn.Module, report: PatchReport, norm: str = "layernorm", partial: bool = False) -> list:
+def apply_qk_norm(model: nn.Module, report: PatchReport, norm: str = "model", partial: bool = False) -> list:
     """Put QK-norm on every token-softmax attention site of `model`; returns the handles that undo it. Every site
     is planned before the model is touched, so a refusal leaves it as it was."""
-    make_norm(norm, 1)  # (the option's check, before anything is changed)
+    factory = NormFactory(model, norm)
     sites, warnings = require_attention(model, "qk_norm", partial)
     report.warnings += warnings
     plan = [(site, _plan(site)) for site in sites]
@@ -105,31 +210,33 @@ def apply_qk_norm(model: nn.Module, report: PatchReport, norm: str = "layernorm"
         raise ValueError(f"qk_norm: no attention layer of {type(model).__name__} takes QK-norm ({why})")
     handles: list = []
     hooks: dict[int, tuple[nn.Module, HeadNormHook]] = {}
-    added = 0
+    added, params = 0, 0
     for site, how in plan:
         m, d = site.module, site.head_dim
+        if how not in ("native", "patch"):
+            report.skipped.append(PatchEntry(site.name, f"qk_norm:{site.layout}", how))
+            continue
+        (qn, what), (kn, _) = factory(site.name, d), factory(site.name, d)
         if how == "native":
-            m.q_norm, m.k_norm = make_norm(norm, d), make_norm(norm, d)
+            m.q_norm, m.k_norm = qn, kn
             handles.append(Undo(_restore_native, m))
-            report.entries.append(PatchEntry(site.name, f"qk_norm:{site.layout}", f"native q_norm/k_norm {norm}({d})"))
-        elif how == "patch":
-            m.condattn_q_norm, m.condattn_k_norm = make_norm(norm, d), make_norm(norm, d)
+            detail = f"native q_norm/k_norm {what} over {d}"
+        else:
+            m.condattn_q_norm, m.condattn_k_norm = qn, kn
             handles.append(Undo(_drop_added, m))
-            for role, nm in (("q", m.condattn_q_norm), ("k", m.condattn_k_norm)):
+            for role, nm in (("q", qn), ("k", kn)):
                 p = site.proj[role]
                 if id(p.linear) not in hooks:
                     hooks[id(p.linear)] = (p.linear, HeadNormHook(d))
                 hooks[id(p.linear)][1].slices.append((p.rows, nm))
-            report.entries.append(PatchEntry(site.name, f"qk_norm:{site.layout}", f"hooked q/k outputs {norm}({d})"))
-        else:
-            report.skipped.append(PatchEntry(site.name, f"qk_norm:{site.layout}", how))
-            continue
+            detail = f"q/k outputs normed per head: {what} over {d}"
+        report.entries.append(PatchEntry(site.name, f"qk_norm:{site.layout}", detail))
         added += 2
+        params += sum(p.numel() for p in (*qn.parameters(), *kn.parameters()))
     for linear, hook in hooks.values():
-        handles.append(linear.register_forward_hook(hook))
-    per = 2 if norm == "layernorm" else 1
-    report.notes.append(f"qk_norm adds {added} {norm} modules ({per} parameter vector(s) of head_dim each): the "
-                        "state_dict gains their keys (weight 1, bias 0 at init)")
+        handles += _attach(linear, hook)
+    report.notes.append(f"qk_norm adds {added} norm modules ({params} parameters): the state_dict gains their keys "
+                        "(at the norm's own init: weight 1, bias 0)")
     return handles
 
 
@@ -137,5 +244,5 @@ def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -
     return apply_qk_norm(model, report, norm=spec["norm"], partial=partial)
 
 
-register_method(MethodSpec("qk_norm", {"norm": "layernorm"}, label="qk_norm (QK-norm)",
+register_method(MethodSpec("qk_norm", {"norm": "model"}, label="qk_norm (QK-norm)",
                            validators={"norm": choice(NORMS)}, apply=_apply))
