@@ -25,6 +25,7 @@ import fnmatch
 import math
 import re
 import shutil
+import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from .engine.preflight import preflight_checked
 from .engine.signals import StopFlag
 from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, ConfigError, RunSpec, active_job, compose_cell, launcher_problems
 from .reporting import load_experiment
-from .reporting.metric import row_metric
+from .reporting.metric import higher_is_better, row_metric, row_seeds
 from .reporting.protocol import pick_key
 from .reporting.tables import methods_for, renderer_for, rows_for
 from .runs import RunId, RunRecord
@@ -87,7 +88,7 @@ def parts(exp: dict, scale: str, seeds: list[int], launcher: str = "local") -> l
             # starts from table 1's run of the same method)
             row_scale = [o.replace("{method}", method).replace("{scale}", scale)
                          for o in (spec.get("scales") or {}).get(scale) or []]
-            for seed in seeds:
+            for seed in row_seeds(exp, scale, row, seeds):
                 name = RunId(exp["table"], row, method, scale, seed).name
                 out.append(Part(name, [*spec.get("overrides", []), *at_scale, *row_scale, *init,
                                        f"conditioning={method}", f"scale={scale}", f"seed={seed}", f"run.row={row}",
@@ -118,14 +119,39 @@ def needs(exp: dict, name: str, scale: str) -> str | None:
 
 
 def lr_grid(exp: dict, scale: str) -> list[float]:
-    """The scale's `lr_grid`: multipliers of each row's optim.lr ([] without one); ConfigError for a bad grid."""
+    """The scale's starting `lr_grid`: log2-spaced multipliers of each row's optim.lr ([] without one); ConfigError
+    for a bad grid."""
     grid = (exp["scales"].get(scale) or {}).get("lr_grid") or []
     ok = isinstance(grid, list) and all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0
                                         for m in grid)
-    if not ok or len(set(grid)) != len(grid):
-        raise ConfigError(f"scales.{scale}.lr_grid={grid!r} in {exp['table']}: give distinct positive multipliers "
-                         "of each row's optim.lr, e.g. lr_grid: [0.5, 1, 2]")
-    return [float(m) for m in grid]
+    ok = ok and len(set(grid)) == len(grid) and all(
+        math.isclose(b / a, 2.0) for a, b in zip(sorted(grid), sorted(grid)[1:]))
+    if not ok:
+        raise ConfigError(f"scales.{scale}.lr_grid={grid!r} in {exp['table']}: give distinct log2-spaced positive "
+                          "multipliers of each row's optim.lr, e.g. lr_grid: [0.5, 1, 2]")
+    return sorted(float(m) for m in grid)
+
+
+def lr_bound(exp: dict, scale: str) -> tuple[float, float]:
+    """The declared bound of the grid's extension (`lr_bound: [lo, hi]`, default ×1/8 … ×8): while a pick sits at an
+    edge of the grid, the grid grows one log2 step that way, never past the bound."""
+    lo, hi = (exp["scales"].get(scale) or {}).get("lr_bound") or (0.125, 8.0)
+    grid = lr_grid(exp, scale)
+    if not (0 < lo <= min(grid) and max(grid) <= hi):
+        raise ConfigError(f"scales.{scale}.lr_bound=[{lo}, {hi}] in {exp['table']} must contain the lr_grid {grid}")
+    return float(lo), float(hi)
+
+
+def selection_seeds(exp: dict, scale: str) -> list[int]:
+    """The seeds that pick each row's lr (`selection_seeds`, at least 2): never reported, disjoint from the
+    reported seeds."""
+    sel = (exp["scales"].get(scale) or {}).get("selection_seeds") or []
+    reported = set((exp["scales"].get(scale) or {}).get("seeds") or [])
+    if len(sel) < 2 or len(set(sel)) != len(sel) or reported & set(sel):
+        raise ConfigError(f"scales.{scale}.selection_seeds={sel!r} in {exp['table']}: an lr grid needs at least 2 "
+                          f"distinct selection seeds, disjoint from the reported seeds {sorted(reported)}, e.g. "
+                          "selection_seeds: [100, 101]")
+    return [int(x) for x in sel]
 
 
 def selection_key(exp: dict, row: str, scale: str | None = None) -> str:
@@ -152,27 +178,58 @@ def selection_key(exp: dict, row: str, scale: str | None = None) -> str:
 
 @dataclass
 class LrPick:
-    """Stage 1 of one row's lr grid: the lr of each multiplier, its validation score (None: not finished yet; nan:
-    the run failed), and the multiplier picked (None until every stage-1 run has ended)."""
+    """One row's lr selection: the lr of each multiplier of the grid as it stands, each selection seed's validation
+    score there (None: not finished yet; nan: the run failed), and the multiplier picked by the mean over the
+    selection seeds (None until every run of the grid has ended, or while the grid still grows)."""
 
     row: str
     key: str
     base_lr: float
     lrs: dict[float, float]
-    scores: dict[float, float | None] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=list)
+    bound: tuple[float, float] = (0.125, 8.0)
+    scores: dict[float, dict[int, float | None]] = field(default_factory=dict)
     pick: float | None = None
 
-    def choose(self, higher_is_better: bool) -> float | None:
-        """The multiplier with the best finite score (a tie goes to the one nearest ×1), once every run has ended."""
-        if not self.scores or any(s is None for s in self.scores.values()):
+    def mean(self, m: float) -> float | None:
+        """The mean validation score of multiplier m over the selection seeds: None until all have ended, nan when
+        any failed (a diverged lr loses the grid)."""
+        vals = list(self.scores.get(m, {}).values())
+        if len(vals) < len(self.seeds) or any(v is None for v in vals):
             return None
-        done = [m for m, s in self.scores.items() if s is not None and math.isfinite(s)]
+        return math.nan if any(math.isnan(v) for v in vals) else statistics.fmean(vals)  # type: ignore[arg-type]
+
+    def best(self, higher_is_better: bool) -> float | None:
+        """The multiplier with the best finite mean score (a tie goes to the one nearest ×1), once every run of the
+        grid has ended; None before."""
+        means = {m: self.mean(m) for m in self.lrs}
+        if any(v is None for v in means.values()):
+            return None
+        done = [m for m, v in means.items() if v is not None and math.isfinite(v)]
         sign = 1.0 if higher_is_better else -1.0
-        self.pick = max(done, key=lambda m: (sign * self.scores[m], -abs(math.log(m))), default=None)
-        return self.pick
+        return max(done, key=lambda m: (sign * means[m], -abs(math.log(m))), default=None)  # type: ignore[operator]
+
+    def next_step(self, best: float) -> float | None:
+        """The multiplier one log2 step beyond `best` when it is an edge of the grid and the bound allows, else
+        None (the pick is final)."""
+        grid = sorted(self.lrs)
+        if len(grid) < 2:
+            return None
+        if best == grid[0] and best / 2 >= self.bound[0] - 1e-12:
+            return best / 2
+        if best == grid[-1] and best * 2 <= self.bound[1] + 1e-12:
+            return best * 2
+        return None
+
+    @property
+    def at_bound(self) -> bool:
+        return self.pick is not None and (math.isclose(self.pick, self.bound[0]) or
+                                          math.isclose(self.pick, self.bound[1]))
 
     def as_dict(self) -> dict:
-        return {"key": self.key, "base_lr": self.base_lr, "lrs": self.lrs, "scores": self.scores, "pick": self.pick,
+        return {"key": self.key, "base_lr": self.base_lr, "lrs": self.lrs, "seeds": self.seeds,
+                "bound": list(self.bound), "scores": self.scores, "means": {m: self.mean(m) for m in self.lrs},
+                "pick": self.pick, "at_bound": self.at_bound,
                 "lr": self.lrs.get(self.pick) if self.pick is not None else None}
 
 
@@ -266,36 +323,56 @@ def _named(comp: _Composer, part: Part, tail: list[str], renamed: dict[str, str]
     return spec, v
 
 
+def _reseeded(part: Part, seed: int, table: str, scale: str) -> Part:
+    """The same cell at another seed (a selection seed of the lr grid), under its own readable name."""
+    name = RunId(table, part.row, part.method, scale, seed).name
+    own = [f"seed={seed}" if o.startswith("seed=") else f"run.name={name}" if o.startswith("run.name=") else o
+           for o in part.own]
+    return Part(name, own, part.row, part.method, seed)
+
+
 def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list[str], exp: dict, scale: str,
               read_records: bool, shown: dict[str, str],
               renamed: dict[str, str]) -> tuple[list[tuple[Part, RunSpec]], LrPick | None]:
-    """One row's cells under an lr grid: stage 1 (its first seed at every multiplier) and, once stage 1 has picked,
-    stage 2 (its other seeds at the pick; the first seed's run at the pick is that seed's). Adds the variants of the
-    runs the table shows (at the pick, at ×1 until there is one) to `shown`. `renamed`: the pretraining runs' variant
-    names, which the cells' model.init_from follows (table 3)."""
+    """One row's cells under an lr grid. Stage 1: every selection seed at every multiplier of the grid; while the
+    best mean score sits at an edge of the grid, the grid grows one log2 step that way (up to the declared bound) and
+    the new multiplier's runs are planned. Stage 2, once the pick is final: the row's reported seeds at the pick
+    (selection runs are never reported). Adds the variants of the reported runs to `shown`. `renamed`: the pretraining
+    runs' variant names, which the cells' model.init_from follows (table 3)."""
     first = group[0]
     try:
         base_lr = float(comp.base([*first.own, *extra]).optim.lr)
     except ConfigError as e:
         comp.errors.setdefault(str(e), []).append(first.name)
         return [], None
-    pick = LrPick(first.row, selection_key(exp, first.row, scale), base_lr, {m: base_lr * m for m in grid})
+    table = exp["table"]
+    sel = [_reseeded(first, s, table, scale) for s in selection_seeds(exp, scale)]
+    pick = LrPick(first.row, selection_key(exp, first.row, scale), base_lr, {}, [p.seed for p in sel],
+                  lr_bound(exp, scale))
     out: list[tuple[Part, RunSpec]] = []
-    stage1: dict[float, str] = {}
-    for m in grid:  # ×1 is the row's own cell: no lr override, its usual name
-        spec, stage1[m] = _named(comp, first, [*([] if m == 1 else [lr_override(base_lr * m)]), *extra], renamed)
-        if spec is not None:
-            out.append((first, spec))
-            pick.scores[m] = grid_score(RunRecord(spec.run_dir), pick.key) if read_records else None
-    higher = bool(exp["rows"][first.row].get("higher_is_better", exp.get("higher_is_better", True)))
-    if len(out) == len(grid) and pick.choose(higher) is not None:
+    higher = higher_is_better(exp, first.row)
+    todo = list(grid)
+    while todo:
+        for m in todo:
+            pick.lrs[m] = base_lr * m
+            pick.scores[m] = {}
+            for part in sel:  # ×1 is the row's own cell: no lr override, its usual name
+                spec, _ = _named(comp, part, [*([] if m == 1 else [lr_override(base_lr * m)]), *extra], renamed)
+                if spec is None:
+                    return out, None
+                out.append((part, spec))
+                pick.scores[m][part.seed] = grid_score(RunRecord(spec.run_dir), pick.key) if read_records else None
+        best = pick.best(higher)
+        todo = [] if best is None or (step := pick.next_step(best)) is None else [step]
+        if best is not None and not todo:
+            pick.pick = best
+    if pick.pick is not None:
         lr_tail = [] if pick.pick == 1 else [lr_override(base_lr * pick.pick)]
-        for part in group[1:]:
+        for part in group:
             spec, v = _named(comp, part, [*lr_tail, *extra], renamed)
             if spec is not None:
                 out.append((part, spec))
                 shown[part.name] = v
-    shown[first.name] = stage1.get(pick.pick if pick.pick is not None else 1.0, "")
     return out, pick
 
 

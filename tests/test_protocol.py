@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 def grid_exp(rows=("vit_baseline", "vit_sca10", "listops_baseline")) -> dict:
     exp = load_experiment(REPO / "experiments" / "table9_readings.yaml")
     exp["rows"] = {r: exp["rows"][r] for r in rows}
-    exp["scales"]["small"] = {"seeds": [0, 1, 2], "lr_grid": [0.5, 1, 2]}
+    exp["scales"]["small"] = {"seeds": [0, 1, 2], "selection_seeds": [100, 101], "lr_grid": [0.5, 1, 2],
+                              "lr_bound": [0.25, 4]}
     return exp
 
 
@@ -53,66 +54,104 @@ def test_selection_key_is_validation_never_test():
         selection_key(exp, "vit_baseline")
 
 
-def test_lr_pick_best_validation_ties_nearest_unit_and_waits_for_every_run():
-    p = LrPick("r", "val_acc", 1e-3, {0.5: 5e-4, 1.0: 1e-3, 2.0: 2e-3}, {0.5: 0.6, 1.0: 0.6, 2.0: math.nan})
-    assert p.choose(higher_is_better=True) == 1.0  # a tie goes to ×1; the failed (nan) run never wins
-    assert LrPick("r", "k", 1.0, {0.5: 0.5, 2.0: 2.0}, {0.5: 3.0, 2.0: 2.0}).choose(higher_is_better=False) == 2.0
-    assert LrPick("r", "k", 1.0, {0.5: 0.5, 1.0: 1.0}, {0.5: 0.9, 1.0: None}).choose(True) is None
+def test_lr_pick_by_mean_over_selection_seeds_ties_nearest_unit_and_waits_for_every_run():
+    def pick(scores, seeds=(100, 101), bound=(0.125, 8.0)):
+        return LrPick("r", "val_acc", 1e-3, {m: 1e-3 * m for m in scores}, list(seeds), bound, scores)
+
+    p = pick({0.5: {100: 0.6, 101: 0.6}, 1.0: {100: 0.5, 101: 0.7}, 2.0: {100: 0.9, 101: math.nan}})
+    assert p.best(higher_is_better=True) == 1.0  # a tie of the means goes to ×1; a failed run loses its lr
+    assert pick({0.5: {100: 3.0, 101: 3.0}, 2.0: {100: 2.0, 101: 2.5}}).best(higher_is_better=False) == 2.0
+    assert pick({0.5: {100: 0.9, 101: 0.9}, 1.0: {100: 0.1, 101: None}}).best(True) is None  # a run not ended
+    assert pick({0.5: {100: 0.9}, 1.0: {100: 0.1, 101: 0.2}}).best(True) is None  # a selection seed missing
+    # the grid grows one log2 step past an edge pick, up to the declared bound; an inner pick is final
+    p = pick({0.5: {100: 0.9, 101: 0.9}, 1.0: {100: 0.1, 101: 0.2}, 2.0: {100: 0.1, 101: 0.2}}, bound=(0.25, 4))
+    assert p.next_step(0.5) == 0.25 and p.next_step(1.0) is None and p.next_step(2.0) == 4.0
+    p.lrs[0.25] = 2.5e-4
+    assert p.next_step(0.25) is None  # at the bound
+    p.pick = 0.25
+    assert p.at_bound and p.as_dict()["means"][0.5] == pytest.approx(0.9)
 
 
-@pytest.mark.slow  # composes 30 configs (about 25 s on a loaded core)
-def test_plan_lr_grid_stage1_then_pick_by_validation_then_stage2(tmp_path):
+@pytest.mark.slow  # composes about 40 configs (about 30 s on a loaded core)
+def test_plan_lr_grid_selection_seeds_extend_at_an_edge_then_report_other_seeds(tmp_path):
     exp = grid_exp()
     extra = [f"paths.runs={tmp_path / 'runs'}", "logger=none"]
     p = plan(exp, "small", [0, 1, 2], extra)
     by_row = {}
     for c in p.cells:
         by_row.setdefault(c.cfg.run.row, []).append(c)
-    assert {r: len(cs) for r, cs in by_row.items()} == {"vit_baseline": 3, "vit_sca10": 3, "listops_baseline": 3}
-    assert all(int(c.cfg.seed) == 0 for c in p.cells)  # stage 1: the first seed only
+    assert {r: len(cs) for r, cs in by_row.items()} == {"vit_baseline": 6, "vit_sca10": 6, "listops_baseline": 6}
+    assert {int(c.cfg.seed) for c in p.cells} == {100, 101}  # stage 1: the selection seeds only, never reported ones
     assert sorted(p.waiting) == sorted(exp["rows"])
     vit = by_row["vit_baseline"]
-    base_lr = float(vit[1].cfg.optim.lr)
-    assert [float(c.cfg.optim.lr) for c in vit] == pytest.approx([0.5 * base_lr, base_lr, 2 * base_lr])
-    assert vit[1].name == "table9_readings_vit_baseline_none_small_s0"  # ×1: the row's own run, its usual name
-    assert vit[0].name.startswith(vit[1].name + "-") and vit[2].name.startswith(vit[1].name + "-")
-    assert not any(o.startswith("optim.lr=") for o in vit[1].overrides)
-    assert len({c.run_dir for c in p.cells}) == 9
+    base_lr = float(vit[2].cfg.optim.lr)
+    assert [float(c.cfg.optim.lr) for c in vit] == pytest.approx([0.5 * base_lr] * 2 + [base_lr] * 2 + [2 * base_lr] * 2)
+    assert vit[2].name == "table9_readings_vit_baseline_none_small_s100"  # ×1: the row's own run, its usual name
+    assert vit[0].name.startswith(vit[2].name + "-")
+    assert not any(o.startswith("optim.lr=") for o in vit[2].overrides)
+    assert len({c.run_dir for c in p.cells}) == 18
 
-    # stage 1 finished: the baseline's best validation is at ×2, the SCA row's ×2 diverged (failed) and its best is
-    # ×0.5; ListOps' best *test* is at ×0.5 but its best *validation* at ×1, and validation decides
-    for mult, c in zip((0.5, 1, 2), vit):
-        finish(c, {"final_val_acc": {0.5: 0.5, 1: 0.6, 2: 0.7}[mult]})
+    def scores(cells, table):
+        for c in cells:
+            m = round(float(c.cfg.optim.lr) / base_lr, 6)
+            finish(c, table(m, int(c.cfg.seed)))
+
+    # the baseline's best mean is at ×2 (an edge): the grid grows to ×4; the SCA row's ×2 diverged on one seed and
+    # its best is ×0.5: the grid grows to ×0.25 (the bound); ListOps' best *test* is at ×0.5 but its best mean
+    # *validation* at ×1 (seed 101 alone would pick ×0.5), and validation decides: its pick is final
+    scores(vit, lambda m, s: {"final_val_acc": {0.5: 0.5, 1: 0.6, 2: 0.7}[m]})
     sca = by_row["vit_sca10"]
-    finish(sca[0], {"final_val_acc": 0.55})
-    finish(sca[1], {"final_val_acc": 0.40})
-    RunRecord(sca[2].run_dir).dir.mkdir(parents=True)
-    RunRecord(sca[2].run_dir).write_failure("loss is nan", 5, None, sca[2].name, {})
+    for c in sca:
+        m = round(float(c.cfg.optim.lr) / base_lr, 6)
+        if m == 2 and int(c.cfg.seed) == 101:
+            RunRecord(c.run_dir).dir.mkdir(parents=True)
+            RunRecord(c.run_dir).write_failure("loss is nan", 5, None, c.name, {})
+        else:
+            finish(c, {"final_val_acc": {0.5: 0.55, 1: 0.40, 2: 0.9}[m]})
     lo = by_row["listops_baseline"]
-    for mult, c in zip((0.5, 1, 2), lo):
-        finish(c, {"val_acc": {0.5: 0.3, 1: 0.4, 2: 0.35}[mult], "test_acc": {0.5: 0.9, 1: 0.2, 2: 0.2}[mult]})
+    lo_lr = float(lo[2].cfg.optim.lr)
+    for c in lo:
+        m = round(float(c.cfg.optim.lr) / lo_lr, 6)
+        val = {(0.5, 100): 0.3, (0.5, 101): 0.45, (1, 100): 0.4, (1, 101): 0.42, (2, 100): 0.35, (2, 101): 0.35}
+        finish(c, {"val_acc": val[(m, int(c.cfg.seed))], "test_acc": {0.5: 0.9, 1: 0.2, 2: 0.2}[m]})
 
     p2 = plan(exp, "small", [0, 1, 2], extra)
-    assert p2.waiting == []
-    picks = p2.exp["lr_picks"]
-    assert (picks["vit_baseline"]["pick"], picks["vit_sca10"]["pick"], picks["listops_baseline"]["pick"]) == (2, 0.5, 1)
-    assert math.isnan(picks["vit_sca10"]["scores"][2.0])
-    stage2 = [c for c in p2.cells if int(c.cfg.seed) > 0]
-    assert len(stage2) == 6
+    assert sorted(p2.waiting) == ["vit_baseline", "vit_sca10"]
+    new = [c for c in p2.cells if c.run_dir not in {x.run_dir for x in p.cells} and c.cfg.run.row != "listops_baseline"]
+    lrs = {(c.cfg.run.row, round(float(c.cfg.optim.lr) / base_lr, 6)) for c in new}
+    assert lrs == {("vit_baseline", 4.0), ("vit_sca10", 0.25)}
+    stage2 = [c for c in p2.cells if int(c.cfg.seed) < 100]
+    assert {int(c.cfg.seed) for c in stage2} == {0, 1, 2} and {c.cfg.run.row for c in stage2} == {"listops_baseline"}
+    assert not any(o.startswith("optim.lr=") for c in stage2 for o in c.overrides)  # ×1: no override
+    assert p2.exp["lr_picks"]["listops_baseline"]["pick"] == 1
+
+    for c in new:
+        m = round(float(c.cfg.optim.lr) / base_lr, 6)
+        finish(c, {"final_val_acc": {4.0: 0.65, 0.25: 0.6}[m]})
+    p3 = plan(exp, "small", [0, 1, 2], extra)
+    assert p3.waiting == []
+    picks = p3.exp["lr_picks"]
+    assert (picks["vit_baseline"]["pick"], picks["vit_sca10"]["pick"]) == (2, 0.25)
+    assert picks["vit_sca10"]["at_bound"] and not picks["vit_baseline"]["at_bound"]
+    assert math.isnan(picks["vit_sca10"]["means"][2.0])
+    stage2 = [c for c in p3.cells if int(c.cfg.seed) < 100]
+    assert len(stage2) == 9
     for c in stage2:
-        want = {"vit_baseline": 2 * base_lr, "vit_sca10": 0.5 * base_lr,
-                "listops_baseline": float(lo[1].cfg.optim.lr)}[c.cfg.run.row]
+        want = {"vit_baseline": 2 * base_lr, "vit_sca10": 0.25 * base_lr, "listops_baseline": lo_lr}[c.cfg.run.row]
         assert float(c.cfg.optim.lr) == pytest.approx(want)
-    # the table reads each row's first seed at its pick: the baseline's ×2 run, ListOps' own ×1 run
-    assert p2.exp["variants"]["table9_readings_vit_baseline_none_small_s0"] == vit[2].name.rsplit("-", 1)[1]
-    assert "table9_readings_listops_baseline_none_small_s0" not in p2.exp["variants"]
-    assert not any(o.startswith("optim.lr=") for c in stage2 if c.cfg.run.row == "listops_baseline"
-                   for o in c.overrides)
 
     # --force: stage 1 runs again before anything picks; --rows: only the row's cells, the picks of all
     assert plan(exp, "small", [0, 1, 2], extra, read_records=False).waiting
     only = plan(exp, "small", [0, 1, 2], extra, only_rows=["vit_sca10"])
     assert {c.cfg.run.row for c in only.cells} == {"vit_sca10"} and len(only.exp["lr_picks"]) == 3
+
+
+def test_selection_seeds_are_required_distinct_and_never_reported(tmp_path):
+    exp = grid_exp(("vit_baseline",))
+    for bad in ([100], [100, 100], [2, 100]):
+        exp["scales"]["small"]["selection_seeds"] = bad
+        with pytest.raises(ConfigError, match="selection_seeds"):
+            plan(exp, "small", [0, 1, 2], [f"paths.runs={tmp_path}"])
 
 
 def test_plan_refuses_lr_override_beside_a_grid_and_a_bad_grid(tmp_path):
@@ -121,6 +160,9 @@ def test_plan_refuses_lr_override_beside_a_grid_and_a_bad_grid(tmp_path):
         plan(exp, "small", [0], ["optim.lr=0.1"])
     exp["scales"]["small"]["lr_grid"] = [1, -2]
     with pytest.raises(ConfigError, match=r"lr_grid=\[1, -2\]"):
+        plan(exp, "small", [0], [])
+    exp["scales"]["small"]["lr_grid"] = [0.5, 1, 3]  # not log2-spaced
+    with pytest.raises(ConfigError, match="log2-spaced"):
         plan(exp, "small", [0], [])
 
 

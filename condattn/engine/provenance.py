@@ -70,3 +70,46 @@ def describe(hw: dict) -> str:
     extra = f"{hw['device_name']}, {hw['cpu_count']} cores" if hw["device_type"] == "cpu" else hw["device_name"]
     nodes = int(hw.get("num_nodes", 1) or 1)
     return f"{hw['num_processes']} × {hw['device_type']} ({extra})" + (f" on {nodes} nodes" if nodes > 1 else "")
+
+
+# The code that can change what a run computes, in parts a table can name: a run records each part's fingerprint
+# (a hash of the files' contents, so an uncommitted edit counts too), and a table says where one reading's runs differ.
+# Engine files that only record, report, plan or name runs are left out: editing them changes no number.
+CODE_PARTS = {
+    "conditioning": ("condattn/conditioning",),
+    "model": ("condattn/models",),
+    "task": ("condattn/tasks", "condattn/data"),
+    "engine": ("condattn/engine", "condattn/train.py", "condattn/config.py"),
+}
+NOT_RESULT = tuple(f"condattn/engine/{f}" for f in (
+    "cost.py", "flops.py", "logging.py", "errors.py", "provenance.py", "summary.py", "twins.py", "identity.py",
+    "preflight.py", "signals.py", "parts/progress.py", "parts/throughput.py", "parts/signals.py"))
+
+
+def _files(paths: tuple[str, ...]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        full = REPO / p
+        found = sorted(full.rglob("*.py")) if full.is_dir() else ([full] if full.exists() else [])
+        out += [f for f in found if f.relative_to(REPO).as_posix() not in NOT_RESULT]
+    return out
+
+
+def code_fingerprint() -> dict[str, str]:
+    """{part: 10-hex hash of its source files (paths and bytes)} for every part of CODE_PARTS."""
+    import hashlib
+
+    out = {}
+    for part, paths in CODE_PARTS.items():
+        h = hashlib.sha256()
+        for f in _files(paths):
+            h.update(f.relative_to(REPO).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+        out[part] = h.hexdigest()[:10]
+    return out
+
+
+def stale_parts(recorded: dict | None, now: dict[str, str]) -> list[str]:
+    """The code parts whose fingerprint differs between a run's record and `now` (every part for a run that
+    recorded none: it predates fingerprints)."""
+    recorded = recorded or {}
+    return [p for p in now if recorded.get(p) != now[p]]

@@ -77,6 +77,7 @@ def build_summary(run: Any, metrics: dict, budget: dict, diagnostics: dict) -> d
         "launch": {**launch_info(cfg), "resumed_at_steps": list(state.resumes)},
         "versions": provenance.versions(),
         "commit": provenance.git_commit(),
+        "code": provenance.code_fingerprint(),
         "data": {"checksum": run.data.checksum, **run.data.info},
         "patch": run.report.to_dict(),
         "diagnostics": diagnostics,

@@ -11,3 +11,29 @@ def row_metric(exp: dict, scale: str | None, row: str | None = None) -> str:
     spec = (exp.get("rows") or {}).get(row) or {} if row is not None else {}
     at = (exp.get("metric_at") or {}).get(scale) if scale is not None else None
     return (spec.get("metrics") or {}).get(scale) or spec.get("metric") or at or exp["metric"]
+
+
+def higher_is_better(exp: dict, row: str | None = None) -> bool:
+    """The metric's direction: the row's `higher_is_better`, else the experiment's (default true; false for a loss)."""
+    spec = (exp.get("rows") or {}).get(row) or {} if row is not None else {}
+    return bool(spec.get("higher_is_better", exp.get("higher_is_better", True)))
+
+
+HYPOTHESES = ("primary", "exploratory")
+
+
+def hypothesis(exp: dict, row: str) -> str:
+    """"primary" (declared before running: the papers' methods as stated and the rival methods; one family per task,
+    Holm-corrected) or "exploratory" (every other reading; Benjamini–Hochberg q): the row's `hypothesis`, default
+    primary (a table whose rows train every method compares the papers' methods as stated)."""
+    h = exp["rows"][row].get("hypothesis", "primary")
+    if h not in HYPOTHESES:
+        raise ValueError(f"row {row!r} of {exp['table']}: hypothesis {h!r}; use one of {', '.join(HYPOTHESES)}")
+    return h
+
+
+def row_seeds(exp: dict, scale: str, row: str, seeds: list[int]) -> list[int]:
+    """The reported seeds of a row: all of `seeds` for the baseline and primary rows, the first
+    `scales.<scale>.exploratory_seeds` of them for an exploratory row (when the scale sets it)."""
+    n = (exp["scales"].get(scale) or {}).get("exploratory_seeds")
+    return list(seeds[:int(n)]) if n and hypothesis(exp, row) == "exploratory" else list(seeds)

@@ -29,21 +29,20 @@ def pick_key(exp: dict, row: str, method: str) -> str:
 
 
 def lr_text(exp: dict, row: str) -> str:
-    """The lr of the pick named `row` (a `pick_key`) as picked: "×1 (1e-03)", "×2 (2e-03, grid edge)" (the pick is
-    an end of the grid, so the best lr may lie beyond it), "1e-03 (grid unfinished)", or "–" without a grid."""
+    """The lr of the pick named `row` (a `pick_key`) as picked: "×1 (1e-03)", "×8 (8e-03, bound)" (the pick sits at
+    the declared bound of the grid's extension, so the row's best lr may lie beyond it), "1e-03 (grid unfinished)",
+    or "–" without a grid."""
     p = (exp.get("lr_picks") or {}).get(row)
     if not p:
         return "–"
     if p["pick"] is None:
         return f"{p['base_lr']:.0e} (grid unfinished)"
-    grid = sorted(p["scores"])
-    edge = ", grid edge" if len(grid) > 1 and p["pick"] in (grid[0], grid[-1]) else ""  # the optimum may lie beyond
-    return f"×{p['pick']:g} ({p['lr']:.0e}{edge})"
+    return f"×{p['pick']:g} ({p['lr']:.0e}{', bound' if p.get('at_bound') else ''})"
 
 
 def grid_text(exp: dict, row: str) -> str:
-    """"×0.5: 51.0, ×1: 55.2, ×2: failed" — each grid value's validation score in the pick named `row` (a
-    `pick_key`; pending: not finished), for the CSV."""
+    """"×0.5: 96.1 (96.0 96.2), ×1: …" — each grid value's mean validation score and its selection seeds' scores in
+    the pick named `row` (a `pick_key`; pending: not finished; failed), for the CSV."""
     p = (exp.get("lr_picks") or {}).get(row)
     if not p:
         return ""
@@ -51,7 +50,11 @@ def grid_text(exp: dict, row: str) -> str:
     def one(s):
         return "pending" if s is None else ("failed" if math.isnan(s) else f"{s:.4f}")
 
-    return ", ".join(f"×{m:g}: {one(s)}" for m, s in p["scores"].items())
+    def per_seed(by_seed: dict) -> str:
+        return " ".join(f"s{seed}={one(v)}" for seed, v in by_seed.items())
+
+    return ", ".join(f"×{m:g}: {one(p['means'].get(m))} ({per_seed(by_seed)})" for m, by_seed in
+                     sorted(p["scores"].items()))
 
 
 @dataclass

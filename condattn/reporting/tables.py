@@ -15,7 +15,7 @@ from ..engine.twins import made_elsewhere
 from ..runs import RunId, RunRecord
 from .floors import floor_table
 from .floors import load as load_floors
-from .metric import row_metric
+from .metric import row_metric, row_seeds
 from .notes import table_notes, tokenizer_notes
 from .protocol import (
     FOOTER,
@@ -113,9 +113,10 @@ def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | Non
     cells = {}
     for row in rows_for(exp, scale):
         metric = row_metric(exp, scale, row)
+        own = row_seeds(exp, scale, row, seeds)
         for method in methods_for(exp, row):
-            cell = TableCell(row, method, seeds)
-            for seed in seeds:
+            cell = TableCell(row, method, own)
+            for seed in own:
                 s = RunRecord.of(runs_root, RunId(exp["table"], row, method, scale, seed), exp.get("variants")).summary
                 if s is None or metric not in s["metrics"]:
                     cell.missing.append(seed)
