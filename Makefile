@@ -29,6 +29,21 @@ export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export WANDB_SILENT ?= true
 
+# A variable on the command line that is not one of this Makefile's but looks like one (ROW= for ROWS=, SEED= for
+# SEEDS=, SCALES= for SCALE=) would be ignored and cost a whole run (ROW=image trains every row): refuse it at once.
+MAKE_VARS := PY VENV BIN SCALE SEEDS LAUNCHER DRY_RUN RUNS ARGS ROWS FORCE TEST_WORKERS OMP_NUM_THREADS \
+	HF_HUB_OFFLINE TRANSFORMERS_OFFLINE HF_DATASETS_OFFLINE WANDB_SILENT
+UNKNOWN_VARS := $(filter-out $(MAKE_VARS),$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
+ifneq ($(strip $(UNKNOWN_VARS)),)
+LOOKALIKES := $(shell $(PY) -c 'import difflib, sys; known = sys.argv[1].split(); \
+	print(" ".join(f"{v}:{m[0]}" for v in sys.argv[2].split() if (m := difflib.get_close_matches(v, known, 1, 0.75))))' \
+	"$(MAKE_VARS)" "$(UNKNOWN_VARS)")
+ifneq ($(strip $(LOOKALIKES)),)
+$(error $(foreach p,$(LOOKALIKES),$(word 1,$(subst :, ,$(p)))=$($(word 1,$(subst :, ,$(p)))) is not a variable of this \
+	Makefile (it would be ignored); did you mean $(word 2,$(subst :, ,$(p)))=$($(word 1,$(subst :, ,$(p))))?))
+endif
+endif
+
 .PHONY: install test lint test-unit diagnose bench clean
 
 install:

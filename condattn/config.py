@@ -64,8 +64,34 @@ def _did_you_mean(key: str, overrides: list[str]) -> str:
     return f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
 
 
+def unparsable_override(overrides: list[str]) -> str | None:
+    """One line, the cause first, naming the first override Hydra cannot parse (None when each parses): a key with no
+    `=`, a bare `=`, or a value split off by spaces (`ARGS="conditioning.lam = 2"` reaches us as three words)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    spaced = any(o == "=" or o.endswith("=") or o.startswith("=") for o in overrides)
+    hint = ("; write each override as one word key=value, without spaces around '=' (e.g. ARGS=\"conditioning.lam=2\")"
+            if spaced else "; write it as key=value (e.g. conditioning.lam=2)")
+    for o in overrides:
+        if o == "=" or o.startswith("="):
+            return f"override {o!r} has no key (a space before '='?){hint}"
+        if o.endswith("=") and spaced:
+            return f"override {o!r} has no value (a space after '='?){hint}"
+        try:
+            parser.parse_override(o)
+        except Exception as e:  # noqa: BLE001 - Hydra's grammar errors (HydraException, Lexer/Parser exceptions)
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            cause = "is not key=value" if "=" not in o else f"cannot be parsed ({why})"
+            return f"override {o!r} {cause}{hint}"
+    return None
+
+
 def explain_override_error(overrides: list[str], exc: Exception) -> str:
-    """One line saying which override is wrong and what would be right."""
+    """One line, the cause first, saying which override is wrong and what would be right (never the whole override
+    list: the same mistake in every cell of a table is then one message)."""
+    if bad := unparsable_override(overrides):
+        return bad
     msg = str(exc)
     if m := re.search(r"Could not find '([^/']+)/([^']+)'", msg):
         group, option = m.groups()
@@ -79,7 +105,12 @@ def explain_override_error(overrides: list[str], exc: Exception) -> str:
         given = next((o for o in overrides if o.split("=", 1)[0].lstrip("+~") == key), key)
         return f"override '{given}' names no key of the config{_did_you_mean(key, overrides)}"
     first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
-    return f"overrides {' '.join(overrides)}: {first}"
+    named = [o for o in overrides if "=" in o and o.split("=", 1)[0].lstrip("+~") in first]
+    if named:
+        return f"{first} (override {named[0]!r})"
+    # the cell's own name and seed left out: the same mistake in every cell of a table reads as one message
+    shared = [o for o in overrides if not o.startswith(("run.name=", "run.row=", "run.table=", "seed="))]
+    return f"{first} (overrides: {' '.join(shared)})"
 
 
 def compose_cell(overrides: list[str]) -> DictConfig:

@@ -21,7 +21,7 @@ from .optim import OPTIMIZERS, PROGRESS_SCHEDULES, STEP_SCHEDULES, schedule_prob
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str  # config | data | batch | checkpoint | launcher
+    kind: str  # config | data | batch | paths | checkpoint | launcher
     message: str
 
     def __str__(self) -> str:
@@ -114,9 +114,123 @@ def preflight_checked(cfg: Any, world: int | None = None, *, check_data: bool = 
         out.append(Problem("batch", str(e)))
     if check_data:
         out += [Problem("data", m) for m in data_problems(cfg)]
+    out += [Problem("paths", m) for m in folder_problems(cfg)]
     if check_run_dir and cfg.resume == "auto":
         out += [Problem("checkpoint", m) for m in run_dir_problems(cfg)]
+    if not out:
+        warn_once(lam_warning(cfg))
     return replace(checked, problems=tuple(out))
+
+
+RESUME_MODES = ("auto", "never")
+
+
+def _writable(path: Path) -> str | None:
+    """Why the run or table files cannot be written under `path` (None: they can): the folder, or the nearest folder
+    above it that exists (it would be created there), must be a writable directory."""
+    import os
+
+    p = Path(path).expanduser().absolute()
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable" + ("" if probe == p else f" (it would hold {p})")
+    return None
+
+
+def folder_problems(cfg: Any) -> list[str]:
+    """The runs folder (paths.runs: run dirs, checkpoints) and the results folder (paths.results: the tables) must be
+    writable before the first cell trains: a read-only results folder otherwise shows up only after all training."""
+    out = []
+    for key, what in (("paths.runs", "the runs"), ("paths.results", "the tables")):
+        value = OmegaConf.select(cfg, key)
+        if value is None:
+            continue
+        if why := _writable(Path(str(value))):
+            env = {"paths.runs": "CONDATTN_RUNS", "paths.results": "CONDATTN_RESULTS"}[key]
+            out.append(f"{key}={value}: {why}, so {what} cannot be written there; make it writable, or point {key}= "
+                       f"(or ${env}) at a writable folder")
+    return out
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str | None) -> None:
+    """Print a preflight warning once per process (the cells of a table share most of them)."""
+    import sys
+
+    if message and message not in _WARNED:
+        _WARNED.add(message)
+        print(f"[condattn] warning: {message}", file=sys.stderr, flush=True)
+
+
+_WEIGHT_STD: dict[str, float | None] = {}
+
+
+def _weight_std(cfg: Any) -> float | None:
+    """The median std of the linear layers' weights of the model the config builds at init (its weights' scale), built
+    once per model config on the CPU with the caller's RNG left as it was; None when it cannot be built."""
+    import torch
+
+    from ..models import build_model
+
+    mcfg = OmegaConf.to_container(cfg.model, resolve=True)
+    key = OmegaConf.to_yaml(OmegaConf.create(mcfg))
+    if key not in _WEIGHT_STD:
+        for k in ("pretrained", "use_pretrained_backbone"):
+            if k in mcfg:
+                mcfg[k] = False
+        for k in ("init_from", "backbone_checkpoint"):
+            mcfg.pop(k, None)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                model = build_model(mcfg)
+            stds = sorted(float(m.weight.detach().float().std()) for m in model.modules()
+                          if isinstance(m, torch.nn.Linear) and m.weight.numel() > 1)
+            _WEIGHT_STD[key] = stds[len(stds) // 2] if stds else None
+        except Exception:  # noqa: BLE001 - a warning must never stop a run
+            _WEIGHT_STD[key] = None
+    return _WEIGHT_STD[key]
+
+
+LAM_FAR = 1e4  # λ / (the weights' std) above which W is a rounding error next to λI
+
+
+def lam_warning(cfg: Any) -> str | None:
+    """A line when SCA's λ (identity correction) is far beyond the scale of the weights it is added to, or so large
+    that fp32 rounds W away next to it (W + λI keeps log2(std / (λ·2⁻²³)) bits of W); None otherwise."""
+    import math
+
+    c = cfg.get("conditioning") or {}
+    if "spectral" not in str(c.get("method", "")).split("+") or c.get("correction", "identity") != "identity":
+        return None
+    try:
+        lam = float(c.get("lam"))
+    except (TypeError, ValueError):
+        return None
+    unit = str(c.get("lam_unit") or "abs")
+    if not math.isfinite(lam) or lam <= 0 or unit == "sigma_max":
+        return None
+    if unit == "init_std":
+        ratio, std = lam, None
+    else:
+        if lam < 1.0:  # no model's init std is 1e-4 or below: nothing to check, nothing to build
+            return None
+        std = _weight_std(cfg)
+        if not std:
+            return None
+        ratio = lam / std
+    if ratio <= LAM_FAR:
+        return None
+    bits = 23 - math.log2(ratio)
+    kept = "fp32 rounds W away entirely next to λ" if bits < 1 else f"fp32 keeps only about {bits:.0f} of W's 24 bits"
+    scale = f"its weights' std ({std:.3g}, {cfg.model.get('name')} at init)" if std else "the weights' std"
+    return (f"conditioning.lam={lam:g} (lam_unit={unit}) is {ratio:.2g}× {scale}: W + λI is almost λI, and {kept}; "
+            "the SCA paper uses λ = 10 (check the value, or use lam_unit=init_std)")
 
 
 def preflight(cfg: Any, world: int | None = None, *, check_data: bool = True,
@@ -147,6 +261,9 @@ def check_config(cfg: Any) -> Checked:
     seed = cfg.get("seed")
     if not isinstance(seed, int) or isinstance(seed, bool):
         out.append(f"seed={seed!r} must be an integer (e.g. seed=1)")
+    if cfg.get("resume") not in RESUME_MODES:
+        out.append(f"resume={cfg.get('resume')!r} must be auto (continue from the run dir's last checkpoint; a "
+                   "finished run is kept) or never (start the run over)")
     spec = None
     try:
         spec = conditioning_spec(cfg.conditioning)

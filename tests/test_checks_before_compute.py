@@ -1,0 +1,99 @@
+"""Every value is checked before any compute (issue 36): `resume`, the runs and results folders, a bad override once
+with its cause first, λ far beyond the weights' scale. Unit tier: the guard fails a test that would train."""
+
+import os
+from pathlib import Path
+
+import pytest
+from test_reproduce import listops_only, tiny
+
+from condattn.config import ConfigError, compose, compose_cell
+from condattn.engine import preflight
+from condattn.reproduce import main
+
+
+def _refusal(capsys) -> list[str]:
+    return [ln for ln in capsys.readouterr().err.strip().splitlines() if ln.strip()]
+
+
+def test_resume_maybe_is_refused_before_any_cell_trains(tmp_path, capsys):
+    assert main([str(listops_only(tmp_path)), "--seeds", "0", *tiny(tmp_path), "resume=maybe"]) == 2
+    err = _refusal(capsys)
+    assert err[0] == "[reproduce] refused before starting any job:"
+    assert err[1].startswith("  - resume='maybe' must be auto (continue from the run dir's last checkpoint") \
+        and err[1].endswith("[all 3 cells]"), err
+    assert len(err) == 2 and not (tmp_path / "runs").exists()
+
+
+def test_resume_is_validated_for_one_run():
+    assert any(m.startswith("resume='maybe' must be auto") for m in
+               preflight.config_problems(compose(["scale=smoke", "resume=maybe"])))
+    assert not [m for m in preflight.config_problems(compose(["scale=smoke", "resume=never"])) if "resume" in m]
+
+
+def _read_only(path: Path, monkeypatch) -> Path:
+    """A read-only folder; as root (who may write anywhere) the check is shown the same folder as unwritable."""
+    path.mkdir(parents=True)
+    path.chmod(0o555)
+    if os.geteuid() == 0:
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == path else real(p, mode, **kw))
+    return path
+
+
+def test_a_read_only_results_folder_is_refused_before_any_cell_trains(tmp_path, capsys, monkeypatch):
+    results = _read_only(tmp_path / "ro", monkeypatch)
+    assert main([str(listops_only(tmp_path)), "--seeds", "0", *tiny(tmp_path), f"paths.results={results}"]) == 2
+    err = _refusal(capsys)
+    assert len(err) == 2 and err[1].startswith(f"  - paths.results={results}: {results} is not writable, so the "
+                                               "tables cannot be written there"), err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_read_only_runs_folder_is_refused_by_the_train_cli(tmp_path, capsys, monkeypatch):
+    from condattn.train import cli
+
+    runs = _read_only(tmp_path / "ro", monkeypatch)
+    assert cli(["scale=smoke", "logger=none", f"paths.runs={runs / 'sub'}"]) == 2
+    err = _refusal(capsys)
+    assert err == [f"[condattn] paths.runs={runs / 'sub'}: {runs} is not writable (it would hold {runs / 'sub'}), so "
+                   f"the runs cannot be written there; make it writable, or point paths.runs= (or $CONDATTN_RUNS) at a "
+                   "writable folder"]
+
+
+def test_a_spaced_override_is_one_message_with_its_cause_first(tmp_path, capsys):
+    assert main([str(listops_only(tmp_path)), "--seeds", "0", *tiny(tmp_path), "conditioning.lam", "=", "2"]) == 2
+    err = _refusal(capsys)
+    assert len(err) == 2, err
+    assert err[1].startswith("  - override 'conditioning.lam' is not key=value; write each override as one word "
+                             "key=value, without spaces around '='") and err[1].endswith("[all 3 cells]")
+    with pytest.raises(ConfigError, match=r"^override 'conditioning.lam=' has no value \(a space after '='\?\)"):
+        compose_cell(["conditioning.lam=", "2"])
+
+
+def test_lambda_far_beyond_the_weights_scale_is_warned_once(capsys):
+    cfg = compose(["scale=smoke", "conditioning=spectral", "conditioning.lam=1e8"])
+    w = preflight.lam_warning(cfg)
+    assert w.startswith("conditioning.lam=1e+08 (lam_unit=abs) is ") and "fp32 rounds W away entirely" in w
+    assert preflight.lam_warning(compose(["scale=smoke", "conditioning=spectral"])) is None  # the paper's λ = 10
+    assert preflight.lam_warning(compose(["scale=smoke", "conditioning=none"])) is None
+    preflight._WARNED.clear()
+    preflight.preflight_checked(cfg, check_data=False, check_run_dir=False)
+    preflight.preflight_checked(cfg, check_data=False, check_run_dir=False)
+    err = _refusal(capsys)
+    assert err == [f"[condattn] warning: {w}"]
+
+
+@pytest.mark.slow
+def test_the_makefile_refuses_a_look_alike_of_its_own_variables():
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    for given, meant in (("ROW=image", "ROWS=image"), ("SEED=1", "SEEDS=1"), ("SCALES=small", "SCALE=small")):
+        out = subprocess.run(["make", "-n", "reproduce-table-4", given], cwd=repo, capture_output=True, text=True)
+        assert out.returncode != 0 and "condattn.reproduce" not in out.stdout
+        assert f"*** {given} is not a variable of this Makefile (it would be ignored); did you mean {meant}?" in \
+            out.stderr.splitlines()[0], out.stderr
+    out = subprocess.run(["make", "-n", "reproduce-table-4", "ROWS=image", "MY_OWN=1"], cwd=repo, capture_output=True,
+                         text=True)
+    assert out.returncode == 0 and '--rows "image"' in out.stdout  # an unrelated variable is the user's own
