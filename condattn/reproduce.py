@@ -376,6 +376,64 @@ def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list
     return out, pick
 
 
+def length_check(exp: dict, scale: str) -> tuple[int, int] | None:
+    """The scale's `length_check: {factor: 2, seeds: 5}`: the baseline and every primary row with a verdict run again
+    at factor × their steps, on their first `seeds` reported seeds, at their lr pick. None without one."""
+    spec = (exp["scales"].get(scale) or {}).get("length_check")
+    if not spec:
+        return None
+    factor, n = spec.get("factor", 2), spec.get("seeds", 5)
+    if not (isinstance(factor, int) and factor > 1 and isinstance(n, int) and n >= 2):
+        raise ConfigError(f"scales.{scale}.length_check={spec!r} in {exp['table']}: give an integer factor > 1 and at "
+                          "least 2 seeds, e.g. {factor: 2, seeds: 5}")
+    return factor, n
+
+
+def _finished_values(exp: dict, scale: str, row: str, specs: list[RunSpec]) -> list[float] | None:
+    """The reported metric of every planned reported run of a group, or None while any has not finished."""
+    key = row_metric(exp, scale, row)
+    vals = []
+    for c in specs:
+        s = RunRecord(c.run_dir).summary
+        if s is None or key not in s["metrics"]:
+            return None
+        vals.append(float(s["metrics"][key]))
+    return vals
+
+
+def _length_cells(comp: _Composer, exp: dict, scale: str, reported: dict[tuple, list[tuple[Part, RunSpec]]],
+                  picks: dict[str, LrPick], extra: list[str], renamed: dict[str, str],
+                  longer: dict[str, str]) -> list[tuple[Part, RunSpec]]:
+    """The runs at factor × steps of each family whose baseline and primary rows have all finished: the baseline and
+    every primary row whose adjusted p < 0.05 (the same tests the table prints). `longer`: their variants, by the
+    readable name of the run at 1× steps."""
+    from .reporting.metric import families, hypothesis
+    from .reporting.protocol import verdicts
+
+    factor, n = length_check(exp, scale) or (0, 0)
+    out: list[tuple[Part, RunSpec]] = []
+    for fam in families(exp, scale).values():
+        groups = {rm: reported.get(rm) for rm in fam}
+        primary = [rm for rm in fam[1:] if hypothesis(exp, rm[0]) == "primary"]
+        values = {rm: _finished_values(exp, scale, rm[0], [c for _, c in groups[rm] or []])
+                  for rm in [fam[0], *primary]}
+        if any(not v for v in values.values()):
+            continue
+        found = verdicts(values[fam[0]], [(rm, values[rm], "primary") for rm in primary],
+                         higher_is_better(exp, fam[0][0]))
+        for rm in [fam[0], *(rm for rm in primary if found[rm].word in ("better", "worse"))]:
+            pick = picks[pick_key(exp, *rm)]
+            for part, spec in (groups[rm] or [])[:n]:
+                steps = int(spec.cfg.task.steps)
+                tail = [*([] if pick.pick == 1 else [lr_override(pick.base_lr * pick.pick)]),
+                        f"task.steps={factor * steps}", *extra]
+                long_spec, v = _named(comp, part, tail, renamed)
+                if long_spec is not None:
+                    out.append((part, long_spec))
+                    longer[part.name] = v
+    return out
+
+
 def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: str = "local",
          only_rows: list[str] | None = None, read_records: bool = True) -> Plan:
     """Every cell of the table at this scale, composed and named, without side effects (it reads run records, writes
@@ -393,23 +451,29 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
     groups: dict[tuple, list[Part]] = {}
     for p in parts(exp, scale, seeds, launcher):
         groups.setdefault((p.name,) if p.pretrain else (p.row, p.method), []).append(p)
+    reported: dict[tuple, list[tuple[Part, RunSpec]]] = {}
     for group in groups.values():
         if grid and not group[0].pretrain:
             row_cells, pick = _grid_row(comp, group, grid, extra, exp, scale, read_records, shown, renamed)
             planned += row_cells
             if pick is not None:
                 picks[pick_key(exp, group[0].row, group[0].method)] = pick
+                reported[(group[0].row, group[0].method)] = [(p, c) for p, c in row_cells if p in group]
             continue
         for part in group:
             spec, shown[part.name] = _named(comp, part, list(extra), renamed)
             if spec is not None:
                 planned.append((part, spec))
+    longer: dict[str, str] = {}
+    if grid and length_check(exp, scale) and read_records and not comp.errors:
+        planned += _length_cells(comp, exp, scale, reported, picks, extra, renamed, longer)
     if comp.errors:
         raise ConfigError("\n" + "\n".join(_problem_report(comp.errors, comp.n)))
     _check_shared_dirs([spec for _, spec in planned])
     variants = {name: v for name, v in shown.items() if v}
     exp = {**exp, **({"variants": variants} if variants else {}),
-           **({"lr_picks": {row: p.as_dict() for row, p in picks.items()}} if grid else {})}
+           **({"lr_picks": {row: p.as_dict() for row, p in picks.items()}} if grid else {}),
+           **({"longer": {"factor": length_check(exp, scale)[0], "variants": longer}} if longer else {})}
     todo = [spec for part, spec in planned if part.pretrain or only_rows is None or part.row in only_rows]
     first = planned[0][1].cfg
     return Plan(exp, todo, picks, Path(first.paths.runs), Path(first.paths.results))

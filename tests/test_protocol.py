@@ -85,7 +85,8 @@ def test_plan_lr_grid_selection_seeds_extend_at_an_edge_then_report_other_seeds(
     assert sorted(p.waiting) == sorted(exp["rows"])
     vit = by_row["vit_baseline"]
     base_lr = float(vit[2].cfg.optim.lr)
-    assert [float(c.cfg.optim.lr) for c in vit] == pytest.approx([0.5 * base_lr] * 2 + [base_lr] * 2 + [2 * base_lr] * 2)
+    want = [0.5 * base_lr] * 2 + [base_lr] * 2 + [2 * base_lr] * 2
+    assert [float(c.cfg.optim.lr) for c in vit] == pytest.approx(want)
     assert vit[2].name == "table9_readings_vit_baseline_none_small_s100"  # ×1: the row's own run, its usual name
     assert vit[0].name.startswith(vit[2].name + "-")
     assert not any(o.startswith("optim.lr=") for o in vit[2].overrides)

@@ -363,11 +363,18 @@ def test_table9_renderer_from_run_summaries(tmp_path):
     md_path, md = write_table(exp, "small", runs, tmp_path / "results", [0, 1, 2])
     assert md_path.name == "table9_readings.md"
     assert "**vit** (`final_test_acc`)" in md and "**listops** (`test_acc`)" in md
-    # no lr grid, no curves: lr and steps-to-target are "–"; the MDE from the baseline's std 1.00 over 3 seeds
-    assert ("| baseline (no conditioning) | 51.00 ± 1.00 (n=3) | (baseline) | – | 3.04 | – | 0.800 | 0.200 | 0.100 | "
-            "1.00e-02 |") in md
+    # no lr grid, no curves: lr and steps-to-target are "–"; the baseline has no test of its own
+    assert ("| baseline (no conditioning) | baseline | 51.00 ± 1.00 (n=3) | (baseline) | – | – | – | – | – | – | "
+            "0.800 | 0.200 | 0.100 | 1.00e-02 |") in md
     assert "missing seeds [2]" in md
-    assert "Readings above the baseline beyond their 95% interval: vit: SCA Theorem 3.5" in md
-    assert "listops: SCA Theorem 3.5" in md
+    # a primary row equal to the baseline: p = 1, no difference, with the MDE at α = 0.05 and at 0.05/7 (7 primaries)
+    assert "| SCA λ = 10, λI fixed (the paper as read) | primary | 51.00 ± 1.00 (n=3) | +0.00 [" in md
+    assert "| 1.000 / 1.000 / 1.000 | no difference detected (MDE " in md
+    # the exploratory svd_full row is far above: its BH q, its label, and the closing verdict says so
+    assert "| exploratory | 81.00 ± 1.00 (n=3) | +30.00 [" in md and "| better (exploratory) |" in md
+    assert "better than the baseline: vit: SCA Theorem 3.5 C = σ_max·UVᵀ, full D×D block" in md
+    assert "Convergence (vit): not tested yet" in md
     csv = (md_path.parent / "table9_readings.csv").read_text().splitlines()
     assert len(csv) == 1 + 30 and "step0_feature_spread" in csv[0]
+    for col in ("hypothesis", "p_welch", "p_adjusted", "p_permutation", "verdict", "mde_corrected", "diff_2x", "code"):
+        assert col in csv[0].split(","), col

@@ -37,3 +37,24 @@ def row_seeds(exp: dict, scale: str, row: str, seeds: list[int]) -> list[int]:
     `scales.<scale>.exploratory_seeds` of them for an exploratory row (when the scale sets it)."""
     n = (exp["scales"].get(scale) or {}).get("exploratory_seeds")
     return list(seeds[:int(n)]) if n and hypothesis(exp, row) == "exploratory" else list(seeds)
+
+
+def families(exp: dict, scale: str) -> dict[str, list[tuple[str, str]]]:
+    """The comparisons of a table, one family per task: {family: [(row, method), ...]}, the family's baseline first.
+    A table of readings (rows that name their `method` and `task`, table 9) has one family per task, its baseline the
+    row `<task>_<baseline_reading>`; a table whose rows train every method (tables 1, 3, 4, 5) has one family per row,
+    its baseline the first method."""
+    from .tables import methods_for, rows_for
+
+    out: dict[str, list[tuple[str, str]]] = {}
+    reading = exp.get("baseline_reading", "baseline")
+    for row in rows_for(exp, scale):
+        spec = exp["rows"][row]
+        task = spec.get("task") if spec.get("method") is not None else None
+        fam = out.setdefault(task or row, [])
+        for method in methods_for(exp, row):
+            if task is not None and row == f"{task}_{reading}":
+                fam.insert(0, (row, method))
+            else:
+                fam.append((row, method))
+    return out

@@ -19,11 +19,12 @@ import statistics
 import sys
 from pathlib import Path
 
+from ..runs import RunId
 from . import protocol
 from .floors import SCALES as FLOOR_SCALES
 from .floors import load as load_floors
-from .metric import row_metric
-from .stats import diff_ci
+from .metric import families, higher_is_better, hypothesis, row_metric
+from .stats import Verdict, fmt_num, fmt_p
 from .tables import (
     TableCell,
     collect,
@@ -73,115 +74,232 @@ def row_cells(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) ->
     out = {}
     for row in rows_for(exp, scale):
         spec = exp["rows"][row]
+        at = exp["scales"].get(scale) or {}
         sub = {**exp, "rows": {row: spec},
-               "scales": {scale: {"seeds": seeds}}}
+               "scales": {scale: {"seeds": seeds, "exploratory_seeds": at.get("exploratory_seeds")}}}
         (cell,) = collect(sub, scale, runs_root, seeds).values()
         out[row] = cell
     return out
 
 
+def longer_cells(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -> dict[str, TableCell]:
+    """The runs at factor × steps (reproduce's length check) of each row that has them, {row: TableCell}."""
+    longer = exp.get("longer") or {}
+    if not longer.get("variants"):
+        return {}
+    sub = {**exp, "variants": longer["variants"]}
+    out = {}
+    for row, c in row_cells(sub, scale, runs_root, seeds).items():
+        named = [RunId(exp["table"], row, c.method, scale, sd).name for sd in c.seeds]
+        kept = [i for i, sd in enumerate(c.seeds) if named[i] in longer["variants"] and sd not in c.missing]
+        if kept:
+            out[row] = TableCell(row, c.method, [c.seeds[i] for i in kept], c.values, c.steps, c.wall, [], c.summaries)
+    return out
+
+
 def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -> tuple[list[dict], dict]:
     cells = row_cells(exp, scale, runs_root, seeds)
-    base_reading = exp.get("baseline_reading", "baseline")
-    base = {exp["rows"][r]["task"]: r for r in cells if r == f"{exp['rows'][r]['task']}_{base_reading}"}
-    key, higher = (exp.get("curve") or {}).get("key", "acc"), bool(exp.get("higher_is_better", True))
+    long = longer_cells(exp, scale, runs_root, seeds)
+    fams = families(exp, scale)
+    base = {exp["rows"][fam[0][0]]["task"]: fam[0][0] for fam in fams.values()}
+    key, higher = (exp.get("curve") or {}).get("key", "acc"), higher_is_better(exp)
     targets = {task: protocol.baseline_target(cells[b].summaries, key, multiplier(exp), higher)
                for task, b in base.items()}
+    tests: dict[str, Verdict] = {}
+    long_tests: dict[str, Verdict] = {}
+    for fam in fams.values():
+        b = fam[0][0]
+        arms = [(r, cells[r].values, hypothesis(exp, r)) for r, _ in fam[1:]]
+        tests.update(protocol.verdicts(cells[b].values, arms, higher))
+        if b in long:
+            arms = [(r, long[r].values, hypothesis(exp, r)) for r, _ in fam[1:] if r in long]
+            long_tests.update(protocol.verdicts(long[b].values, arms, higher))
     out = []
     for row, c in cells.items():
         spec = exp["rows"][row]
         d0 = [s.get("diagnostics", {}).get("step0", {}) for s in c.summaries]
         b = base.get(spec["task"])
-        ci = diff_ci(cells[b].values, c.values) if b and b != row else None
         target = targets.get(spec["task"])
-        n_arm = min(len(c.values), len(cells[b].values)) if b else 0
         out.append({
             "lr": protocol.lr_text(exp, row), "lr_grid": protocol.grid_text(exp, row),
-            "mde": protocol.mde_text(cells[b].values if b else [], n_arm),
+            "test": tests.get(row), "long": long_tests.get(row), "long_cell": long.get(row),
+            "hypothesis": "baseline" if row == b else hypothesis(exp, row),
             "steps": protocol.steps_column(c.summaries, target.value if target else None, key, multiplier(exp),
                                            higher),
             "target": target,
             "row": row, "task": spec["task"], "reading": spec.get("reading", row), "method": c.method,
-            "metric": row_metric(exp, scale, row), "cell": c, "ci": ci, "is_baseline": row == b,
+            "metric": row_metric(exp, scale, row), "cell": c, "ci": tests[row].ci if row in tests else None,
+            "is_baseline": row == b,
             "step0": {k: _mean([f(d) for d in d0]) for k, f in STEP0.items()},
             "extra": {k: _mean([f(d) for d in d0]) for k, f in EXTRA.items()},
         })
     return out, cells
 
 
+HEAD = ["reading", "hypothesis", "final accuracy (%)", "Δ vs baseline [95% CI]", "p: Welch / adjusted / permutation",
+        "verdict", "Δ at 2× steps", "lr (pick)", "MDE: α 0.05 / corrected", "steps to baseline's half-training val"]
+
+
+def _p_text(t: Verdict | None) -> str:
+    if t is None or t.p is None:
+        return "–"
+    adj = f"{fmt_p(t.p_adj)}{' (q)' if t.correction == 'bh' else ''}"
+    return f"{fmt_p(t.p)} / {adj} / {fmt_p(t.p_perm)}"
+
+
+def _long_text(r: dict) -> str:
+    """Δ at factor × steps with its interval and n, and whether the verdict changes there."""
+    lc, lt = r["long_cell"], r["long"]
+    if lc is None:
+        return "–"
+    if r["is_baseline"]:
+        return f"{lc.text()}"
+    if lt is None or lt.ci is None:
+        return f"– (n={len(lc.values)})"
+    change = "" if r["test"] is None or lt.word == r["test"].word else f"; verdict there: {lt.word}"
+    return f"{lt.ci.text()} (n={len(lc.values)}{change})"
+
+
+def convergence_line(rows: list[dict], task: str) -> str:
+    """The baseline's convergence test: its gain at factor × steps (same seeds) against its MDE at α = 0.05."""
+    base = next((x for x in rows if x["task"] == task and x["is_baseline"]), None)
+    if base is None or base["long_cell"] is None or len(base["cell"].values) < 2:
+        return (f"Convergence ({task}): not tested yet: the baseline has no run at 2× its steps (the length check "
+                "runs once the baseline and the primary rows have finished).")
+    lc, c = base["long_cell"], base["cell"]
+    one = [v for sd, v in zip([sd for sd in c.seeds if sd not in c.missing], c.values) if sd in lc.seeds]
+    gain = statistics.fmean(lc.values) - statistics.fmean(one) if one else None
+    mde_05 = next((x["test"].mde for x in rows if x["task"] == task and x["test"] and x["test"].mde), None)
+    if gain is None or mde_05 is None:
+        return f"Convergence ({task}): not tested (no paired seeds or no MDE)."
+    ok = gain < mde_05
+    return (f"Convergence ({task}): at 2× its steps the baseline gains {gain:+.2f} points over the same "
+            f"{len(one)} seeds at 1×, {'under' if ok else 'NOT under'} its MDE {fmt_num(mde_05)}: "
+            f"{'converged' if ok else 'still learning; verdicts at 1× steps may change with length'}.")
+
+
+def _csv_row(exp: dict, scale: str, r: dict) -> dict:
+    c, t, lt, lc = r["cell"], r["test"], r["long"], r["long_cell"]
+    ci = r["ci"]
+    mean = statistics.fmean(c.values) if c.values else None
+    row = {"table": exp["table"], "scale": scale, "row": r["row"], "task": r["task"], "reading": r["reading"],
+           "hypothesis": r["hypothesis"], "method": r["method"], "metric": r["metric"], "n": len(c.values),
+           "seeds": " ".join(str(sd) for sd in c.seeds if sd not in c.missing),
+           "values": " ".join(f"{v:.4f}" for v in c.values),
+           "mean": f"{mean:.4f}" if mean is not None else "",
+           "std": f"{statistics.stdev(c.values):.4f}" if len(c.values) > 1 else "",
+           "missing_seeds": " ".join(map(str, c.missing)),
+           "diff_vs_baseline": f"{ci.diff:.4f}" if ci else "",
+           "diff_ci95_low": f"{ci.low:.4f}" if ci else "", "diff_ci95_high": f"{ci.high:.4f}" if ci else "",
+           "p_welch": f"{t.p:.6g}" if t and t.p is not None else "",
+           "p_adjusted": f"{t.p_adj:.6g}" if t and t.p_adj is not None else "",
+           "correction": t.correction if t else "",
+           "p_permutation": f"{t.p_perm:.6g}" if t and t.p_perm is not None else "",
+           "verdict": t.word if t else "",
+           "mde_05": f"{t.mde:.4f}" if t and t.mde is not None else "",
+           "mde_corrected": f"{t.mde_corrected:.4f}" if t and t.mde_corrected is not None else "",
+           "n_2x": len(lc.values) if lc else "", "values_2x": " ".join(f"{v:.4f}" for v in lc.values) if lc else "",
+           "diff_2x": f"{lt.ci.diff:.4f}" if lt and lt.ci else "",
+           "diff_2x_ci95_low": f"{lt.ci.low:.4f}" if lt and lt.ci else "",
+           "diff_2x_ci95_high": f"{lt.ci.high:.4f}" if lt and lt.ci else "",
+           "p_adjusted_2x": f"{lt.p_adj:.6g}" if lt and lt.p_adj is not None else "",
+           "verdict_2x": lt.word if lt else "",
+           "lr": r["lr"], "lr_grid_scores": r["lr_grid"],
+           "lr_at_bound": str(bool(((exp.get("lr_picks") or {}).get(r["row"]) or {}).get("at_bound"))).lower(),
+           "select_metric": ((exp.get("lr_picks") or {}).get(r["row"]) or {}).get("key", ""),
+           "steps_to_target_median": r["steps"][0],
+           "steps_to_target": " ".join("never" if x is None else str(x) for x in r["steps"][1]),
+           "target": f"{r['target'].value:.4f}" if r["target"] and r["target"].value is not None else "",
+           **_convergence_csv(r),
+           "wall_time_s": " ".join(f"{w:.1f}" for w in c.wall),
+           "commit": " ".join(sorted({s.get("commit", "") for s in c.summaries})),
+           "code": " ".join(sorted({code_text(s) for s in c.summaries}))}
+    for k, st in {**r["step0"], **r["extra"]}.items():
+        row[f"step0_{k}"] = f"{st[0]:.6g}" if st else ""
+    return row
+
+
 def render(exp: dict, scale: str, rows: list[dict], cells: dict,
            floors: dict | None = None) -> tuple[str, list[dict]]:
     """`floors`: {task: cached floors entry} (reporting/floors.py), printed as rows under each task's readings."""
-    head = ["reading", "final accuracy (%)", "Δ vs baseline [95% CI]", "lr (pick)", "MDE (80% power)",
-            "steps to baseline's final val", *(f"step 0: {h}" for h in STEP0)]
-    intro = ("Each row is one reading of a method (experiments/table9_readings.yaml names its options). Final "
-             "accuracy: mean ± std over seeds of each task's summary key, named under its heading (final_*: at "
-             "the end of training; test_acc: test accuracy at the best validation checkpoint, as LRA). Δ: "
-             "difference of the means to the same task's baseline with a 95% Welch interval (needs ≥ 2 seeds per "
-             "row). Step-0 columns, measured at initialisation on the fixed diagnostics batch and after the first "
-             "backward, are means over layers: entropy as a share of uniform attention (1 = uniform, 0 = one-hot), "
-             "max attention probability, the share of (query, head) pairs whose attention argmax is the query "
-             "itself, and ‖∇W_Q‖_F.")
+    head = [*HEAD, *(f"step 0: {h}" for h in STEP0)]
+    intro = ("Each row is one reading of a method (experiments/table9_readings.yaml names its options and declares it "
+             "primary or exploratory before running). Final accuracy: mean ± std over the reported seeds of each "
+             "task's summary key, named under its heading (final_*: at the end of training; test_acc: test accuracy "
+             "at the best validation checkpoint, as LRA). Δ: difference of the means to the same task's baseline with "
+             "a 95% Welch interval. p: Welch's two-sided p, then adjusted (Holm over the task's primary rows; "
+             "for an exploratory row a Benjamini–Hochberg q over the task's exploratory rows), then an exact "
+             "permutation p. The verdict follows the adjusted p alone. Δ at 2× steps: the same comparison at twice the "
+             "training length (the baseline and the primary rows with a verdict). Step-0 columns, measured at "
+             "initialisation on the fixed diagnostics batch and after the first backward, are means over layers: "
+             "entropy as a share of uniform attention (1 = uniform, 0 = one-hot), max attention probability, the "
+             "share of (query, head) pairs whose attention argmax is the query itself, and ‖∇W_Q‖_F.")
     lines = table_start(exp, intro, head)[:2] + [intro]
     csv_rows = []
-    winners = []
     for task in dict.fromkeys(r["task"] for r in rows):
         metric = next(x["metric"] for x in rows if x["task"] == task)
         lines += ["", f"**{task}** (`{metric}`)", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in (x for x in rows if x["task"] == task):
-            c, ci = r["cell"], r["ci"]
-            acc = c.text()
-            delta = "(baseline)" if r["is_baseline"] else (ci.text() if ci else "–")
-            cols = [r["reading"], acc, delta, r["lr"], r["mde"][0], r["steps"][0]]
+            t = r["test"]
+            delta = "(baseline)" if r["is_baseline"] else (r["ci"].text() if r["ci"] else "–")
+            mdes = f"{fmt_num(t.mde)} / {fmt_num(t.mde_corrected)}" if t and t.mde is not None else "–"
+            cols = [r["reading"], r["hypothesis"], r["cell"].text(), delta, _p_text(t),
+                    "–" if r["is_baseline"] or t is None else t.word + (" (exploratory)" if t.correction == "bh"
+                                                                          and t.word != "–" else ""),
+                    _long_text(r), r["lr"], mdes, r["steps"][0]]
             cols += [_fmt(r["step0"][k], sci=k.startswith("‖")) for k in STEP0]
             lines.append("| " + " | ".join(cols) + " |")
-            if ci and ci.low > 0:
-                winners.append(f"{task}: {r['reading']} ({ci.text()})")
-            mean_std = statistics.fmean(c.values) if c.values else None
-            row = {"table": exp["table"], "scale": scale, "row": r["row"], "task": task, "reading": r["reading"],
-                   "method": r["method"], "metric": r["metric"], "n": len(c.values),
-                   "values": " ".join(f"{v:.4f}" for v in c.values),
-                   "mean": f"{mean_std:.4f}" if mean_std is not None else "",
-                   "std": f"{statistics.stdev(c.values):.4f}" if len(c.values) > 1 else "",
-                   "missing_seeds": " ".join(map(str, c.missing)),
-                   "diff_vs_baseline": f"{ci.diff:.4f}" if ci else "",
-                   "diff_ci95_low": f"{ci.low:.4f}" if ci else "", "diff_ci95_high": f"{ci.high:.4f}" if ci else "",
-                   "lr": r["lr"], "lr_grid_scores": r["lr_grid"],
-                   "select_metric": ((exp.get("lr_picks") or {}).get(r["row"]) or {}).get("key", ""),
-                   "mde_80": f"{r['mde'][1]:.4f}" if r["mde"][1] is not None else "",
-                   "steps_to_target_median": r["steps"][0],
-                   "steps_to_target": " ".join("never" if x is None else str(x) for x in r["steps"][1]),
-                   "target": f"{r['target'].value:.4f}" if r["target"] and r["target"].value is not None else "",
-                   **_convergence_csv(r),
-                   "wall_time_s": " ".join(f"{w:.1f}" for w in c.wall),
-                   "commit": " ".join(sorted({s.get("commit", "") for s in c.summaries}))}
-            for k, st in {**r["step0"], **r["extra"]}.items():
-                row[f"step0_{k}"] = f"{st[0]:.6g}" if st else ""
-            csv_rows.append(row)
+            csv_rows.append(_csv_row(exp, scale, r))
         for f in ((floors or {}).get(task) or {}).get("floors", []):  # same split, a classical model: not a method
-            lines.append(f"| {f['label']} | {100 * f['value']:.2f} ({f['split']}) | – |" + " – |" * (len(head) - 3))
+            lines.append(f"| {f['label']} | – | {100 * f['value']:.2f} ({f['split']}) | – |" + " – |" * (len(head) - 4))
         base = next((x for x in rows if x["task"] == task and x["is_baseline"]), None)
+        lines += ["", convergence_line(rows, task)]
         if base and base["target"]:
             lines += ["", base["target"].text()]
             total = max((int(s.get("steps") or 0) for s in base["cell"].summaries), default=0)
             if plateau := protocol.plateau_text(base["steps"][1], total):
                 lines += ["", plateau]
-    n_seeds = max((len(r["cell"].values) for r in rows), default=0)
-    if n_seeds < 2:
-        verdict = "With fewer than 2 seeds per row there is no interval: this table cannot say which reading is better."
-    elif winners:
-        verdict = "Readings above the baseline beyond their 95% interval: " + "; ".join(winners) + "."
-    else:
-        verdict = "No reading beats its task's baseline beyond its 95% interval."
-    lines += ["", verdict, "", protocol.FOOTER, "", cost_line(exp, scale, rows), "",
-              provenance_line(exp, scale, cells)]
+    found = [(f"{r['task']}: {r['reading']}" + (" (exploratory)" if r["hypothesis"] == "exploratory" else ""),
+              r["test"]) for r in rows if r["test"] is not None]
+    lines += ["", protocol.verdict_line(found), "", protocol.FOOTER, "", cost_line(exp, scale, rows), "",
+              code_line(rows), "", provenance_line(exp, scale, cells)]
     return "\n".join(lines) + "\n", csv_rows
+
+
+def code_text(summary: dict) -> str:
+    """A run's code fingerprint as one token: 'conditioning=ab12…,model=…' ('unrecorded' before fingerprints)."""
+    code = summary.get("code")
+    return ",".join(f"{k}={v}" for k, v in sorted(code.items())) if code else "unrecorded"
+
+
+def code_line(rows: list[dict]) -> str:
+    """The commits the runs come from, and the readings whose runs ran different code (engine/provenance.py)."""
+    sums = [s for r in rows for s in r["cell"].summaries]
+    if not sums:
+        return ""
+    commits: dict[str, int] = {}
+    for s in sums:
+        commits[s.get("commit", "unknown")] = commits.get(s.get("commit", "unknown"), 0) + 1
+    mixed = []
+    for r in rows:
+        codes = [s.get("code") or {} for s in r["cell"].summaries]
+        parts = sorted({k for c in codes for k in c if len({(x or {}).get(k) for x in codes}) > 1})
+        if any(not c for c in codes) and len({bool(c) for c in codes}) > 1:
+            parts.append("unrecorded")
+        if parts:
+            mixed.append(f"{r['task']}: {r['reading']} ({', '.join(parts)})")
+    text = (f"Code: the runs come from commits {', '.join(f'{k} ({n} runs)' for k, n in sorted(commits.items()))}; "
+            "each run records a fingerprint of the code that can change its result (conditioning, model, task, "
+            "engine; the CSV's `code` column). ")
+    return text + (f"Readings whose runs ran different code: {'; '.join(mixed)}." if mixed else
+                   "Within every reading its runs ran the same code.")
 
 
 def cost_line(exp: dict, scale: str, rows: list[dict]) -> str:
     """The measured training time of the runs shown and, at the CPU scales, what the whole table costs at those
-    per-task medians: every row runs its seeds plus the lr grid's other multipliers on seed 0, on two processes of
-    one thread (2 cores). A task with no finished run yet makes the projection unknown."""
+    per-task medians: every row runs its reported seeds plus its selection seeds at each multiplier of the starting
+    lr grid (an extension of the grid costs more), and the length check its runs at factor × steps, on two processes
+    of one thread (2 cores). A task with no finished run yet makes the projection unknown."""
     walls = [w for r in rows for w in r["cell"].wall]
     if not walls:
         return ""
@@ -192,13 +310,22 @@ def cost_line(exp: dict, scale: str, rows: list[dict]) -> str:
             f"(median per run: {per_task}).")
     if scale not in ("smoke", "small"):
         return line
-    grid_extra = max(len((exp["scales"].get(scale) or {}).get("lr_grid") or []) - 1, 0)
-    per_row = [len(r["cell"].values) + len(r["cell"].missing) + grid_extra for r in rows]
+    at = exp["scales"].get(scale) or {}
+    selection = len(at.get("lr_grid") or []) * len(at.get("selection_seeds") or [])
+    length = at.get("length_check") or {}
+    per_row = [len(r["cell"].values) + len(r["cell"].missing) + selection for r in rows]
+    longer = {r["task"]: 0 for r in rows}
+    for r in rows:
+        if length and (r["is_baseline"] or (r["test"] and r["test"].word in ("better", "worse")
+                                            and r["hypothesis"] == "primary")):
+            longer[r["task"]] += int(length.get("factor", 2)) * int(length.get("seeds", 5))
     unmeasured = sorted({r["task"] for r in rows} - set(medians))
-    whole = (f"unknown until {', '.join(unmeasured)} has a finished run" if unmeasured else
-             f"{sum(medians[r['task']] * k for r, k in zip(rows, per_row)) / 2 / 3600:.1f} h")
-    return (f"{line} The whole table, {len(rows)} rows × {max(per_row)} runs (seeds + the lr grid's other "
-            f"multipliers), at these medians on two processes of one thread: {whole}.")
+    total = (sum(medians[r["task"]] * k for r, k in zip(rows, per_row)) +
+             sum(medians[t] * k for t, k in longer.items() if t in medians)) if not unmeasured else 0.0
+    whole = (f"unknown until {', '.join(unmeasured)} has a finished run" if unmeasured else f"{total / 2 / 3600:.1f} h")
+    return (f"{line} The whole table: {sum(per_row)} runs (reported seeds, plus {selection} selection runs per row "
+            f"on the starting grid){f' and {sum(longer.values())} run-lengths of the length check' if length else ''}"
+            f", at these medians on two processes of one thread: {whole}.")
 
 
 def _convergence_csv(r: dict) -> dict:

@@ -1,5 +1,7 @@
-"""The statistics every report uses: mean ± sample std over seeds, and a confidence interval for the
-difference of two groups' means (Welch's t interval; a seeded bootstrap when scipy is absent)."""
+"""The statistics every report uses: mean ± sample std over seeds; a confidence interval for the difference of two
+groups' means (Welch's t interval; a seeded bootstrap when scipy is absent); the tests behind a verdict (Welch's p, an
+exact permutation p) and their corrections for the comparisons made beside them (Holm within a family of declared
+hypotheses, Benjamini–Hochberg q for exploratory rows); the minimum detectable effect at a given α."""
 
 from __future__ import annotations
 
@@ -79,6 +81,117 @@ def diff_ci(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> Diff
     return welch_ci(a, b, level)
 
 
+def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """The two-sided p of Welch's t-test for mean(b) ≠ mean(a); None with < 2 values in a group; 1.0 when both groups
+    are constant and equal, 0.0 when constant and different."""
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        return None
+    if statistics.pvariance(a) == 0 and statistics.pvariance(b) == 0:
+        return 1.0 if statistics.fmean(a) == statistics.fmean(b) else 0.0
+    return float(stats.ttest_ind(b, a, equal_var=False).pvalue)
+
+
+def permutation_p(a: Sequence[float], b: Sequence[float], max_exact: int = 200_000, reps: int = 100_000,
+                  seed: int = 0) -> float | None:
+    """The two-sided permutation p of |mean(b) − mean(a)|: exact over every relabelling of the pooled values while
+    there are at most `max_exact` of them (C(10+10, 10) = 184,756), else a seeded Monte Carlo estimate (the observed
+    labelling counted). Its smallest possible value is 2/C(na+nb, na) (with 5 per arm: 2/252 = 0.0079)."""
+    import itertools
+
+    import numpy as np
+
+    if len(a) < 2 or len(b) < 2:
+        return None
+    pooled = np.asarray([*a, *b], dtype=float)
+    n, nb = len(pooled), len(b)
+    total = pooled.sum()
+    observed = abs(float(np.mean(b)) - float(np.mean(a)))
+    tol = 1e-12 * max(1.0, float(np.abs(pooled).max()))
+
+    def diffs(sum_b):
+        return np.abs(sum_b / nb - (total - sum_b) / (n - nb))
+
+    if math.comb(n, nb) <= max_exact:
+        idx = np.fromiter(itertools.chain.from_iterable(itertools.combinations(range(n), nb)), dtype=np.int64)
+        sums = pooled[idx.reshape(-1, nb)].sum(1)
+        return float(np.mean(diffs(sums) >= observed - tol))
+    rng = np.random.default_rng(seed)
+    sums = np.array([pooled[rng.permutation(n)[:nb]].sum() for _ in range(reps)])
+    return float((np.sum(diffs(sums) >= observed - tol) + 1) / (reps + 1))
+
+
+def holm(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values (family-wise error), in the input order; None entries are left out of the
+    family and stay None."""
+    idx = sorted((i for i, p in enumerate(pvalues) if p is not None), key=lambda i: pvalues[i])  # type: ignore[arg-type,return-value]
+    m = len(idx)
+    out: list[float | None] = [None] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(idx):
+        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))  # type: ignore[arg-type]
+        out[i] = running
+    return out
+
+
+def benjamini_hochberg(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Benjamini–Hochberg q-values (false discovery rate), in the input order; None entries are left out."""
+    idx = sorted((i for i, p in enumerate(pvalues) if p is not None), key=lambda i: pvalues[i])  # type: ignore[arg-type,return-value]
+    m = len(idx)
+    out: list[float | None] = [None] * len(pvalues)
+    running = 1.0
+    for rank in range(m - 1, -1, -1):
+        i = idx[rank]
+        running = min(running, m * float(pvalues[i]) / (rank + 1))  # type: ignore[arg-type]
+        out[i] = running
+    return out
+
+
+ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One row's test against its baseline: Welch's interval, raw and adjusted p (Holm over the row's family of
+    primary rows, or a Benjamini–Hochberg q for an exploratory row), the exact permutation p, and the MDE at the
+    corrected α beside the uncorrected one."""
+
+    ci: DiffCI | None
+    p: float | None
+    p_adj: float | None
+    p_perm: float | None
+    correction: str  # "holm" | "bh"
+    mde: float | None  # at α = 0.05
+    mde_corrected: float | None  # at the family's Bonferroni α (the step Holm's first test uses)
+    higher_is_better: bool = True
+
+    @property
+    def word(self) -> str:
+        """"better" / "worse" only when the adjusted p < 0.05; else "no difference detected (MDE x)"."""
+        if self.ci is None or self.p_adj is None:
+            return "–"
+        if self.p_adj < ALPHA:
+            up = self.ci.diff > 0
+            return "better" if up == self.higher_is_better else "worse"
+        m = self.mde_corrected if self.mde_corrected is not None else self.mde
+        return "no difference detected" + (f" (MDE {fmt_num(m)})" if m is not None else "")
+
+
+def fmt_p(p: float | None) -> str:
+    """A p-value with enough digits to read it against 0.05 and its corrections: 0.027, 0.0079, 3.1e-06."""
+    if p is None:
+        return "–"
+    if p >= 0.01:
+        return f"{p:.3f}"
+    return f"{p:.4f}" if p >= 0.001 else f"{p:.1e}"
+
+
+def fmt_num(x: float | None) -> str:
+    """A quantity with three significant digits (never "0.01" for 0.0147)."""
+    return "–" if x is None else f"{x:.3g}"
+
+
 def mde(std: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float | None:
     """The minimum detectable effect of a two-sided two-sample t-test with n seeds per arm at this power:
     (t_{1−α/2, df} + t_{power, df}) · s · √(2/n), df = 2n − 2, s the baseline's std (the usual normal-theory
@@ -91,7 +204,8 @@ def mde(std: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float | 
     return float(stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * std * math.sqrt(2 / n)
 
 
-MDE_FORMULA = "MDE = (t_{0.975,df} + t_{0.8,df}) · s_baseline · √(2/n), df = 2n − 2 (two-sided α = 0.05, 80% power)"
+MDE_FORMULA = ("MDE = (t_{1−α/2,df} + t_{0.8,df}) · s_baseline · √(2/n), df = 2n − 2 (two-sided, 80% power), "
+               "at α = 0.05 and at the family's corrected α = 0.05/m")
 
 
 def steps_to_target(curve: Sequence[tuple[int, float]], target: float, higher_is_better: bool = True) -> int | None:
