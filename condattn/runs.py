@@ -227,8 +227,15 @@ class RunRecord:
         """The tokenizer.json of the run's data: the run's own copy (engine/setup.py keep_tokenizer), else the data
         cache its summary names (text builders cache it there), else the `data.tokenizer` of its config.yaml; None
         when none names one."""
-        if (self.dir / TOKENIZER).is_file():
-            return self.dir / TOKENIZER
+        own = self.dir / TOKENIZER
+        if own.is_file() and (why := unreadable_tokenizer(own)):  # set aside, named; the next source is used
+            import sys
+
+            moved = set_aside(own)
+            print(f"[condattn] warning: {own} is unreadable ({why}); set it aside as {moved.name} and looking for the "
+                  "run's tokenizer in its data cache", file=sys.stderr, flush=True)
+        if own.is_file():
+            return own
         cache = ((self.read_summary() or {}).get("data") or {}).get("cache")
         if cache and (Path(cache) / TOKENIZER).is_file():
             return Path(cache) / TOKENIZER
@@ -285,9 +292,36 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
+def unreadable_json(path: str | Path) -> str | None:
+    """Why `path` is not a JSON object (None: it is one): empty, truncated, or another format."""
+    import json
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        return f"cannot be read as text: {type(e).__name__}"
+    if not text.strip():
+        return "it is empty (0 bytes)" if not text else "it holds only whitespace"
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        return f"not valid JSON, truncated or another format: {e}"
+    return None if isinstance(obj, dict) else f"it holds a JSON {type(obj).__name__}, not an object"
+
+
+def unreadable_tokenizer(path: str | Path) -> str | None:
+    """Why `path` is not a tokenizers `tokenizer.json` (None: it is one)."""
+    if why := unreadable_json(path):
+        return why
+    import json
+
+    return None if "model" in json.loads(Path(path).read_text()) else "a JSON object without a tokenizer 'model'"
+
+
 def set_aside(checkpoint: str | Path) -> Path:
-    """Rename an unreadable checkpoint to `step_N.corrupt` (kept for inspection, no longer listed); returns the new
-    path."""
+    """Rename an unreadable checkpoint (or run file) to `step_N.corrupt` (`summary.json.corrupt`, ...: kept for
+    inspection, no longer listed or read); returns the new path."""
     p = Path(checkpoint)
     dest = p.with_name(p.name + ".corrupt")
     n = 1

@@ -198,15 +198,15 @@ def test_tokenizer_file_of_a_pretraining_run(tmp_path):
     assert record.tokenizer_file() == Path("tok/tokenizer.json")  # the config's data.tokenizer
     write(run / "summary.json", {"status": "failed", "data": {"cache": str(cache)}})
     assert record.tokenizer_file() == Path("tok/tokenizer.json")  # the cache holds no tokenizer yet
-    write(cache / "tokenizer.json", "{}")
+    write(cache / "tokenizer.json", '{"model": {}}')
     assert record.tokenizer_file() == cache / "tokenizer.json"  # the data cache named by the summary comes first
     from condattn.engine.setup import keep_tokenizer
 
     keep_tokenizer({"cache": str(cache)}, run)  # what the trainer does at the start of a run
-    write(cache / "tokenizer.json", '{"retrained": 1}')  # the cache cleared and rebuilt: other ids
-    assert record.tokenizer_file() == run / "tokenizer.json" and (run / "tokenizer.json").read_text() == "{}"
+    write(cache / "tokenizer.json", '{"model": {"retrained": 1}}')  # the cache cleared and rebuilt: other ids
+    assert record.tokenizer_file() == run / "tokenizer.json" and (run / "tokenizer.json").read_text() == '{"model": {}}'
     keep_tokenizer({"cache": str(cache)}, run)  # a resumed run keeps its first copy
-    assert (run / "tokenizer.json").read_text() == "{}"
+    assert (run / "tokenizer.json").read_text() == '{"model": {}}'
     keep_tokenizer({}, tmp_path / "other")  # a builder without a cache: nothing to keep
     assert not (tmp_path / "other").exists()
 

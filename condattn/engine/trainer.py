@@ -24,6 +24,7 @@ import torch
 from ..runs import RunLock, summary_is_finished
 from ..utils.ranks import launcher_rank
 from . import preflight
+from .artefacts import repair
 from .errors import TrainingDiverged, TrainingInterrupted
 from .identity import config_mismatch
 from .loop import StepLoop
@@ -49,6 +50,8 @@ def train(cfg: Any, checked: Checked | None = None) -> dict:
         if cfg.resume == "auto":
             if why := config_mismatch(cfg, run_dir):
                 raise PreflightError([Problem("run", why)])
+            if lock is not None:  # a corrupt summary.json, best_model.pt or tokenizer copy: set aside, named, repaired
+                repair(run_dir)
             if done := summary_is_finished(run_dir):
                 print(f"[condattn] {run_dir} already finished; nothing to do (resume=never reruns it)")
                 return done

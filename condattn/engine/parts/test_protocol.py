@@ -29,7 +29,13 @@ class TestProtocol(Part):
         if best.exists():
             # map to the CPU first: under multi-process CPU runs accelerate's device is "cpu:0", which
             # torch.load cannot map to; load_state_dict then copies onto the model's device
-            run.raw.load_state_dict(torch.load(best, map_location="cpu", weights_only=True))
+            try:
+                weights = torch.load(best, map_location="cpu", weights_only=True)
+            except Exception as e:  # broke during this session: named; a rerun sets it aside (engine/artefacts.py)
+                raise RuntimeError(f"{best} (the best-validation weights the test split is scored with) is unreadable: "
+                                   f"{type(e).__name__}: {e}; run the same command again: it is set aside and the "
+                                   "run repaired") from e
+            run.raw.load_state_dict(weights)
             test = self.best.evaluate(run.test_loader)
         else:
             test = final_test
