@@ -108,3 +108,22 @@ def test_renderers_print_the_cached_floors_under_small_tables(tmp_path):
     assert "vit_base: the baseline" not in md  # no runs, no verdict
     _, md = tables.write_table(exp1, "paper", tmp_path / "runs", tmp_path, seeds=[0])
     assert "floor:" not in md
+
+
+def test_listops_rule_floors_on_generated_trees(tmp_path):
+    """The outer-operator rule and the depth-1 evaluator: hand-checkable on a tiny split, exact rules otherwise."""
+    from condattn.data import listops as L
+
+    train = ["( ( [MAX 2 ) 9 ) ]", "( ( [MAX 1 ) 9 ) ]", "( ( [MIN 3 ) 4 ) ]"]
+    train_y = [9, 9, 3]
+    test = ["( ( ( [MAX 2 ) ( ( [MIN 7 5 ) ] ) ) ]", "( ( [MIN 1 ) 8 ) ]"]  # labels 5, 1
+    pad = lambda rows: [r + [0] * (16 - len(r)) for r in rows]  # noqa: E731
+    make = lambda src, y: Tokens(pad([L.encode(s) for s in src]), y)  # noqa: E731
+    bundle = DataBundle(make(train, train_y), make(test, [5, 1]), make(test, [5, 1]), "x")
+    cfg = OmegaConf.create({"data": {"builder": "listops", "tokenization": "lra"}})
+    by = {f["label"]: f for f in floors.compute(cfg, bundle, "test_acc")}
+    outer = by["floor: ListOps rule: outer operator → its most frequent label"]
+    assert outer["rule"] == {"[MAX": 9, "[MIN": 3} and outer["value"] == 0.0 and outer["seconds"] >= 0
+    depth1 = next(f for label, f in by.items() if "depth-1 evaluator" in label)
+    # [MIN's most frequent value over the training lists is 3: max(2, 3) = 3 ≠ 5; min(1, 8) = 1 ✓
+    assert depth1["guess"]["[MIN"] == 3 and depth1["value"] == 0.5

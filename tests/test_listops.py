@@ -261,3 +261,24 @@ def test_ensure_generated_reuses_and_regenerates(tmp_path: Path) -> None:
     paths["test"].unlink()  # a missing file also forces regeneration
     G.ensure_generated(tmp_path, **{**kw, "n_val": 7})
     assert len(rows(paths["test"])) == 5
+
+
+def test_parse_ids_recovers_every_generated_tree(small: dict[str, Path]) -> None:
+    """The trees behind the ListOps floors: parsed from the encoded ids ("]" kept), each evaluates to its label."""
+    ds = L.ListOpsDataset(small["val"], seq_len=256)
+    for ids, label in zip(ds.input_ids, ds.labels.tolist()):
+        tree = L.parse_ids(ids)
+        assert isinstance(tree, tuple) and L.tree_value(tree) == label
+        assert L.evaluate_to_depth(tree, 20, {}) == label  # deep enough: exact
+
+
+def test_evaluate_to_depth_guesses_below_the_depth() -> None:
+    ids = L.encode("( ( ( [MAX 2 ) ( ( [MIN 7 5 ) ] ) ) ]")
+    tree = L.parse_ids(ids)
+    assert tree == ("[MAX", [2, ("[MIN", [7, 5])])
+    assert L.tree_value(tree) == 5
+    assert L.evaluate_to_depth(tree, 0, {"[MAX": 9}) == 9
+    assert L.evaluate_to_depth(tree, 1, {"[MIN": 0}) == 2  # max(2, guess 0)
+    assert L.evaluate_to_depth(tree, 2, {}) == 5
+    assert L.parse_ids(ids[:-1]) == tree  # a truncated example closes its open lists
+    assert L.parse_ids([0, 0]) is None

@@ -87,6 +87,74 @@ def read_tsv(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
     return examples
 
 
+# ----------------------------------------------------------------------------------------------------
+# Trees (the ListOps floors: condattn/reporting/floors.py)
+# ----------------------------------------------------------------------------------------------------
+
+Tree = int | tuple[str, list]  # a value 0-9, or (operator, children)
+_OPERATOR_IDS = {TOKEN_TO_ID[op]: op for op in (MIN, MAX, MED, SUM_MOD)}
+_VALUE_IDS = {TOKEN_TO_ID[str(v)]: v for v in VALUES}
+_END_ID = TOKEN_TO_ID[END]
+
+
+def parse_ids(ids: Any) -> Tree | None:
+    """The expression tree of one encoded example (token ids, padding 0), read with "]" closing an operator's list.
+
+    Needs a tokenization that keeps "]" ("lra", "full"); parentheses and unknown ids are skipped. Tolerant: a list
+    left open (a truncated example) closes at the end, an empty one counts as the value 0, and tokens after the
+    root's end are ignored. None when the ids hold no value or operator."""
+    stack: list[tuple[str, list]] = []
+    for i in (int(t) for t in ids):
+        if i in _OPERATOR_IDS:
+            stack.append((_OPERATOR_IDS[i], []))
+        elif i in _VALUE_IDS or i == _END_ID:
+            if i == _END_ID:
+                if not stack:
+                    continue
+                node: Tree = stack.pop()
+            else:
+                node = _VALUE_IDS[i]
+            if not stack:
+                return node
+            stack[-1][1].append(node)
+    while stack:
+        node = stack.pop()
+        if not stack:
+            return node
+        stack[-1][1].append(node)
+    return None
+
+
+def tree_value(tree: Tree) -> int:
+    """The exact value of a tree (the label of a well-formed example)."""
+    if isinstance(tree, int):
+        return tree
+    op, children = tree
+    return generator.apply_op(op, [tree_value(c) for c in children]) if children else 0
+
+
+def subtrees(tree: Tree):
+    """Every operator node of a tree, the root first."""
+    if isinstance(tree, int):
+        return
+    yield tree
+    for child in tree[1]:
+        yield from subtrees(child)
+
+
+def evaluate_to_depth(tree: Tree, depth: int, guess: Mapping[str, int]) -> int:
+    """The tree evaluated exactly through its top `depth` operator levels; an operator node below them is replaced by
+    `guess[operator]` (e.g. that operator's most frequent value in the training data). depth 0: guess[root op]."""
+    if isinstance(tree, int):
+        return tree
+    op, children = tree
+    if depth <= 0:
+        return int(guess.get(op, 0))
+    if not children:
+        return 0
+    return generator.apply_op(op, [evaluate_to_depth(c, depth - 1, guess) for c in children])
+
+
 class ListOpsDataset(Dataset):
     """One ListOps TSV, encoded once into a `[N, seq_len]` uint8 tensor (ids < 256), right-padded with 0."""
 

@@ -12,7 +12,9 @@ refitted on all of it.
   one-hidden-layer MLP (kNN and the MLP for the ViT's images only);
 - text (LRA Text / Retrieval bytes decoded to text; the GLUE stand-in's WordPiece ids as words): tf-idf (uni- and
   bigrams) logistic regression; Retrieval on [u, v, u·v, |u − v|, cos(u, v)] of the two documents' tf-idf vectors;
-- ListOps: logistic regression on standardised token counts (bag of tokens);
+- ListOps: logistic regression on standardised token counts (bag of tokens); the rule "outer operator → its most
+  frequent training label" (the plateau of a model that reads one token) and the depth-1 evaluator (the outer
+  operator applied exactly, nested lists guessed by their operator's most frequent value);
 - LM: an interpolated Kneser-Ney trigram (discount 0.75) over the training tokens, its loss in nats per token on the
   held-out split (validation, or test for a test metric), on the predictions the LM task counts (each block on its
   own: token t + 1 from tokens ≤ t of its block).
@@ -256,6 +258,42 @@ def kneser_ney_loss(train: np.ndarray, blocks: list[np.ndarray], vocab: int, d: 
     return nll / max(n, 1), n
 
 
+def listops_rules(ids: dict[str, list], y: dict[str, np.ndarray], split: str) -> list[dict]:
+    """ListOps' two rule floors, fitted on the training trees (data/listops.py parses the encoded examples):
+    - the outer operator → its most frequent training label (the plateau a model that reads one token sits on);
+    - the depth-1 evaluator: the outer operator applied exactly to its arguments, each nested list among them
+      replaced by its operator's most frequent value over every list of the training trees."""
+    from ..data.listops import evaluate_to_depth, parse_ids, subtrees, tree_value
+
+    def root_op(tree):
+        return tree[0] if isinstance(tree, tuple) else None
+
+    t = time.perf_counter()
+    trees = {s: [parse_ids(r) for r in ids[s]] for s in ids}
+    fallback = int(Counter(y["train"].tolist()).most_common(1)[0][0])
+    parse_s = time.perf_counter() - t
+    t = time.perf_counter()
+    by_op: dict = defaultdict(Counter)
+    for tree, label in zip(trees["train"], y["train"].tolist()):
+        by_op[root_op(tree)][label] += 1
+    rule = {op: c.most_common(1)[0][0] for op, c in by_op.items()}
+    pred = np.array([rule.get(root_op(tree), fallback) for tree in trees[split]])
+    outer = _floor("ListOps rule: outer operator → its most frequent label", float((pred == y[split]).mean()), split,
+                   time.perf_counter() - t + parse_s, rule={str(k): int(v) for k, v in rule.items()})
+    t = time.perf_counter()
+    values: dict = defaultdict(Counter)
+    for tree in trees["train"]:
+        if tree is not None:
+            for node in subtrees(tree):
+                values[node[0]][tree_value(node)] += 1
+    guess = {op: c.most_common(1)[0][0] for op, c in values.items()}
+    pred = np.array([fallback if tree is None else evaluate_to_depth(tree, 1, guess) for tree in trees[split]])
+    depth1 = _floor("ListOps depth-1 evaluator (nested lists guessed by their operator's most frequent value)",
+                    float((pred == y[split]).mean()), split, time.perf_counter() - t + parse_s,
+                    guess={str(k): int(v) for k, v in guess.items()})
+    return [outer, depth1]
+
+
 # ----------------------------------------------------------------------------------------------------
 # One group's floors
 # ----------------------------------------------------------------------------------------------------
@@ -323,6 +361,9 @@ def compute(cfg: Any, bundle, metric: str) -> list[dict]:
         x = {s: np.stack([np.bincount(r[m > 0], minlength=vocab) for r, m in
                           zip(data[s]["input_ids"], data[s]["attention_mask"])]).astype(np.float32) for s in names}
         add("logistic regression (bag of tokens)", scaled_logreg, x, list(C_GRID))
+        if str(cfg.data.get("tokenization", "lra")) != "no_close_bracket":  # the trees need "]"
+            ids = {s: [r[m > 0] for r, m in zip(data[s]["input_ids"], data[s]["attention_mask"])] for s in names}
+            out.extend(listops_rules(ids, y, split))
     elif builder == "lra_text":
         x = {s: byte_texts(data[s]["input_ids"], data[s]["attention_mask"]) for s in names}
         add("tf-idf logistic regression (words)", tfidf_logreg, x, list(C_GRID))
