@@ -127,3 +127,21 @@ def test_listops_rule_floors_on_generated_trees(tmp_path):
     depth1 = next(f for label, f in by.items() if "depth-1 evaluator" in label)
     # [MIN's most frequent value over the training lists is 3: max(2, 3) = 3 ≠ 5; min(1, 8) = 1 ✓
     assert depth1["guess"]["[MIN"] == 3 and depth1["value"] == 0.5
+
+
+def test_kneser_ney_any_order_is_a_distribution_and_the_best_order_is_picked_on_validation():
+    rng = np.random.default_rng(1)
+    stream = np.tile(rng.integers(0, 12, size=40), 30)
+    for order in (1, 2, 4, 5):
+        p = floors.kneser_ney(stream, vocab=16, order=order)
+        for context in ([], [int(stream[5])], [int(x) for x in stream[5:9]], [13, 14, 15, 13]):
+            assert sum(p(context, w) for w in range(16)) == pytest.approx(1.0), (order, context)
+    held = [stream[:50], stream[200:260]]
+    loss, n, chosen = floors.best_kneser_ney(stream, held, held, vocab=16)
+    assert n == 49 + 59 and chosen["tuned_on"] == "val" and len(chosen["tuning_scores"]) == 8
+    assert loss == pytest.approx(min(floors.kneser_ney_loss(stream, held, 16, d, o)[0]
+                                     for o in floors.KN_ORDERS for d in floors.KN_DISCOUNTS))
+
+
+def test_floor_table_prints_fitting_time():
+    assert floors.fit_time({"seconds": 2.04}) == "2.0 s" and floors.fit_time({}) == "–"

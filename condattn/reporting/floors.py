@@ -8,16 +8,20 @@ is picked on the validation split when the report is on test, else on a seeded t
 refitted on all of it.
 
 - classification: the majority class of the training split;
-- images (raw pixels of the MNIST stand-in; LRA Image / Pathfinder pixels): logistic regression, kNN (k = 3) and a
-  one-hidden-layer MLP (kNN and the MLP for the ViT's images only);
-- text (LRA Text / Retrieval bytes decoded to text; the GLUE stand-in's WordPiece ids as words): tf-idf (uni- and
-  bigrams) logistic regression; Retrieval on [u, v, u·v, |u − v|, cos(u, v)] of the two documents' tf-idf vectors;
+- images (raw pixels of the MNIST stand-in; LRA Image / Pathfinder pixels): logistic regression and an RBF-kernel SVM
+  (C picked like logistic regression's), and for the ViT's images also kNN (k = 3), a one-hidden-layer MLP and a
+  small CNN (its epoch picked on the tuning split);
+- text (LRA Text / Retrieval bytes decoded to text; the GLUE stand-in's WordPiece ids as words, and decoded back to
+  text with its tokenizer): tf-idf (uni- and bigrams) logistic regression, and tf-idf of word 1–2-grams with character
+  2–5-grams; Retrieval on [u, v, u·v, |u − v|, cos(u, v)] of the two documents' tf-idf vectors;
 - ListOps: logistic regression on standardised token counts (bag of tokens); the rule "outer operator → its most
   frequent training label" (the plateau of a model that reads one token) and the depth-1 evaluator (the outer
   operator applied exactly, nested lists guessed by their operator's most frequent value);
-- LM: an interpolated Kneser-Ney trigram (discount 0.75) over the training tokens, its loss in nats per token on the
-  held-out split (validation, or test for a test metric), on the predictions the LM task counts (each block on its
-  own: token t + 1 from tokens ≤ t of its block).
+- LM: an interpolated Kneser-Ney trigram (discount 0.75) and the best interpolated Kneser-Ney n-gram (order 2–5 and
+  discount picked on validation) over the training tokens, their loss in nats per token on the held-out split
+  (validation, or test for a test metric), on the predictions the LM task counts (each block on its own: token t + 1
+  from tokens ≤ t of its block).
+Each floor records its fitting time (`seconds`), printed beside it.
 
 The GLUE stand-in's inputs are encoded with the tokenizer its pretraining run's data builder trains (table 3's
 `pretrain:` cell, built here the same way). Results are cached as JSON in `results/<scale>/floors/<table>.json`,
@@ -40,11 +44,15 @@ import numpy as np
 from ..utils.io import read_json, write_json_atomic
 from .metric import row_metric
 
-VERSION = 1  # bump when a floor's definition changes (the cache then recomputes)
+VERSION = 2  # bump when a floor's definition changes (the cache then recomputes)
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 TABLES = ("table1_imagenet", "table3_glue", "table4_lra", "table5_tinystories", "table9_readings")
 SCALES = ("smoke", "small")
 C_GRID = (0.1, 1.0, 10.0)
+SVM_C_GRID = (1.0, 10.0, 100.0)
+CNN_EPOCHS = 12  # the small CNN trains this many epochs and keeps its best one on the tuning split
+KN_ORDERS = (2, 3, 4, 5)  # the n-gram floor: the order and discount picked on validation
+KN_DISCOUNTS = (0.75, 0.9)
 _COMPUTED: dict[tuple[str, str], list[dict]] = {}  # (data key, metric) -> floors in this process (table 1's rows)
 
 
@@ -126,6 +134,19 @@ def byte_texts(ids: np.ndarray, mask: np.ndarray) -> list[str]:
     return [bytes((row[m > 0] - 1).astype(np.uint8).tolist()).decode("utf-8", "replace") for row, m in zip(ids, mask)]
 
 
+def wordpiece_texts(cfg: Any, data: dict, names: list[str]) -> dict[str, list[str]] | None:
+    """The GLUE stand-in's inputs decoded back to text with their WordPiece tokenizer (data.tokenizer), special tokens
+    left out; None when the config names no tokenizer file."""
+    path = cfg.data.get("tokenizer") if hasattr(cfg.data, "get") else None
+    if not path or not Path(str(path)).is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    return {s: tok.decode_batch([r[m > 0].tolist() for r, m in zip(data[s]["input_ids"], data[s]["attention_mask"])])
+            for s in names}
+
+
 def id_words(ids: np.ndarray, mask: np.ndarray) -> list[str]:
     """Token ids as space-separated words (padding left out), for a tf-idf over a tokenizer's tokens."""
     return [" ".join(map(str, row[m > 0].tolist())) for row, m in zip(ids, mask)]
@@ -146,7 +167,8 @@ def _rows(x, idx):
     return x[idx] if not isinstance(x, list) else [x[i] for i in idx]
 
 
-def fit_report(make, fit_x, fit_y, tune: tuple | None, report_x, report_y, grid=None) -> tuple[float, dict]:
+def fit_report(make, fit_x, fit_y, tune: tuple | None, report_x, report_y, grid=None,
+               param: str = "C") -> tuple[float, dict]:
     """(accuracy on the report split, chosen params): `make(param)` builds an estimator; with a grid, each is scored
     on `tune` = (x, y) (the validation split) or, when None, on a seeded tenth of the training data; the best is
     refitted on all of the training data."""
@@ -159,7 +181,7 @@ def fit_report(make, fit_x, fit_y, tune: tuple | None, report_x, report_y, grid=
             tx, ty, (vx, vy) = fit_x, fit_y, tune
         scores = {p: float((make(p).fit(tx, ty).predict(vx) == vy).mean()) for p in grid}
         best = max(grid, key=lambda p: (scores[p], -grid.index(p)))
-        chosen = {"C": best, "tuning_scores": {str(p): v for p, v in scores.items()},
+        chosen = {param: best, "tuning_scores": {str(p): v for p, v in scores.items()},
                   "tuned_on": "val" if tune is not None else "train tenth"}
         model = make(best)
     else:
@@ -189,6 +211,82 @@ def tfidf_logreg(c):
                          logreg(c))
 
 
+def tfidf_word_char_logreg(c):
+    """tf-idf of word uni- and bigrams beside character 2–5-grams (inside word boundaries), logistic regression."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.pipeline import make_pipeline, make_union
+
+    return make_pipeline(make_union(
+        TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True, token_pattern=r"\S+"),
+        TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), min_df=2, sublinear_tf=True, max_features=200_000),
+    ), logreg(c))
+
+
+def rbf_svm(c):
+    from sklearn.svm import SVC
+
+    return SVC(C=c, kernel="rbf", gamma="scale")
+
+
+class SmallCNN:
+    """A small CNN on the raw pixels (conv 32 → pool → conv 64 → pool → linear 128 → classes), Adam at 1e-3, batch
+    64, seed 0, one thread, up to `epochs` epochs: the epoch kept is the one that scores best on `tune` (x, y)."""
+
+    def __init__(self, side: int, epochs: int = 15):
+        self.side, self.epochs = side, int(epochs)
+
+    def _net(self, classes):
+        from torch import nn
+
+        s = self.side // 4
+        return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                             nn.Linear(64 * s * s, 128), nn.ReLU(), nn.Linear(128, classes))
+
+    def _x(self, x):
+        import torch
+
+        return torch.as_tensor(np.asarray(x, dtype=np.float32)).view(-1, 1, self.side, self.side)
+
+    def fit(self, x, y, tune: tuple):
+        import copy
+
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            gen = torch.Generator().manual_seed(0)
+            torch.manual_seed(0)
+            x, y = self._x(x), torch.as_tensor(np.asarray(y), dtype=torch.long)
+            self.net = self._net(int(y.max()) + 1)
+            opt = torch.optim.Adam(self.net.parameters(), lr=1e-3)
+            best, self.scores = (-1.0, None, 0), []
+            for epoch in range(1, self.epochs + 1):
+                self.net.train()
+                for idx in torch.randperm(len(y), generator=gen).split(64):
+                    loss = torch.nn.functional.cross_entropy(self.net(x[idx]), y[idx])
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                score = float((self.predict(tune[0]) == np.asarray(tune[1])).mean())
+                self.scores.append(score)
+                if score > best[0]:
+                    best = (score, copy.deepcopy(self.net.state_dict()), epoch)
+            self.net.load_state_dict(best[1])
+            self.epoch = best[2]
+        finally:
+            torch.set_num_threads(threads)
+        return self
+
+    def predict(self, x):
+        import torch
+
+        self.net.eval()
+        with torch.no_grad():
+            return torch.cat([self.net(b).argmax(-1) for b in self._x(x).split(512)]).numpy()
+
+
 def pair_features(first: dict, second: dict, splits: list[str]):
     """[u, v, u·v, |u − v|, cos(u, v)] of the two documents' tf-idf vectors (fitted on the training documents)."""
     import scipy.sparse as sp
@@ -205,57 +303,64 @@ def pair_features(first: dict, second: dict, splits: list[str]):
     return out
 
 
-def kneser_ney(train: np.ndarray, vocab: int, d: float = 0.75):
-    """`p(context, w)`: an interpolated Kneser-Ney trigram (Chen & Goodman 1998, one discount `d` per order) fitted
-    on the `train` token stream; `context` holds the one or two tokens before w. A distribution over all `vocab`
-    tokens: unseen ones get the lowest order's uniform share."""
-    tri = Counter(zip(train[:-2].tolist(), train[1:-1].tolist(), train[2:].tolist()))
-    ctx2, ctx2_types = Counter(), Counter()  # c(u v ·), N1+(u v ·)
-    cont2 = Counter()  # N1+(· v w)
-    for (u, v, w), c in tri.items():
-        ctx2[u, v] += c
-        ctx2_types[u, v] += 1
-        cont2[v, w] += 1
-    mid_den, mid_types = Counter(), Counter()  # Σ_w N1+(· v w), N1+(v ·) over continuation bigrams
-    cont1 = Counter()  # N1+(· w)
-    for (v, w), c in cont2.items():
-        mid_den[v] += c
-        mid_types[v] += 1
-        cont1[w] += 1
-    n_bigram_types = len(cont2)
+def kneser_ney(train: np.ndarray, vocab: int, d: float = 0.75, order: int = 3):
+    """`p(context, w)`: an interpolated Kneser-Ney n-gram of `order` (Chen & Goodman 1998, one discount `d` for every
+    order) fitted on the `train` token stream; `context` holds the tokens before w (its last order − 1 are used;
+    fewer at a block's start). The highest order counts n-grams, each lower one continuation counts N1+(· g); the
+    unigram level is interpolated with the uniform distribution over all `vocab` tokens, so every token has mass."""
+    toks = train.tolist()
+    counts: list[Counter] = [Counter() for _ in range(order + 1)]
+    counts[order] = Counter(zip(*(toks[i:len(toks) - order + 1 + i] for i in range(order))))
+    for k in range(order - 1, 0, -1):
+        for g in counts[k + 1]:  # every distinct (k+1)-gram adds one left extension to its suffix
+            counts[k][g[1:]] += 1
+    totals: list[Counter] = [Counter() for _ in range(order + 1)]
+    types: list[Counter] = [Counter() for _ in range(order + 1)]
+    for k in range(2, order + 1):
+        for g, c in counts[k].items():
+            totals[k][g[:-1]] += c
+            types[k][g[:-1]] += 1
+    uni_total, uni_types = sum(counts[1].values()), len(counts[1])
 
-    def p1(w):
-        return (max(cont1[w] - d, 0) + d * len(cont1) / vocab) / n_bigram_types
-
-    def p2(v, w):
-        den = mid_den[v]
+    def prob(context: tuple, w) -> float:
+        k = len(context) + 1
+        if k == 1:
+            return (max(counts[1][w,] - d, 0) + d * uni_types / vocab) / uni_total
+        lower = prob(context[1:], w)
+        den = totals[k][context]
         if not den:
-            return p1(w)
-        return (max(cont2[v, w] - d, 0) + d * mid_types[v] * p1(w)) / den
+            return lower
+        return (max(counts[k][(*context, w)] - d, 0) + d * types[k][context] * lower) / den
 
     def p(context, w):
-        if len(context) < 2:
-            return p2(context[-1], w)
-        u, v = context[-2:]
-        den = ctx2[u, v]
-        if not den:
-            return p2(v, w)
-        return (max(tri[u, v, w] - d, 0) + d * ctx2_types[u, v] * p2(v, w)) / den
+        return prob(tuple(context)[len(context) - order + 1:] if len(context) >= order else tuple(context), w)
 
     return p
 
 
-def kneser_ney_loss(train: np.ndarray, blocks: list[np.ndarray], vocab: int, d: float = 0.75) -> tuple[float, int]:
+def kneser_ney_loss(train: np.ndarray, blocks: list[np.ndarray], vocab: int, d: float = 0.75,
+                    order: int = 3) -> tuple[float, int]:
     """(mean NLL in nats, predictions) of `kneser_ney(train)` over each block's next-token predictions (context:
-    the block's own earlier tokens, at most two), as the LM task counts them."""
-    p = kneser_ney(train, vocab, d)
+    the block's own earlier tokens, at most order − 1), as the LM task counts them."""
+    p = kneser_ney(train, vocab, d, order)
     nll, n = 0.0, 0
     for b in blocks:
         b = b.tolist()
         for t in range(1, len(b)):
-            nll -= np.log(p(b[max(0, t - 2):t], b[t]))
+            nll -= np.log(p(b[max(0, t - order + 1):t], b[t]))
             n += 1
     return nll / max(n, 1), n
+
+
+def best_kneser_ney(train: np.ndarray, val: list[np.ndarray], report: list[np.ndarray],
+                    vocab: int) -> tuple[float, int, dict]:
+    """(loss on `report`, predictions, choice): the Kneser-Ney order and discount (KN_ORDERS × KN_DISCOUNTS) with
+    the lowest validation loss, then its loss on the report split (the same number when that is validation)."""
+    scores = {(o, dd): kneser_ney_loss(train, val, vocab, dd, o)[0] for o in KN_ORDERS for dd in KN_DISCOUNTS}
+    order, disc = min(scores, key=scores.get)
+    loss, n = kneser_ney_loss(train, report, vocab, disc, order)
+    return loss, n, {"order": order, "discount": disc, "tuned_on": "val",
+                     "tuning_scores": {f"order {o}, D {dd}": round(v, 4) for (o, dd), v in scores.items()}}
 
 
 def listops_rules(ids: dict[str, list], y: dict[str, np.ndarray], split: str) -> list[dict]:
@@ -317,11 +422,21 @@ def compute(cfg: Any, bundle, metric: str) -> list[dict]:
         if split == "test" and bundle.test is None:
             raise ValueError(f"metric {metric} reads the test split but the LM data has none (data.test_fraction)")
         train = np.asarray(bundle.train.tokens[: len(bundle.train) * bundle.train.seq_len], dtype=np.int64)
-        held = stack(bundle.test if split == "test" else bundle.val)
-        blocks = [row[m > 0] for row, m in zip(held["input_ids"], held["attention_mask"])]
-        (loss, n), s = _timed(lambda: kneser_ney_loss(train, blocks, int(cfg.data.vocab_size)))
-        return [_floor("Kneser-Ney trigram (interpolated, D = 0.75)", loss, split, s, predictions=n,
-                       unit="nats per token")]
+
+        def blocks(ds):
+            held = stack(ds)
+            return [row[m > 0] for row, m in zip(held["input_ids"], held["attention_mask"])]
+
+        val = blocks(bundle.val)
+        report = val if split == "val" else blocks(bundle.test)
+        vocab = int(cfg.data.vocab_size)
+        (loss, n), s = _timed(lambda: kneser_ney_loss(train, report, vocab))
+        out = [_floor("Kneser-Ney trigram (interpolated, D = 0.75)", loss, split, s, predictions=n,
+                      unit="nats per token")]
+        (loss, n, chosen), s = _timed(lambda: best_kneser_ney(train, val, report, vocab))
+        out.append(_floor(f"Kneser-Ney n-gram, best order and D on validation (order {chosen['order']}, "
+                          f"D = {chosen['discount']})", loss, split, s, predictions=n, unit="nats per token", **chosen))
+        return out
     if builder == "mlm_text":
         raise ValueError("no floor for the MLM pretraining data (table 3 reports the GLUE fine-tuning score)")
     if split == "test" and bundle.test is None:
@@ -341,9 +456,10 @@ def compute(cfg: Any, bundle, metric: str) -> list[dict]:
     out.append(_floor("majority class", float((y[split] == majority).mean()), split, time.perf_counter() - t,
                       **{"class": int(majority)}))
 
-    def add(label, make, x, grid=None, **extra):
+    def add(label, make, x, grid=None, param="C", **extra):
         tune = (x["val"], y["val"]) if tune_on_val else None
-        (acc, chosen), s = _timed(lambda: fit_report(make, x["train"], y["train"], tune, x[split], y[split], grid))
+        (acc, chosen), s = _timed(lambda: fit_report(make, x["train"], y["train"], tune, x[split], y[split], grid,
+                                                     param))
         out.append(_floor(label, acc, split, s, **chosen, **extra))
 
     if builder in ("images", "lra_image", "lra_pathfinder"):
@@ -356,6 +472,22 @@ def compute(cfg: Any, bundle, metric: str) -> list[dict]:
             add("kNN, k = 3 (pixels)", lambda _: KNeighborsClassifier(3), x)
             add("MLP, one hidden layer of 256 (pixels)",
                 lambda _: MLPClassifier((256,), max_iter=200, random_state=0), x)
+        add("RBF-kernel SVM (pixels, gamma = scale)", rbf_svm, x, list(SVM_C_GRID))
+        side = int(round(np.sqrt(x["train"].shape[1])))
+        if builder == "images" and side * side == x["train"].shape[1] and side % 4 == 0:
+            def cnn():
+                if tune_on_val:
+                    fx, fy, tune = x["train"], y["train"], (x["val"], y["val"])
+                else:  # the report is on validation: the epoch is picked on a seeded tenth of the training split
+                    a, b = _tuning_split(len(y["train"]))
+                    fx, fy, tune = x["train"][a], y["train"][a], (x["train"][b], y["train"][b])
+                model = SmallCNN(side, CNN_EPOCHS).fit(fx, fy, tune)
+                return float((model.predict(x[split]) == y[split]).mean()), model
+
+            (acc, model), sec = _timed(cnn)
+            out.append(_floor(f"small CNN (2 conv layers, pixels; best of {CNN_EPOCHS} epochs)", acc, split, sec,
+                              epochs=model.epoch, tuning_scores={str(i + 1): v for i, v in enumerate(model.scores)},
+                              tuned_on="val" if tune_on_val else "train tenth"))
     elif builder == "listops":
         vocab = int(max(data[s]["input_ids"].max() for s in names)) + 1
         x = {s: np.stack([np.bincount(r[m > 0], minlength=vocab) for r, m in
@@ -367,6 +499,7 @@ def compute(cfg: Any, bundle, metric: str) -> list[dict]:
     elif builder == "lra_text":
         x = {s: byte_texts(data[s]["input_ids"], data[s]["attention_mask"]) for s in names}
         add("tf-idf logistic regression (words)", tfidf_logreg, x, list(C_GRID))
+        add("tf-idf logistic regression (word 1–2-grams + char 2–5-grams)", tfidf_word_char_logreg, x, list(C_GRID))
     elif builder == "lra_retrieval":
         docs = [{s: (data[s][f"input_ids_{k}"], data[s][f"attention_mask_{k}"]) for s in names} for k in (0, 1)]
         x, s0 = _timed(lambda: pair_features(*docs, names))
@@ -375,6 +508,9 @@ def compute(cfg: Any, bundle, metric: str) -> list[dict]:
     elif builder == "glue":
         x = {s: id_words(data[s]["input_ids"], data[s]["attention_mask"]) for s in names}
         add("tf-idf logistic regression (WordPiece tokens)", tfidf_logreg, x, list(C_GRID))
+        if texts := wordpiece_texts(cfg, data, names):
+            add("tf-idf logistic regression (word 1–2-grams + char 2–5-grams of the decoded text)",
+                tfidf_word_char_logreg, texts, list(C_GRID))
     return out
 
 
@@ -427,6 +563,12 @@ def table_floors(exp: dict, scale: str, results_root: str | Path, force: bool = 
     return out
 
 
+def fit_time(floor: dict) -> str:
+    """A floor's fitting time as printed beside it ("0.8 s"; "–" for a cache written before it was recorded)."""
+    sec = floor.get("seconds")
+    return "–" if sec is None else (f"{sec:.1f} s" if sec < 600 else f"{sec / 60:.1f} min")
+
+
 def floor_lines(exp: dict, scale: str, results_root: str | Path, multiplier: float = 100.0,
                 group: str | None = None) -> list[str]:
     """Markdown rows `| <group> | floor: ... | value |` of a table's cached floors (all groups, or one); [] when the
@@ -442,7 +584,8 @@ def floor_lines(exp: dict, scale: str, results_root: str | Path, multiplier: flo
     for names in same.values():
         for f in entries[names[0]]["floors"]:
             label = f["label"].replace("|", "\\|")  # |u − v| inside a Markdown cell
-            rows.append(f"| {', '.join(names)} | {label} | {f['value'] * multiplier:.2f} | {f['split']} |")
+            rows.append(f"| {', '.join(names)} | {label} | {f['value'] * multiplier:.2f} | {f['split']} | "
+                        f"{fit_time(f)} |")
     return rows
 
 
@@ -453,7 +596,7 @@ def floor_table(exp: dict, scale: str, results_root: str | Path, multiplier: flo
         return ""
     head = ("Floors on the same data split (classical models and the majority class; not methods): "
             "`python -m condattn.reporting.floors --scale " + scale + "`.")
-    return "\n".join([head, "", "| row | floor | value | split |", "|---|---|---|---|", *rows])
+    return "\n".join([head, "", "| row | floor | value | split | fitting time |", "|---|---|---|---|---|", *rows])
 
 
 def main(argv: list[str] | None = None) -> int:
