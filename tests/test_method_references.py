@@ -4,6 +4,7 @@ norm flavours), σReparam against a re-statement of apple/ml-sigma-reparam's log
 from __future__ import annotations
 
 import copy
+import re
 from functools import partial
 
 import pytest
@@ -128,3 +129,172 @@ def test_qk_norm_parameters_get_gradients_under_fx(name):
         g = traced[n].grad
         assert g is not None and g.abs().sum() > 0, n
     copy.deepcopy(model)  # the swapped projection class deep-copies
+
+
+# ---------------------------------------------------------------- σReparam: apple/ml-sigma-reparam's logic
+
+
+class RefSigma(nn.Module):
+    """The logic of apple/ml-sigma-reparam `vision/layers.py` (SpectralNormedWeight inside SNLinear / SNConv2d),
+    restated: one stored right singular vector per matrix, initialised with γ by an SVD; every forward steps left
+    first from it, u = normalize(W r), r' = normalize(Wᵀ u), stores r' only in training mode (no_grad or not), and
+    returns W / (uᵀ W r') · γ. `row_blocks` splits the weight into matrices of their own (None: one matrix)."""
+
+    def __init__(self, layer: nn.Module, row_blocks: list[slice] | None = None):
+        super().__init__()
+        self.layer = layer
+        self.blocks = row_blocks or [slice(0, layer.weight.shape[0])]
+        w = layer.weight.detach().flatten(1)
+        self.gammas = nn.ParameterList()
+        for i, b in enumerate(self.blocks):
+            _, s, vh = torch.linalg.svd(w[b], full_matrices=False)
+            self.register_buffer(f"right{i}", vh[0].clone())
+            self.gammas.append(nn.Parameter(s[0].clone()))
+
+    def effective(self) -> torch.Tensor:
+        w = self.layer.weight.flatten(1)
+        parts = []
+        for i, b in enumerate(self.blocks):
+            wb = w[b]
+            with torch.no_grad():
+                left = nn.functional.normalize(wb.mv(getattr(self, f"right{i}")), dim=0)
+                right = nn.functional.normalize(wb.T.mv(left), dim=0)
+                if self.training:
+                    getattr(self, f"right{i}").copy_(right)
+            sigma = torch.einsum("c,cd,d->", left, wb, right)
+            parts.append(wb / sigma * self.gammas[i])
+        return torch.cat(parts).view_as(self.layer.weight)
+
+    def forward(self, x):
+        if isinstance(self.layer, nn.Conv2d):
+            return self.layer._conv_forward(x, self.effective(), self.layer.bias)
+        return nn.functional.linear(x, self.effective(), self.layer.bias)
+
+
+def _vit():
+    import timm
+
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=64,
+                             num_heads=2, depth=2, num_classes=10)
+
+
+def _bert():
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    return tf.BertModel(cfg)
+
+
+def _reference(model: nn.Module, family: str, partition: str, all_linear: bool) -> nn.Module:
+    """A copy of `model` with the reference's layers in place of the projections σReparam converts."""
+    ref = copy.deepcopy(model)
+    targets = []
+    for name, m in list(ref.named_modules()):
+        for child, sub in list(m.named_children()):
+            full = f"{name}.{child}" if name else child
+            attn = child in ("qkv", "query", "key", "value")
+            plain = type(sub) is nn.Linear or (type(sub) is nn.Conv2d and sub.groups == 1)
+            if attn or (all_linear and plain):
+                blocks = None
+                if child == "qkv" and partition == "per_role":
+                    d = sub.out_features // 3
+                    blocks = [slice(0, d), slice(d, 2 * d), slice(2 * d, 3 * d)]
+                targets.append((m, child, RefSigma(sub, blocks), full))
+    for m, child, r, _ in targets:
+        setattr(m, child, r)
+    return ref
+
+
+def _inputs(family: str):
+    g = torch.Generator().manual_seed(2)
+    if family == "vit":
+        return (torch.randn(4, 3, 32, 32, generator=g),)
+    return (torch.randint(0, 50, (4, 12), generator=g),)
+
+
+def _out(model, family, x):
+    out = model(*x)
+    return out if family == "vit" else out.last_hidden_state
+
+
+def _ours_gammas(model):
+    return sorted(float(p.detach()) for n, p in model.named_parameters() if "sigma_gamma" in n)
+
+
+def _ref_gammas(model):
+    return sorted(float(p.detach()) for n, p in model.named_parameters() if "gammas" in n)
+
+
+CASES = [("vit", "fused", False), ("vit", "per_role", False), ("vit", "fused", True), ("bert", "fused", False),
+         ("bert", "per_role", False)]
+
+
+@pytest.mark.parametrize(("family", "partition", "all_linear"), CASES)
+def test_sigma_reparam_is_the_references_logic(family, partition, all_linear):
+    """Same weights, same inputs, five SGD steps in training mode: outputs, every gradient, γ and σ agree with the
+    reference's logic; an eval forward agrees too and leaves the stored vectors as they were."""
+    base = _vit() if family == "vit" else _bert()
+    ours = copy.deepcopy(base)
+    rep = condattn.apply_conditioning(ours, "sigma_reparam", partition=partition,
+                                      scope="all_linear" if all_linear else "attention")
+    ref = _reference(base, family, partition, all_linear)
+    n_ref = sum(1 for m in ref.modules() if isinstance(m, RefSigma))
+    assert n_ref == rep.count("sigma_reparam:linear") + (2 if family == "vit" else 6)
+    if all_linear:  # the patch embedding's Conv2d is converted, as the reference's convert_to_sn does
+        assert any(e.module == "patch_embed.proj" for e in rep.entries)
+    assert len(_ours_gammas(ours)) == len(_ref_gammas(ref))
+    x = _inputs(family)
+    opt_o = torch.optim.SGD(ours.parameters(), lr=0.01)
+    opt_r = torch.optim.SGD(ref.parameters(), lr=0.01)
+    ours.train(), ref.train()
+    for _ in range(5):
+        out_o, out_r = _out(ours, family, x), _out(ref, family, x)
+        torch.testing.assert_close(out_o, out_r, rtol=1e-5, atol=1e-5)
+        opt_o.zero_grad(), opt_r.zero_grad()
+        probe = torch.randn(out_o.shape, generator=torch.Generator().manual_seed(7))  # (BERT's last LayerNorm makes
+        (out_o * probe).sum().backward()  # the sum of squares constant: a random readout has gradients)
+        (out_r * probe).sum().backward()
+        ref_grads = {re.sub(r"\.layer\.(weight|bias)$", r".\1", n): p.grad for n, p in ref.named_parameters()
+                     if "gammas" not in n}
+        for n, p in ours.named_parameters():
+            if "sigma_gamma" not in n:
+                g = ref_grads[n]
+                if g is None:  # (BERT's pooler: not in the output)
+                    assert p.grad is None, n
+                    continue
+                # relative to its own scale; 1e-6: rounding of gradients that are 0 exactly (the key bias)
+                assert float((p.grad - g).abs().max()) <= 1e-4 * float(g.abs().max()) + 1e-6, n
+        torch.testing.assert_close(torch.tensor(_ours_gammas(ours)), torch.tensor(_ref_gammas(ref)))
+        opt_o.step(), opt_r.step()
+    stored = {n: b.clone() for n, b in ours.named_buffers() if "sigma_v" in n}
+    ours.eval(), ref.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(_out(ours, family, x), _out(ref, family, x), rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(b, stored[n]) for n, b in ours.named_buffers() if "sigma_v" in n)
+    ours.train()
+    with torch.no_grad():  # a training-mode forward under no_grad steps, as the reference does
+        _out(ours, family, x)
+    assert any(not torch.equal(b, stored[n]) for n, b in ours.named_buffers() if "sigma_v" in n)
+
+
+def test_sigma_reparam_eval_forward_takes_an_unstored_power_step():
+    """In eval, σ comes from a fresh step from the stored vector (the reference's get_sigma), not from the stored
+    vector itself: with the stored vector moved off the singular vector, eval output equals the reference's."""
+    base = _vit()
+    ours = copy.deepcopy(base)
+    condattn.apply_conditioning(ours, "sigma_reparam")
+    ref = _reference(base, "vit", "fused", False)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for (_, b), (_, rb) in zip(sorted((n, b) for n, b in ours.named_buffers() if "sigma_v" in n),
+                                   sorted((n, b) for n, b in ref.named_buffers() if "right" in n)):
+            b.copy_(nn.functional.normalize(torch.randn(b.shape, generator=g), dim=0))
+            rb.copy_(b)
+    ours.eval(), ref.eval()
+    x = _inputs("vit")
+    with torch.no_grad():
+        torch.testing.assert_close(ours(*x), ref(*x), rtol=1e-5, atol=1e-5)

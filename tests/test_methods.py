@@ -179,14 +179,38 @@ def _reparams(model):
     return out
 
 
+def _sigma_blocks(model, partition: str):
+    """(γ, stored v, torch-layout W_b) of every σReparam block of the attention sites."""
+    from condattn.conditioning.sites import as_matrix
+
+    seen, out = set(), []
+    for site in find_attention(model):
+        for role, p in site.proj.items():
+            w = as_matrix(stored_weight(p).detach())
+            w = w.T if p.transposed else w
+            if partition == "fused":
+                suffix, rows = ("" if p.param == "weight" else f"_{p.param}"), None
+            else:
+                suffix, rows = (f"_{role}" if p.param == "weight" else f"_{p.param}_{role}"), p.rows
+            if (id(p.linear), suffix) in seen:
+                continue
+            seen.add((id(p.linear), suffix))
+            out.append((getattr(p.linear, f"sigma_gamma{suffix}"), getattr(p.linear, f"sigma_v{suffix}"),
+                        w if rows is None else w[rows]))
+    return out
+
+
+@pytest.mark.parametrize("partition", ["fused", "per_role"])
 @pytest.mark.parametrize("name", ["vit", "eva02", "bert", "gpt2", "torch_mha", "llama"])
-def test_sigma_reparam_is_invariant_to_rescaling_the_weight_and_keeps_sigma_max_at_gamma(name):
+def test_sigma_reparam_is_invariant_to_rescaling_the_weight_and_keeps_sigma_max_at_gamma(name, partition):
     """Ŵ = γ/σ(W)·W: the output does not move when every reparametrised weight is scaled by 3; after training-mode
     forwards on a perturbed W, the power iteration has converged and σ_max(Ŵ) = γ for every block; eval forwards
-    leave u, v alone."""
+    leave the stored v alone."""
+    from condattn.conditioning.methods.sigma_reparam import power_step
+
     case = CASES[name]
     model, inputs = case.build(), case.inputs()
-    apply(model, "sigma_reparam")
+    apply(model, "sigma_reparam", partition=partition)
     with torch.no_grad():  # move W away from the SVD the buffers started at
         for site in find_attention(model):
             for p in site.proj.values():
@@ -195,20 +219,15 @@ def test_sigma_reparam_is_invariant_to_rescaling_the_weight_and_keeps_sigma_max_
     for _ in range(60):
         case.run(model, inputs)
     model.eval()
-    buffers = {k: v.clone() for k, v in model.state_dict().items() if "sigma_u" in k or "sigma_v" in k}
+    buffers = {k: v.clone() for k, v in model.state_dict().items() if "sigma_v" in k}
     ref = output(case, model, inputs)
-    assert all(torch.equal(model.state_dict()[k], v) for k, v in buffers.items())  # no step in eval
-    blocks = _reparams(model)
-    assert blocks
-    for site in find_attention(model):
-        for role, p in site.proj.items():
-            holder = p.linear
-            suffix = f"_{role}" if p.param == "weight" else f"_{p.param}_{role}"
-            gamma = getattr(holder, f"sigma_gamma{suffix}")
-            w = site.weight(role)  # the stored W_b, torch layout
-            u, v = getattr(holder, f"sigma_u{suffix}"), getattr(holder, f"sigma_v{suffix}")
-            w_hat = gamma / (u @ w @ v) * w
-            torch.testing.assert_close(torch.linalg.matrix_norm(w_hat, ord=2), gamma.detach(), rtol=1e-3, atol=0)
+    assert buffers and all(torch.equal(model.state_dict()[k], v) for k, v in buffers.items())  # not stored in eval
+    blocks = _sigma_blocks(model, partition)
+    assert len(blocks) == len(_reparams(model))
+    for gamma, v, w in blocks:
+        u, v_new = power_step(w, v)
+        w_hat = gamma / (u @ w @ v_new) * w
+        torch.testing.assert_close(torch.linalg.matrix_norm(w_hat, ord=2), gamma.detach(), rtol=1e-3, atol=0)
     with torch.no_grad():
         for site in find_attention(model):
             for p in site.proj.values():
@@ -220,7 +239,7 @@ def test_sigma_reparam_trains_gamma_and_all_linear_covers_every_linear():
     case = CASES["vit"]
     model, inputs = case.build(), case.inputs()
     rep = apply(model, "sigma_reparam", scope="all_linear")
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear | torch.nn.Conv2d)]
     assert {m for m, _, _ in _reparams(model)} == set(linears)
     assert any(e.kind == "sigma_reparam:linear" for e in rep.entries)
     model.train()

@@ -1,19 +1,32 @@
 """σReparam (Zhai et al. 2023, "Stabilizing Transformer Training by Preventing Attention Entropy Collapse";
-reference: apple/ml-sigma-reparam): every reparametrised weight is used as Ŵ = γ / σ(W) · W.
+reference: apple/ml-sigma-reparam, `vision/layers.py` and `vision/vit.py`): every reparametrised weight is used as
+Ŵ = γ / σ(W) · W, as the reference's `SpectralNormedWeight` / `SNLinear` compute it:
 
-- σ(W) = uᵀ W v, the spectral-norm estimate of power iteration: u, v are buffers (state_dict keys `sigma_u*`,
-  `sigma_v*`), moved one power step per training forward (no_grad) and left alone in eval; gradients reach W
-  through uᵀ W v with u, v constant, as in the reference.
-- γ is a learnable scalar (`sigma_gamma*`), initialised to σ_max(W). u, v start at W's top singular vectors (one
-  SVD when the method is applied), so Ŵ = W at init and σ(W) = σ_max(W) from the first step.
-- scope=attention (default): W_Q, W_K and W_V of every attention site, one σ and γ per role (a fused qkv Linear
-  holds three: the paper's W_Q, W_K, W_V are separate matrices; a site without W_Q, GCViT's global attention, has
-  W_K and W_V only). scope=all_linear: also every other nn.Linear
-  and transformers Conv1D of the model (the reference's `convert_to_sn` converts every Linear), one σ per weight.
+- σ(W) is estimated by power iteration from one stored vector, the right singular vector v (`sigma_v*`, a buffer):
+  each forward takes one step in the reference's order, left first, u = normalize(W v), then v' = normalize(Wᵀ u),
+  and uses σ = uᵀ W v' with u, v' held constant, so gradients reach W through that bilinear form (and γ).
+- In training mode the step is stored (v ← v'), also under torch.no_grad, as the reference's `if self.training`
+  does; in eval mode the step is taken afresh on every forward and not stored.
+- γ (`sigma_gamma*`) is learnable, initialised to σ_max(W), and v starts at W's top right singular vector (one SVD
+  when the method is applied), so Ŵ = W at init.
 
-Ŵ is built out of place from the parameter for the length of each forward of the module that reads it (the
-module itself when it calls its weight, else the attention module that passes it to F.linear: timm Eva / BEiT
-with q/v biases, nn.MultiheadAttention), as SCA's fold does; the parameter is never changed.
+`partition` says which matrix gets one σ and one γ:
+- `fused` (default; the reference's reading): one per weight as the module stores it. The reference's `vit.py`
+  builds timm's ViT and converts every nn.Linear, its fused `qkv` included, into one `SNLinear`: one σ over the
+  stacked [W_Q; W_K; W_V]. Separate q/k/v projections (BERT, Llama) are three matrices either way.
+- `per_role`: one per role, W_Q, W_K and W_V each (a fused qkv Linear holds three): the paper's equations name W_Q,
+  W_K, W_V as separate matrices; a reading of its notation, not of its code. A site without W_Q (GCViT's global
+  attention) has W_K and W_V only.
+
+`scope=attention` (default): the attention projections of every site. `scope=all_linear`: also every other nn.Linear,
+transformers Conv1D and nn.Conv2d (groups 1: the patch embedding) of the model, one σ per weight, as the reference's
+`convert_to_sn` converts every Linear and Conv2d (a convolution's weight read as (out, in·k·k)). The reference's ViT
+also removes every normalisation layer; that is a model change of its own, not part of this method.
+
+A plain nn.Linear / nn.Conv2d that calls its own weight switches class in place (`SigmaLinear`, `SigmaConv2d`: same
+parameters) and builds Ŵ in its forward, so torch.fx traces it; other holders (GPT-2's Conv1D, modules that read
+their projection weight themselves: timm Eva / BEiT with q/v biases, nn.MultiheadAttention) get Ŵ folded into the
+attribute for the length of the reading module's forward, as SCA's fold does. The parameter is never changed.
 """
 
 from __future__ import annotations
@@ -28,55 +41,85 @@ from ..spec import MethodSpec, choice, register_method
 from .common import Undo, _is_conv1d
 
 SCOPES = ("attention", "all_linear")
+PARTITIONS = ("fused", "per_role")
+
+
+def power_step(w: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One power-iteration step in the reference's order (`get_sigma`): left u = normalize(W v), then the new right
+    v' = normalize(Wᵀ u). No gradient."""
+    with torch.no_grad():
+        wd = w.detach()
+        u = F.normalize(wd @ v.to(wd.dtype), dim=0)
+        return u, F.normalize(wd.T @ u, dim=0)
 
 
 class SigmaReparam:
-    """Ŵ of one weight parameter (`param` of `holder`): blocks of output rows (torch layout), each with its own
-    σ = uᵀ W_b v and γ, registered on the holder as sigma_gamma{suffix}, sigma_u{suffix}, sigma_v{suffix}."""
+    """Ŵ of one weight parameter (`param` of `holder`): blocks of output rows (torch layout; None: all of them), each
+    with its own σ and γ, registered on the holder as sigma_gamma{suffix} and sigma_v{suffix}."""
 
     def __init__(self, holder: nn.Module, param: str, transposed: bool, owner: nn.Module):
         self.holder, self.param, self.transposed, self.owner = holder, param, transposed, owner
-        self.blocks: list[tuple[str, torch.Tensor]] = []  # (suffix, torch-layout output rows)
+        self.blocks: list[tuple[str, torch.Tensor | None]] = []  # (suffix, torch-layout output rows or None)
 
     def _torch(self, w: torch.Tensor) -> torch.Tensor:
-        return w.T if self.transposed else as_matrix(w)  # (a 1×1 convolution's (out, in) view)
+        return w.T if self.transposed else as_matrix(w)  # (a convolution's (out, in·k·k) view)
 
     @torch.no_grad()
-    def add_block(self, suffix: str, rows: torch.Tensor) -> None:
-        w = self._torch(self.holder._parameters[self.param]).detach()[rows].float()
-        u, s, vh = torch.linalg.svd(w, full_matrices=False)
+    def add_block(self, suffix: str, rows: torch.Tensor | None = None) -> None:
+        w = self._torch(self.holder._parameters[self.param]).detach()
+        w = (w if rows is None else w[rows]).float()
+        _, s, vh = torch.linalg.svd(w, full_matrices=False)
         dt = self.holder._parameters[self.param].dtype
         self.holder.register_parameter(f"sigma_gamma{suffix}", nn.Parameter(s[0].to(dt).clone()))
-        self.holder.register_buffer(f"sigma_u{suffix}", u[:, 0].to(dt).contiguous())
         self.holder.register_buffer(f"sigma_v{suffix}", vh[0].to(dt).contiguous())
         self.blocks.append((suffix, rows))
 
-    def sigma(self, suffix: str, w_b: torch.Tensor, step: bool) -> torch.Tensor:
-        u, v = getattr(self.holder, f"sigma_u{suffix}"), getattr(self.holder, f"sigma_v{suffix}")
-        if step:  # one power iteration, no gradient (reference: SpectralNormedWeight.get_sigma)
+    def sigma(self, suffix: str, w_b: torch.Tensor) -> torch.Tensor:
+        """σ = uᵀ W_b v' after one power step from the stored v; the step is stored in training mode only."""
+        v = getattr(self.holder, f"sigma_v{suffix}")
+        u, v_new = power_step(w_b, v)
+        if self.holder.training:
             with torch.no_grad():
-                wd = w_b.detach()
-                v.copy_(F.normalize(wd.T @ u, dim=0))
-                u.copy_(F.normalize(wd @ v, dim=0))
-        return u.clone() @ w_b @ v.clone()  # (copies: a later call's power step must not touch saved tensors)
+                v.copy_(v_new)
+        return u @ w_b @ v_new
 
     def weight(self, w: torch.Tensor) -> torch.Tensor:
         """Ŵ in the parameter's own layout, out of place: each block scaled by γ / σ."""
         wt = self._torch(w)
-        step = self.owner.training and torch.is_grad_enabled()
+        if len(self.blocks) == 1 and self.blocks[0][1] is None:  # the whole weight: one scalar
+            suffix = self.blocks[0][0]
+            return w * (getattr(self.holder, f"sigma_gamma{suffix}") / self.sigma(suffix, wt))
         s = torch.ones(wt.shape[0], dtype=wt.dtype, device=wt.device)
         for suffix, rows in self.blocks:
             idx = rows.to(wt.device)
             gamma = getattr(self.holder, f"sigma_gamma{suffix}")
-            factor = gamma / self.sigma(suffix, wt.index_select(0, idx), step)
+            factor = gamma / self.sigma(suffix, wt.index_select(0, idx))
             s = s.index_put((idx,), factor.to(s.dtype).expand(idx.numel()))
         return w * (s[None, :] if self.transposed else s.view(-1, *(1,) * (w.dim() - 1)))
 
     def drop(self) -> None:
         for suffix, _ in self.blocks:
-            for name in (f"sigma_gamma{suffix}", f"sigma_u{suffix}", f"sigma_v{suffix}"):
-                self.holder._parameters.pop(name, None)
-                self.holder._buffers.pop(name, None)
+            self.holder._parameters.pop(f"sigma_gamma{suffix}", None)
+            self.holder._buffers.pop(f"sigma_v{suffix}", None)
+
+
+class SigmaLinear(nn.Linear):
+    """An nn.Linear whose forward uses Ŵ (its `_condattn_sigma`); parameters unchanged. Not a torch.nn leaf, so
+    torch.fx traces Ŵ."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self._condattn_sigma.weight(self.weight), self.bias)
+
+
+class SigmaConv2d(nn.Conv2d):
+    """An nn.Conv2d whose forward uses Ŵ on its weight's (out, in·k·k) view (the reference's SNConv2d)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(x, self._condattn_sigma.weight(self.weight), self.bias)
+
+
+SWAPPED = {nn.Linear: SigmaLinear, nn.Conv2d: SigmaConv2d}
+PLAIN = {v: k for k, v in SWAPPED.items()}
 
 
 class FoldReparam:
@@ -88,7 +131,7 @@ class FoldReparam:
 
     def fold(self, module: nn.Module, args: tuple) -> None:
         for r in self.reparams:
-            r.holder.__dict__[r.param] = r.weight(r.holder._parameters[r.param])
+            r.holder.__dict__[r.param] = r.weight(getattr(r.holder, r.param))
 
     def unfold(self, module: nn.Module, args: tuple, output) -> None:
         for r in self.reparams:
@@ -98,54 +141,100 @@ class FoldReparam:
         return [owner.register_forward_pre_hook(self.fold), owner.register_forward_hook(self.unfold, always_call=True)]
 
 
+def _unswap(r: SigmaReparam) -> None:
+    if type(r.holder) in PLAIN:
+        r.holder.__class__ = PLAIN[type(r.holder)]
+    r.holder.__dict__.pop("_condattn_sigma", None)
+
+
 def _drop_all(reparams: list[SigmaReparam]) -> None:
     for r in reparams:
         r.drop()
 
 
-def apply_sigma_reparam(model: nn.Module, report: PatchReport, scope: str = "attention", partial: bool = False) -> list:
-    """σReparam on the attention projections (scope=attention) or every Linear (all_linear); returns the handles."""
-    if scope not in SCOPES:
-        raise ValueError(f"sigma_reparam: scope={scope!r} is invalid; choose one of {list(SCOPES)}")
-    sites, warnings = require_attention(model, "sigma_reparam", partial)
-    report.warnings += warnings
+def _attach(reparams: list[SigmaReparam]) -> list:
+    """Swap plain Linears / Conv2ds that call their own weight; fold the rest into their reading module."""
+    handles: list = []
+    by_owner: dict[int, tuple[nn.Module, list[SigmaReparam]]] = {}
+    for r in reparams:
+        if r.owner is r.holder and r.param == "weight" and type(r.holder) in SWAPPED:
+            r.holder._condattn_sigma = r
+            r.holder.__class__ = SWAPPED[type(r.holder)]
+            handles.append(Undo(_unswap, r))
+        else:
+            by_owner.setdefault(id(r.owner), (r.owner, []))[1].append(r)
+    for owner, rs in by_owner.values():
+        handles += FoldReparam(rs).attach(owner)
+    return handles
+
+
+def _attention_reparams(sites, partition: str, report: PatchReport) -> dict[tuple[int, str], SigmaReparam]:
     reparams: dict[tuple[int, str], SigmaReparam] = {}
     for site in sites:
         for role, p in site.proj.items():
             key = (id(p.linear), p.param)
+            fused = partition == "fused"
             if key not in reparams:
-                owner = p.linear if p.called else site.module
-                reparams[key] = SigmaReparam(p.linear, p.param, p.transposed, owner)
-            suffix = f"_{role}" if p.param == "weight" else f"_{p.param}_{role}"
-            reparams[key].add_block(suffix, p.rows)
+                reparams[key] = SigmaReparam(p.linear, p.param, p.transposed, p.linear if p.called else site.module)
+                if fused:  # one σ over the whole stored weight, whichever roles it holds
+                    reparams[key].add_block("" if p.param == "weight" else f"_{p.param}")
+            if not fused:
+                reparams[key].add_block(f"_{role}" if p.param == "weight" else f"_{p.param}_{role}", p.rows)
         lacks = f"; {site.lacks(*ROLES)}" if site.missing else ""  # (GCViT's global attention: W_K, W_V only)
+        n = len({(id(p.linear), p.param) for p in site.proj.values()}) if partition == "fused" else len(site.proj)
         report.entries.append(PatchEntry(site.name, f"sigma_reparam:{site.layout}",
-                                         f"{'/'.join(site.proj)} heads={site.num_heads}x{site.head_dim}{lacks}"))
+                                         f"{'/'.join(site.proj)} heads={site.num_heads}x{site.head_dim}; "
+                                         f"{n} σ ({partition}){lacks}"))
+    return reparams
+
+
+def _other_weights(model: nn.Module, reparams: dict, report: PatchReport) -> None:
+    """scope=all_linear: every other Linear, Conv1D and Conv2d (groups 1) gets one σ over its whole weight."""
+    mha_out = {id(m.out_proj): m for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
+    grouped = []
+    for name, m in model.named_modules():
+        if (id(m), "weight") in reparams:
+            continue
+        conv = isinstance(m, nn.Conv2d)
+        if conv and m.groups != 1:
+            grouped.append(name)
+            continue
+        if not (isinstance(m, nn.Linear) or _is_conv1d(m) or conv):
+            continue
+        r = SigmaReparam(m, "weight", _is_conv1d(m), mha_out.get(id(m), m))  # MHA reads out_proj.weight itself
+        r.add_block("")
+        reparams[(id(m), "weight")] = r
+        report.entries.append(PatchEntry(name, "sigma_reparam:linear", f"{type(m).__name__} {tuple(m.weight.shape)}"))
+    if grouped:
+        report.notes.append(f"sigma_reparam scope=all_linear left {len(grouped)} grouped convolutions as built (e.g. "
+                            f"{grouped[0]}): the reference's SNConv2d reads one (out, in·k·k) matrix per weight")
+
+
+def apply_sigma_reparam(model: nn.Module, report: PatchReport, scope: str = "attention", partition: str = "fused",
+                        partial: bool = False) -> list:
+    """σReparam on the attention projections (scope=attention) or every Linear and Conv2d (all_linear); returns the
+    handles that undo it."""
+    if scope not in SCOPES:
+        raise ValueError(f"sigma_reparam: scope={scope!r} is invalid; choose one of {list(SCOPES)}")
+    if partition not in PARTITIONS:
+        raise ValueError(f"sigma_reparam: partition={partition!r} is invalid; choose one of {list(PARTITIONS)}")
+    sites, warnings = require_attention(model, "sigma_reparam", partial)
+    report.warnings += warnings
+    reparams = _attention_reparams(sites, partition, report)
     if scope == "all_linear":
-        mha_out = {id(m.out_proj): m for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
-        for name, m in model.named_modules():
-            if not (isinstance(m, nn.Linear) or _is_conv1d(m)) or (id(m), "weight") in reparams:
-                continue
-            r = SigmaReparam(m, "weight", _is_conv1d(m), mha_out.get(id(m), m))  # MHA reads out_proj.weight itself
-            r.add_block("", torch.arange(r._torch(m.weight).shape[0]))
-            reparams[(id(m), "weight")] = r
-            report.entries.append(PatchEntry(name, "sigma_reparam:linear", f"{tuple(m.weight.shape)}"))
-    by_owner: dict[int, tuple[nn.Module, list[SigmaReparam]]] = {}
-    for r in reparams.values():
-        by_owner.setdefault(id(r.owner), (r.owner, []))[1].append(r)
-    handles: list = []
-    for owner, rs in by_owner.values():
-        handles += FoldReparam(rs).attach(owner)
+        _other_weights(model, reparams, report)
+    handles = _attach(list(reparams.values()))
     handles.append(Undo(_drop_all, list(reparams.values())))
     blocks = sum(len(r.blocks) for r in reparams.values())
-    report.notes.append(f"sigma_reparam adds {blocks} learnable γ (init σ_max(W)) and {2 * blocks} power-iteration "
-                        "buffers u, v: the state_dict gains their keys (sigma_gamma*, sigma_u*, sigma_v*)")
+    report.notes.append(f"sigma_reparam adds {blocks} learnable γ (init σ_max(W)) and {blocks} power-iteration "
+                        "buffers v: the state_dict gains their keys (sigma_gamma*, sigma_v*)")
     return handles
 
 
 def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -> list:
-    return apply_sigma_reparam(model, report, scope=spec["scope"], partial=partial)
+    return apply_sigma_reparam(model, report, scope=spec["scope"], partition=spec["partition"], partial=partial)
 
 
-register_method(MethodSpec("sigma_reparam", {"scope": "attention"}, label="sigma_reparam (σReparam)",
-                           validators={"scope": choice(SCOPES)}, apply=_apply))
+register_method(MethodSpec("sigma_reparam", {"scope": "attention", "partition": "fused"},
+                           label="sigma_reparam (σReparam)",
+                           validators={"scope": choice(SCOPES), "partition": choice(PARTITIONS)}, apply=_apply))
