@@ -27,6 +27,13 @@ def grid_exp(rows=("vit_baseline", "vit_sca10", "listops_baseline")) -> dict:
     return exp
 
 
+def pick_dict(scores: dict[float, float], pick: float, base_lr: float = 1e-3, bound=(0.125, 8.0)) -> dict:
+    """A row's lr pick as `LrPick.as_dict` gives it: both selection seeds scored `scores[m]` at each multiplier."""
+    p = LrPick("r", "final_val_acc", base_lr, {m: base_lr * m for m in scores}, [100, 101], bound,
+               {m: {100: v, 101: v} for m, v in scores.items()}, pick)
+    return p.as_dict()
+
+
 def finish(spec, metrics: dict, curve: list[tuple[int, float]] | None = None, steps: int = 100) -> None:
     """A finished run record for a planned cell (what the trainer leaves: metrics.jsonl val rows, summary.json)."""
     rec = RunRecord(spec.run_dir)
@@ -197,8 +204,7 @@ def test_readings_table_reports_the_protocol(tmp_path):
     for spec in exp["rows"].values():
         spec.pop("metrics", None)  # report final_val_acc at every scale
     runs = tmp_path / "runs" / "small"
-    exp["lr_picks"] = {r: {"key": "final_val_acc", "base_lr": 1e-3, "lrs": {0.5: 5e-4, 1.0: 1e-3, 2.0: 2e-3},
-                           "scores": {0.5: 0.5, 1.0: 0.6, 2.0: 0.55}, "pick": 1.0, "lr": 1e-3} for r in exp["rows"]}
+    exp["lr_picks"] = {r: pick_dict({0.5: 0.5, 1.0: 0.6, 2.0: 0.55}, 1.0) for r in exp["rows"]}
     for row, method in (("vit_baseline", "none"), ("vit_sca10", "spectral")):
         for seed in range(3):
             d = runs / f"table9_readings_{row}_{method}_small_s{seed}"
@@ -207,13 +213,15 @@ def test_readings_table_reports_the_protocol(tmp_path):
             spec = type("S", (), {"run_dir": d})
             finish(spec, {"final_val_acc": curve[-1][1]}, curve, steps=400)
     md_path, md = write_table(exp, "small", tmp_path / "runs", tmp_path / "results", [0, 1, 2])
-    # the baseline's final mean val acc is 61.00; it reaches its own seed's plateau at 300 (median), SCA at 200
-    assert "| baseline (no conditioning) | 61.00 ± 1.00 (n=3) | (baseline) | ×1 (1e-03) | 3.04 | 300 |" in md
-    assert "| ×1 (1e-03) | 3.04 | 200 |" in md
-    assert "gains +0.00 points" in md and "holds" in md
-    assert "MDE = (t_{0.975,df} + t_{0.8,df})" in md
+    # the baseline's mean val acc at half its training (step 200) is 50.00; the baseline reaches it at 200, SCA at 100
+    assert ("| baseline (no conditioning) | baseline | 61.00 ± 1.00 (n=3) | (baseline) | – | – | – | ×1 (1e-03) | – | "
+            "200 |") in md
+    assert "| no difference detected (MDE 3.04) | – | ×1 (1e-03) | 3.04 / 3.04 | 100 |" in md  # 1 primary: α unchanged
+    assert "gains +0.00 points" in md and "a figure, not the convergence test" in md
+    assert "MDE = (t_{1−α/2,df} + t_{0.8,df})" in md
     csv = md_path.with_suffix(".csv").read_text()
-    assert "×0.5: 0.5000, ×1: 0.6000, ×2: 0.5500" in csv and "converged" in csv.splitlines()[0]
+    assert "×0.5: 0.5000 (s100=0.5000 s101=0.5000), ×1: 0.6000 (s100=0.6000 s101=0.6000)" in csv
+    assert "converged" in csv.splitlines()[0]
 
 
 @pytest.mark.slow
@@ -228,24 +236,29 @@ def test_reproduce_runs_both_stages_locally_and_reuses_them(tmp_path, capsys):
     path = listops_only(tmp_path, steps=4)
     exp = yaml.safe_load(path.read_text())
     exp["methods"] = ["none"]
-    exp["scales"]["smoke"]["lr_grid"] = [1, 2]
+    exp["scales"]["smoke"].update(lr_grid=[1, 2], selection_seeds=[100, 101], lr_bound=[1, 2])
     path.write_text(yaml.safe_dump(exp, sort_keys=False))
     args = [str(path), "--scale", "smoke", "--seeds", "0 1", *tiny(tmp_path)]
     assert main(args) == 0
     out = capsys.readouterr().out
     runs = sorted(p.name for p in (tmp_path / "runs" / "smoke").iterdir() if not p.name.startswith("."))
-    assert len(runs) == 3 and "table4_lra_listops_none_smoke_s0" in runs  # ×1, ×2 at seed 0; seed 1 at the pick
-    assert "[reproduce] 2 of 2 cells run" in out and "[reproduce] 1 of 1 cells run" in out
-    scores = {r: RunRecord(tmp_path / "runs" / "smoke" / r).summary["metrics"]["val_acc"] for r in runs if "_s0" in r}
-    assert len(scores) == 2
+    # ×1, ×2 at selection seeds 100 and 101; then the reported seeds 0 and 1 at the pick
+    assert len(runs) == 6 and "table4_lra_listops_none_smoke_s100" in runs
+    assert "[reproduce] 4 of 4 cells run" in out and "[reproduce] 2 of 2 cells run" in out
+    summary = {r: RunRecord(tmp_path / "runs" / "smoke" / r).summary for r in runs}
+    assert all(s["code"] and set(s["code"]) == {"conditioning", "model", "task", "engine"} for s in summary.values())
     assert main(args) == 0
     again = capsys.readouterr().out
-    assert again.count("finished earlier, skipped") == 3 and "[reproduce] 0 of 0 cells run" in again
-    # seed 1 ran at the lr of seed 0's best validation run (ties: ×1)
-    lr = {r: RunRecord(tmp_path / "runs" / "smoke" / r).summary["config"]["optim"]["lr"] for r in runs}
-    best = max(scores, key=lambda r: (scores[r], "-" not in r))
-    (seed1,) = [r for r in runs if "_s1" in r]
-    assert lr[seed1] == lr[best]
+    assert again.count("finished earlier, skipped") == 6 and "[reproduce] 0 of 0 cells run" in again
+    # the reported seeds ran at the lr with the best mean validation score of the selection seeds (ties: ×1)
+    lr = {r: s["config"]["optim"]["lr"] for r, s in summary.items()}
+    by_lr: dict[float, list[float]] = {}
+    for r, s in summary.items():
+        if "_s10" in r:
+            by_lr.setdefault(lr[r], []).append(s["metrics"]["val_acc"])
+    base = min(by_lr)
+    best = max(by_lr, key=lambda x: (sum(by_lr[x]), x == base))
+    assert {lr[r] for r in runs if r.endswith(("_s0", "_s1")) or "_s0-" in r or "_s1-" in r} == {best}
 
 
 def test_one_renderer_cli_uses_the_experiments_renderer_and_refuses_an_lr_grid(tmp_path, capsys):
@@ -276,29 +289,33 @@ def test_cost_line_projects_the_whole_table_from_each_tasks_median():
     def cell(wall, missing=()):
         return SimpleNamespace(wall=wall, values=[0.9] * len(wall), missing=list(missing))
 
-    exp = {"scales": {"small": {"seeds": [0, 1, 2, 3, 4], "lr_grid": [0.5, 1, 2]}}}
-    rows = [{"task": "vit", "cell": cell([100.0, 120.0, 140.0], [3, 4])},
-            {"task": "vit", "cell": cell([], [0, 1, 2, 3, 4])},  # a row not run yet costs the task's median too
-            {"task": "listops", "cell": cell([200.0], [1, 2, 3, 4])}]
+    exp = {"scales": {"small": {"seeds": [0, 1, 2, 3, 4], "lr_grid": [0.5, 1, 2], "selection_seeds": [100, 101],
+                                "length_check": {"factor": 2, "seeds": 5}}}}
+    rows = [{"task": "vit", "cell": cell([100.0, 120.0, 140.0], [3, 4]), "is_baseline": True, "test": None},
+            # a row not run yet costs the task's median too
+            {"task": "vit", "cell": cell([], [0, 1, 2, 3, 4]), "is_baseline": False, "test": None},
+            {"task": "listops", "cell": cell([200.0], [1, 2, 3, 4]), "is_baseline": True, "test": None}]
     line = cost_line(exp, "small", rows)
     assert "4 runs, 0.16 h" in line and "vit 120 s, listops 200 s" in line
-    assert "3 rows × 7 runs" in line and f"{(120 * 7 * 2 + 200 * 7) / 2 / 3600:.1f} h" in line
-    rows.append({"task": "text", "cell": cell([], [0, 1, 2, 3, 4])})
+    # 3 rows × (5 reported + 6 selection) runs, and each baseline 5 seeds at 2× its steps
+    assert "33 runs" in line and "20 run-lengths of the length check" in line
+    assert f"{(120 * 11 * 2 + 200 * 11 + 120 * 10 + 200 * 10) / 2 / 3600:.1f} h" in line
+    rows.append({"task": "text", "cell": cell([], [0, 1, 2, 3, 4]), "is_baseline": True, "test": None})
     assert "unknown until text has a finished run" in cost_line(exp, "small", rows)
     assert "whole table" not in cost_line(exp, "medium", rows[:1])  # one GPU, not two CPU processes
     assert cost_line(exp, "small", [{"task": "vit", "cell": cell([], [0])}]) == ""
 
 
-def test_a_pick_at_an_end_of_the_grid_is_marked():
+def test_a_pick_at_the_declared_bound_is_marked():
     from condattn.reporting.protocol import lr_text
 
-    def exp(pick):
-        return {"lr_picks": {"r": {"base_lr": 1e-3, "scores": {0.5: 0.9, 1.0: 0.8, 2.0: 0.7}, "pick": pick,
-                                   "lr": 1e-3 * pick}}}
+    def exp(pick, bound=(0.5, 2.0)):
+        return {"lr_picks": {"r": pick_dict({0.5: 0.9, 1.0: 0.8, 2.0: 0.7}, pick, bound=bound)}}
 
-    assert lr_text(exp(0.5), "r") == "×0.5 (5e-04, grid edge)"
-    assert lr_text(exp(2.0), "r") == "×2 (2e-03, grid edge)"
+    assert lr_text(exp(0.5), "r") == "×0.5 (5e-04, bound)"
+    assert lr_text(exp(2.0), "r") == "×2 (2e-03, bound)"
     assert lr_text(exp(1.0), "r") == "×1 (1e-03)"
+    assert lr_text(exp(2.0, bound=(0.125, 8)), "r") == "×2 (2e-03)"  # an edge inside the bound: the grid grows
 
 
 def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_reports_metric_at(tmp_path):
@@ -311,15 +328,14 @@ def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_report
     exp = load_experiment(REPO / "experiments" / "table4_lra.yaml")
     exp["rows"] = {"listops": exp["rows"]["listops"]}
     exp["methods"] = ["none", "spectral"]
-    exp["scales"]["small"] = {"seeds": [0, 1, 2], "rows": ["listops"], "lr_grid": [0.5, 1, 2]}
+    exp["scales"]["small"] = {"seeds": [0, 1, 2], "rows": ["listops"], "lr_grid": [0.5, 1, 2],
+                              "selection_seeds": [100, 101]}
     exp["metric_at"] = {"small": "final_test_acc"}
     assert row_metric(exp, "small", "listops") == "final_test_acc" and row_metric(exp, "smoke") == "test_acc"
     assert selection_key(exp, "listops", "small") == "final_val_acc"
     assert pick_key(exp, "listops", "spectral") == "listops/spectral"
     assert pick_key(grid_exp(), "vit_sca10", "spectral") == "vit_sca10"  # a reading: its row is its method
-    exp["lr_picks"] = {f"listops/{m}": {"key": "final_val_acc", "base_lr": 1e-3, "lrs": {0.5: 5e-4, 1.0: 1e-3,
-                                                                                       2.0: 2e-3},
-                                        "scores": {0.5: 0.5, 1.0: 0.6, 2.0: 0.7}, "pick": p, "lr": 1e-3 * p}
+    exp["lr_picks"] = {f"listops/{m}": pick_dict({0.5: 0.5, 1.0: 0.6, 2.0: 0.7}, p, bound=(0.5, 2))
                        for m, p in (("none", 1.0), ("spectral", 2.0))}
     runs = tmp_path / "runs" / "small"
     for method, better in (("none", 0.0), ("spectral", 0.1)):
@@ -329,10 +345,11 @@ def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_report
             finish(spec, {"final_test_acc": curve[-1][1] + 0.05, "test_acc": 0.0}, curve, steps=400)
     _, md = write_table(exp, "small", tmp_path / "runs", tmp_path / "results", [0, 1, 2])
     assert "mean ± std over seeds of final_test_acc × 100" in md
-    assert "| listops | baseline | 36.00 ± 1.00 (n=3) | (baseline) | ×1 (1e-03) | 3.04 | 200 |" in md
-    assert "| listops | SCA | 46.00 ± 1.00 (n=3) | +10.00 [" in md and "| ×2 (2e-03, grid edge) | 3.04 | 200 |" in md
-    assert "listops: Baseline convergence:" in md and "listops: Plateau: the baseline reaches" in md
-    assert "Methods better than their row's baseline beyond the 95% interval: listops SCA (+10.00" in md
+    assert "| listops | baseline | 36.00 ± 1.00 (n=3) | (baseline) | – | – | ×1 (1e-03) | – | 200 |" in md
+    assert "| listops | SCA | 46.00 ± 1.00 (n=3) | +10.00 [" in md
+    assert "/ 0.100 | better | ×2 (2e-03, bound) | 3.04 / 3.04 |" in md  # 3 seeds: the permutation p's floor
+    assert "listops: Baseline's last quarter" in md and "listops: Plateau: the baseline reaches" in md
+    assert "better than the baseline: listops SCA" in md
 
 
 def test_floor_verdict_names_the_best_floor_and_the_gap():

@@ -150,14 +150,6 @@ def plateau_text(steps: list[int | None], total: int) -> str:
             "compare methods on that plateau rather than on a learned task (the table prints its floors).")
 
 
-def mde_text(base_values: list[float], n: int) -> tuple[str, float | None]:
-    """The minimum detectable effect for n seeds per arm from the baseline's spread ("–" under 2 seeds)."""
-    if len(base_values) < 2 or n < 2:
-        return "–", None
-    m = mde(statistics.stdev(base_values), n)
-    return (f"{m:.2f}" if m is not None else "–"), m
-
-
 def verdicts(base: list[float], arms: list[tuple[str, list[float], str]], higher_is_better: bool = True
              ) -> dict[str, Verdict]:
     """Each arm's test against the baseline values of its task: `arms` are (key, values, hypothesis) of the task's

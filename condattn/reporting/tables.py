@@ -15,7 +15,7 @@ from ..engine.twins import made_elsewhere
 from ..runs import RunId, RunRecord
 from .floors import floor_table
 from .floors import load as load_floors
-from .metric import row_metric, row_seeds
+from .metric import higher_is_better, row_metric, row_seeds
 from .notes import table_notes, tokenizer_notes
 from .protocol import (
     FOOTER,
@@ -23,12 +23,13 @@ from .protocol import (
     baseline_target,
     grid_text,
     lr_text,
-    mde_text,
     pick_key,
     plateau_text,
     steps_column,
+    verdict_line,
+    verdicts,
 )
-from .stats import diff_ci, fmt_mean_std, mean_std
+from .stats import fmt_mean_std, fmt_num, fmt_p, mean_std
 
 METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET",
                  "conditioned_init": "conditioned init", "mimetic_init": "mimetic init", "qk_norm": "QK-norm",
@@ -196,7 +197,7 @@ def _times(exp: dict) -> str:
 
 def _direction(exp: dict) -> str:
     """A note when lower is better (`higher_is_better: false`, e.g. a loss); nothing for the usual accuracies."""
-    return "" if exp.get("higher_is_better", True) else " Lower is better."
+    return "" if higher_is_better(exp) else " Lower is better."
 
 
 def table_start(exp: dict, intro: str, head: list[str]) -> list[str]:
@@ -224,10 +225,13 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell],
         cols += [c.text() for c in ours]
         cols += [",".join(map(str, steps)) or "–", f"{mean_std(walls)[0]:.0f} s" if walls else "–"]
         lines.append("| " + " | ".join(cols) + " |")
+        tests = verdicts(cells[(row, base)].values, [(c.method, c.values, "primary") for c in ours[1:]],
+                         higher_is_better(exp, row))
         for c in ours:
             pk = PAPER_KEYS.get(c.method)
             ms = mean_std(c.values) if c.values else None
-            ci = diff_ci(cells[(row, base)].values, c.values) if c.method != base else None
+            t = tests.get(c.method)
+            ci = t.ci if t else None
             csv_rows.append({
                 "table": exp["table"], "row": row, "method": c.method, "label": METHOD_LABELS.get(c.method, c.method),
                 "scale": scale, "metric": row_metric(exp, scale, row), "n": len(c.values),
@@ -242,6 +246,13 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell],
                 "diff_ci95_low": f"{ci.low:.4f}" if ci else "",
                 "diff_ci95_high": f"{ci.high:.4f}" if ci else "",
                 "ci_method": ci.method if ci else "",
+                "hypothesis": "baseline" if c.method == base else "primary",
+                "p_welch": f"{t.p:.6g}" if t and t.p is not None else "",
+                "p_adjusted": f"{t.p_adj:.6g}" if t and t.p_adj is not None else "",
+                "p_permutation": f"{t.p_perm:.6g}" if t and t.p_perm is not None else "",
+                "verdict": t.word if t else "",
+                "mde_05": f"{t.mde:.4f}" if t and t.mde is not None else "",
+                "mde_corrected": f"{t.mde_corrected:.4f}" if t and t.mde_corrected is not None else "",
                 "lr": lr_text(exp, pick_key(exp, row, c.method)),
                 "lr_grid_scores": grid_text(exp, pick_key(exp, row, c.method)),
             })
@@ -278,13 +289,15 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
     if not (exp["scales"].get(scale) or {}).get("lr_grid"):
         return []
     key = (exp.get("curve") or {}).get("key", "acc")
-    higher = bool(exp.get("higher_is_better", True))
+    higher = higher_is_better(exp)
     mult = multiplier(exp)
-    head = ["row", "method", f"{row_metric(exp, scale)} (mean ± std)", "Δ vs baseline [95% CI]", "lr (pick)",
-            "MDE (80% power)", "steps to baseline's final val"]
-    lines = ["", f"**The fair protocol** (each method picks its lr; {'higher' if higher else 'lower'} is better)", "",
+    head = ["row", "method", f"{row_metric(exp, scale)} (mean ± std)", "Δ vs baseline [95% CI]",
+            "p: Welch / Holm / permutation", "verdict", "lr (pick)", "MDE: α 0.05 / corrected",
+            "steps to baseline's half-training val"]
+    lines = ["", f"**The protocol** (each method picks its lr; {'higher' if higher else 'lower'} is better; every "
+                 "method is a primary hypothesis, one family per row)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    notes, winners = [], []
+    notes, found = [], []
     for row in rows_for(exp, scale):
         methods = [m for (r, m) in cells if r == row]
         if not methods:
@@ -293,18 +306,20 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
         target = baseline_target(base.summaries, key, mult, higher)
         if not higher:  # a loss (table 5), not a percentage: "0.5 points" does not apply, the loss-fall criterion does
             target = Target(target.value, None, target.loss_fall)
+        tests = verdicts(base.values, [(m, cells[(row, m)].values, "primary") for m in methods[1:]], higher)
+        base_steps: list = []
         for m in methods:
-            c = cells[(row, m)]
-            ci = diff_ci(base.values, c.values) if m != methods[0] else None
-            if ci is not None and (ci.low > 0 if higher else ci.high < 0):
-                winners.append(f"{row} {labels.get(m, m)} ({ci.text(digits)})")
-            n = min(len(c.values), len(base.values))
+            c, t = cells[(row, m)], tests.get(m)
             steps = steps_column(c.summaries, target.value, key, mult, higher)
             ms = f"{fmt_mean_std(c.values, digits)} (n={len(c.values)})" if c.values else "missing"
-            delta = "(baseline)" if m == methods[0] else (ci.text(digits) if ci else "–")
+            delta = "(baseline)" if m == methods[0] else (t.ci.text(digits) if t and t.ci else "–")
+            p = "–" if t is None or t.p is None else f"{fmt_p(t.p)} / {fmt_p(t.p_adj)} / {fmt_p(t.p_perm)}"
+            mdes = "–" if t is None or t.mde is None else f"{fmt_num(t.mde)} / {fmt_num(t.mde_corrected)}"
             lr = lr_text(exp, pick_key(exp, row, m))
-            lines.append(f"| {row} | {labels.get(m, m)} | {ms} | {delta} | {lr} | "
-                         f"{mde_text(base.values, n)[0]} | {steps[0]} |")
+            lines.append(f"| {row} | {labels.get(m, m)} | {ms} | {delta} | {p} | {t.word if t else '–'} | {lr} | "
+                         f"{mdes} | {steps[0]} |")
+            if t is not None:
+                found.append((f"{row} {labels.get(m, m)}", t))
             if m == methods[0]:
                 base_steps = steps[1]
         notes += [f"{row}: {target.text()}"]
@@ -317,12 +332,7 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
         total = max((int(s.get("steps") or 0) for s in base.summaries), default=0)
         if plateau := plateau_text(base_steps, total):
             notes.append(f"{row}: {plateau}")
-    n_seeds = max((len(c.values) for c in cells.values()), default=0)
-    verdict = ("With fewer than 2 seeds per method there is no interval: the table cannot say which method is better."
-               if n_seeds < 2 else
-               ("Methods better than their row's baseline beyond the 95% interval: " + "; ".join(winners) + ".")
-               if winners else "No method is better than its row's baseline beyond the 95% interval.")
-    return [*lines, "", *[x for n in notes for x in (n, "")], verdict, "", FOOTER]
+    return [*lines, "", *[x for n in notes for x in (n, "")], verdict_line(found), "", FOOTER]
 
 
 def plot_curves(exp: dict, scale: str, cells: dict[tuple, TableCell], out: Path) -> Path | None:
