@@ -6,9 +6,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-# methods with one entry per attention layer (sigma_reparam's scope=all_linear adds `sigma_reparam:linear` entries)
-PER_LAYER = ("spectral", "conditioned_init", "qk_norm", "sigma_reparam", "mimetic_init", "ns_attention")
-
 
 @dataclass(frozen=True)
 class PatchEntry:
@@ -40,8 +37,13 @@ class PatchReport:
     def check(self, attention_layers: int | None = None) -> None:
         """Raise if the patch does not cover the architecture: one entry per attention layer (patched or skipped)
         for the per-layer methods, exactly one embedded-token entry for CET."""
+        from .spec import method_spec  # (spec.py imports the methods, which import this module)
+
         problems = []
-        per_layer = next((m for m in PER_LAYER if m in self.method), None)
+        # the part with one entry per attention layer (MethodSpec.per_layer; sigma_reparam's scope=all_linear adds
+        # `sigma_reparam:linear` entries beside them)
+        parts = method_spec(self.method).parts or (self.method,)
+        per_layer = next((p for p in parts if method_spec(p).per_layer), None)
         if per_layer and attention_layers is not None:
             n = sum(1 for e in self.entries if e.kind.startswith(per_layer) and e.kind != f"{per_layer}:linear")
             skipped = len(self.skipped)  # left alone by an option, or where the method does not apply (with why)

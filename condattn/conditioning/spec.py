@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from . import paper
 from .embedded import GRADIENTS, POSITIONS, SCALES, SOLVERS, TOKENS
 from .layouts.detr import DETR_ATTENTION  # (importing a layout module registers every family's layouts)
 from .sites import ROLES
@@ -43,7 +44,9 @@ Validator = Callable[[str, Any], Any]  # (option name, given value) -> normalise
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One conditioning method: its options (name -> default), their checks, and which of them act."""
+    """One conditioning method: its options (name -> default), their checks, which of them act, how it is applied,
+    and the facts the layers above read from here (the report's counts, remove_conditioning, the tables' labels,
+    the cost estimate, checkpoint loading)."""
 
     name: str
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -54,10 +57,32 @@ class MethodSpec:
     # options that act only on a model whose attention sites carry kinds (DETR's detr_attention)
     site_kind_options: frozenset[str] = frozenset()
     parts: tuple[str, ...] = ()  # a composite's methods; () for a plain one
-    apply: Callable[..., list] | None = None  # apply(model, spec, report, partial=) -> handles (outside api.py)
+    # plan(model, spec, partial) -> what apply needs (its sites), found before anything is written to the model
+    # (every part of a composite is planned before any part is applied); None: apply finds its own sites
+    plan: Callable[..., Any] | None = None
+    # apply(model, spec, report, partial=[, planned=]) -> the handles that undo it (remove() each)
+    apply: Callable[..., list] | None = None
+    # --- facts
+    per_layer: bool = False  # one PatchReport entry (or skip) per attention layer: PatchReport.check counts them
+    # changes the weights once and attaches nothing (no per-step cost, nothing to remove): True, or a function of the
+    # option values returning '' or what is init-only ("spectral with mode=init")
+    init_only: bool | Callable[[Mapping[str, Any]], str] = False
+    short: str = ""  # the tables' name ("SCA", "QK-norm"); default: the name
+    cost: str = ""  # its per-step cost term, in words ('' for none)
+    adds_keys: bool = False  # adds parameters or buffers: the state_dict gains keys (condattn.load re-applies it)
 
     def acting(self, values: Mapping[str, Any]) -> set[str]:
         return set(self.options) if self.applies is None else set(self.applies(values)) & set(self.options)
+
+    def once(self, values: Mapping[str, Any]) -> str:
+        """'' when the method attaches something under these option values, else what changed the weights once."""
+        if callable(self.init_only):
+            return self.init_only(values)
+        return self.name if self.init_only else ""
+
+    @property
+    def table_label(self) -> str:
+        return self.short or self.name
 
 
 _METHODS: dict[str, MethodSpec] = {}
@@ -98,17 +123,22 @@ def register_method(spec: MethodSpec) -> MethodSpec:
     return spec
 
 
-def composite(name: str, *parts: str, label: str = "") -> MethodSpec:
-    """The union of registered methods (their options, checks and rules), e.g. composite("spectral+embedded", ...)."""
+def composite(name: str, *parts: str, label: str = "", short: str = "") -> MethodSpec:
+    """The union of registered methods (their options, checks, rules and facts), e.g. composite("spectral+embedded",
+    ...). Applied part by part, in order, after every part has planned."""
     specs = [method_spec(p) for p in parts]
 
     def applies(values: Mapping[str, Any]) -> set[str]:
         return set().union(*(s.acting(values) for s in specs))
 
+    def once(values: Mapping[str, Any]) -> str:
+        return "; ".join(w for s in specs if (w := s.once(values)))
+
     return MethodSpec(name, options={k: v for s in specs for k, v in s.options.items()},
                       validators={k: v for s in specs for k, v in s.validators.items()}, applies=applies,
                       label=label, site_kind_options=frozenset().union(*(s.site_kind_options for s in specs)),
-                      parts=tuple(parts))
+                      parts=tuple(parts), per_layer=any(s.per_layer for s in specs), init_only=once, short=short,
+                      cost="; ".join(s.cost for s in specs if s.cost), adds_keys=any(s.adds_keys for s in specs))
 
 
 def method_spec(name: str) -> MethodSpec:
@@ -317,7 +347,7 @@ NEWTON_SCHULZ_ONLY = ("lift_iters", "ns_iters", "power_iters")
 # conditioned_init reads these of SCA's options (which projections, W_V's placement, DETR's attention kinds)
 INIT_OPTIONS = ("targets", "identity", "detr_attention")
 
-register_method(MethodSpec("none", label="none (the baseline)"))
+register_method(MethodSpec("none", label="none (the baseline)", short="baseline"))
 register_method(MethodSpec(
     "spectral", SPECTRAL_OPTIONS, label="spectral (SCA)", applies=_spectral_applies,
     site_kind_options=frozenset({"detr_attention"}),
@@ -332,6 +362,9 @@ register_method(MethodSpec(
         "detr_attention": subset(DETR_ATTENTION, "conditioning.detr_attention=[encoder,decoder_cross] "
                                                  "(conditioning=none turns SCA off)"),
     },
+    plan=paper.plan_attention("spectral"), apply=paper.apply_spectral, per_layer=True,
+    init_only=paper.spectral_once, short="SCA",
+    cost="W + C folded into each W_Q/W_K/W_V per call: one weight-sized add (svd: an SVD per block per refresh)",
 ))
 register_method(MethodSpec(
     "embedded", EMBEDDED_OPTIONS, label="embedded (CET)", applies=_embedded_applies,
@@ -345,7 +378,12 @@ register_method(MethodSpec(
         "power_iters": integer(1),
         "scale": choice(SCALES),
     },
+    plan=paper.plan_tokens, apply=paper.apply_embedded, short="CET",
+    cost="the polar factor of each sample's N × D token matrix per forward (Newton–Schulz steps, or one SVD)",
 ))
-register_method(composite("spectral+embedded", "spectral", "embedded", label="spectral+embedded (SCA and CET)"))
+register_method(composite("spectral+embedded", "spectral", "embedded", label="spectral+embedded (SCA and CET)",
+                          short="SCA+CET"))
 register_method(MethodSpec("conditioned_init", {k: SPECTRAL_OPTIONS[k] for k in INIT_OPTIONS},
-                           label="conditioned_init", site_kind_options=frozenset({"detr_attention"})))
+                           label="conditioned_init", site_kind_options=frozenset({"detr_attention"}),
+                           plan=paper.plan_attention("conditioned_init"), apply=paper.apply_conditioned_init,
+                           per_layer=True, init_only=True, short="conditioned init"))

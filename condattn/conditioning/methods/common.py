@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..paper import Undo  # noqa: F401  (re-exported: the methods' handles for what is not a hook)
 from ..sites import AttentionSite, Projection
 
 # W_O as a child of the attention module (timm `proj`, DETR/ViT/Llama `o_proj`, DETR/MHA `out_proj`, GPT-2 `c_proj`,
@@ -67,15 +68,3 @@ def not_token_softmax(site: AttentionSite) -> str:
     if site.form.over == "tokens":
         return ""
     return f"{site.form.name} attention: the softmax runs over the d_h channels, not the tokens"
-
-
-class Undo:
-    """A handle whose remove() calls `fn(*args)` once: for what a method attached besides hooks (modules, buffers)."""
-
-    def __init__(self, fn, *args):
-        self.fn, self.args = fn, args
-
-    def remove(self) -> None:
-        if self.fn is not None:
-            self.fn(*self.args)
-            self.fn = None

@@ -124,4 +124,5 @@ def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -
 
 
 register_method(MethodSpec("mimetic_init", dict(DEFAULTS), label="mimetic_init (mimetic initialisation)",
-                           validators={k: finite_number(0) for k in DEFAULTS}, apply=_apply))
+                           validators={k: finite_number(0) for k in DEFAULTS}, apply=_apply, per_layer=True,
+                           init_only=True, short="mimetic init"))

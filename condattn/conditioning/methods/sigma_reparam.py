@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..report import PatchEntry, PatchReport
-from ..sites import ROLES, as_matrix, require_attention
+from ..sites import ROLES, require_attention
 from ..spec import MethodSpec, choice, register_method
 from .common import Undo, _is_conv1d
 
@@ -61,12 +61,17 @@ class SigmaReparam:
         self.holder, self.param, self.transposed, self.owner = holder, param, transposed, owner
         self.blocks: list[tuple[str, torch.Tensor | None]] = []  # (suffix, torch-layout output rows or None)
 
+    def _ndim(self) -> int:
+        return self.holder._parameters[self.param].dim()  # (the stored parameter's: `w` may be an fx Proxy)
+
     def _torch(self, w: torch.Tensor) -> torch.Tensor:
-        return w.T if self.transposed else as_matrix(w)  # (a convolution's (out, in·k·k) view)
+        if self.transposed:
+            return w.T
+        return w.flatten(1) if self._ndim() > 2 else w  # (a convolution's (out, in·k·k) view)
 
     @torch.no_grad()
     def add_block(self, suffix: str, rows: torch.Tensor | None = None) -> None:
-        w = self._torch(self.holder._parameters[self.param]).detach()
+        w = self._torch(self.holder._parameters[self.param].detach())
         w = (w if rows is None else w[rows]).float()
         _, s, vh = torch.linalg.svd(w, full_matrices=False)
         dt = self.holder._parameters[self.param].dtype
@@ -95,7 +100,7 @@ class SigmaReparam:
             gamma = getattr(self.holder, f"sigma_gamma{suffix}")
             factor = gamma / self.sigma(suffix, wt.index_select(0, idx))
             s = s.index_put((idx,), factor.to(s.dtype).expand(idx.numel()))
-        return w * (s[None, :] if self.transposed else s.view(-1, *(1,) * (w.dim() - 1)))
+        return w * (s[None, :] if self.transposed else s.view(-1, *(1,) * (self._ndim() - 1)))
 
     def drop(self) -> None:
         for suffix, _ in self.blocks:
@@ -237,4 +242,6 @@ def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -
 
 register_method(MethodSpec("sigma_reparam", {"scope": "attention", "partition": "fused"},
                            label="sigma_reparam (σReparam)",
-                           validators={"scope": choice(SCOPES), "partition": choice(PARTITIONS)}, apply=_apply))
+                           validators={"scope": choice(SCOPES), "partition": choice(PARTITIONS)}, apply=_apply,
+                           per_layer=True, short="σReparam", adds_keys=True,
+                           cost="one power step (two mat-vecs) and a rescale of each converted weight per forward"))
