@@ -1,9 +1,11 @@
-"""The two conditioning methods (SCA: `spectral`, CET: `embedded`) and where they attach.
+"""The method library: every conditioning method (the papers' SCA `spectral` and CET `embedded`, the follow-up's
+`conditioned_init`, and the field's `qk_norm`, `sigma_reparam`, `mimetic_init`, `ns_attention`) and where they attach.
 
 The method library's lower half: it imports torch (timm / transformers only inside the layout finders) and nothing
-else of condattn. `spec.py` holds every method's options and which act (`ConditioningSpec`, the method registry),
-`sites.py` the sites and the layout registry, `layouts/` one module per architecture family, `forms.py` how each
-site's attention logits are formed, `tokens.py` how tokens and padding masks are read.
+else of condattn. `spec.py` holds every method's MethodSpec (options, checks, which act, how it is planned and
+applied, and its facts: per layer, init-only, label, cost, added keys) and the registry; `paper.py` the papers'
+methods, `methods/` the field's; `sites.py` the sites and the layout registry, `layouts/` one module per architecture
+family, `forms.py` how each site's attention logits are formed, `tokens.py` how tokens and padding masks are read.
 """
 
 from . import (

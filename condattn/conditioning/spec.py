@@ -17,6 +17,9 @@ Each method is a `MethodSpec` registered by name. Adding a method is one registr
         validators={"qk_eps": finite_number(1e-12)},  # option -> check(key, value) -> normalised value
         applies=lambda o: {"qk_eps"},             # optional: which options act given all values (default: all)
         apply=_apply,
+        # its facts, read by the report's counts, remove_conditioning, the tables, the cost estimate and the
+        # contract test (tests/test_method_contract.py, which needs a case for every registered method)
+        per_layer=True, init_only=False, short="QK-norm", cost="two per-head norms per layer", adds_keys=True,
     ))
 
 An option name means one option everywhere: a method may list another method's option again (conditioned_init uses
