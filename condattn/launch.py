@@ -104,7 +104,7 @@ def slurm_parameters(lc: Any, job_name: str) -> dict[str, Any]:
         "ntasks_per_node": tasks_per_node(lc),
         "gpus_per_node": int(lc.gpus_per_node) or None,
         "cpus_per_task": lc.cpus_per_task,
-        "mem": f"{lc.mem_gb}GB" if lc.mem_gb else None,
+        "mem": f"{node_mem_gb(lc)}GB",
         "time": int(lc.timeout_min),
         "signal_delay_s": int(lc.signal_delay_s),
         "array_parallelism": int(lc.array_parallelism),
@@ -116,6 +116,16 @@ def slurm_parameters(lc: Any, job_name: str) -> dict[str, Any]:
         "additional_parameters": OmegaConf.to_container(lc.additional_parameters) or None,
     }
     return {k: v for k, v in params.items() if v is not None}
+
+
+def node_mem_gb(lc: Any) -> int:
+    """A node's `--mem`: launcher.mem_gb when set, else what its processes and their data workers need:
+    processes per node × (launcher.mem_per_process_gb + (launcher.cpus_per_task - 1) × launcher.mem_per_worker_gb)."""
+    if lc.get("mem_gb"):
+        return int(lc.mem_gb)
+    workers = max(int(lc.get("cpus_per_task") or 1) - 1, 0)
+    per_process = float(lc.get("mem_per_process_gb") or 32) + workers * float(lc.get("mem_per_worker_gb") or 4)
+    return int(math.ceil(tasks_per_node(lc) * per_process))
 
 
 def local_parameters(lc: Any) -> dict[str, Any]:
@@ -250,40 +260,64 @@ def squeue_states(job_id: str) -> set[str]:
 
 
 def cell_time_min(cfg: Any) -> int:
-    """A cell's SLURM `--time`: its cost estimate's wall time (engine/cost.py) × launcher.time_margin + 15 min, at
-    least 30 min, at most launcher.timeout_min (a longer cell checkpoints at the limit and requeues itself); the cap
-    when there is no estimate."""
-    from .engine.cost import cell_cost
-
+    """A cell's SLURM `--time`: its cost estimate's wall time, evaluation included (engine/cost.py: a step time measured
+    by `make bench` on launcher.gpu_type where there is one, else the assumed MFU and launcher.min_step_ms) ×
+    launcher.time_margin + 15 min, at least 30 min, at most launcher.timeout_min (a longer cell checkpoints at the limit
+    and requeues itself); the cap when there is no estimate."""
     lc = cfg.launcher
     cap = int(lc.timeout_min)
-    try:
-        c = cell_cost(str(cfg.run.name), cfg)
-    except Exception:  # no estimate (a model the FLOP counter cannot trace): the cap
-        return cap
-    if c.gpu_hours is None:
+    c = _cost(cfg)
+    if c is None or c.gpu_hours is None:
         return cap
     wall_min = c.gpu_hours / max(c.gpus, 1) * 60
     return int(min(cap, max(30, math.ceil(wall_min * float(lc.get("time_margin") or 1.5) + 15))))
 
 
-def gpu_warning(cfg: Any) -> str | None:
-    """A line when a cell's estimate is set by per-step overheads or the loader, not FLOPs, yet it asks for several
-    GPUs: they multiply the GPU-hours and barely shorten the run."""
+def _cost(cfg: Any) -> Any:
     from .engine.cost import cell_cost
 
+    try:
+        return cell_cost(str(cfg.run.name), cfg)
+    except Exception:  # noqa: BLE001 - no estimate (a model the FLOP counter cannot trace)
+        return None
+
+
+def time_source(cfg: Any) -> str:
+    """Where a cell's --time comes from, in words: a measured step time, or the assumed constants (a fallback)."""
+    c = _cost(cfg)
+    if c is None or c.gpu_hours is None:
+        return "no estimate: the cap"
+    if c.measured:
+        return c.measured
+    return (f"assumed: launcher.assumed_mfu / launcher.min_step_ms={cfg.launcher.get('min_step_ms')}, a fallback "
+            f"(no `make bench` result for {cfg.model.get('name')} on {cfg.launcher.get('gpu_type')} in "
+            f"launcher.bench_dir)")
+
+
+def gpu_warning(cfg: Any) -> str | None:
+    """A line when the plan's own estimates say several GPUs per cell barely shorten it: the cell's wall time on its
+    GPUs against one GPU (engine/cost.py, the same estimate the total and --time use) gives less than half the ideal
+    speed-up, so the extra GPUs mostly add GPU-hours (a cell set by per-step overheads). A cell whose loader or FLOPs
+    scale with its processes gets no warning."""
     if cfg.launcher.name == "local" or (gpus := planned_world(cfg)) <= 1:
         return None
-    try:
-        c = cell_cost(str(cfg.run.name), cfg)
-    except Exception:
+    one = OmegaConf.merge(cfg, {"launcher": {"nodes": 1, "gpus_per_node": 1, "tasks_per_node": None}})
+    many, single = _cost(cfg), _cost(one)
+    if many is None or single is None or many.wall_hours is None or single.wall_hours is None:
         return None
-    bound = next((b for b in ("step-bound", "loader-bound") if b in c.note), None)
-    if bound is None:
+    speedup = single.wall_hours / many.wall_hours
+    if speedup >= gpus / 2:
         return None
-    return (f"{gpus} GPUs per cell for a {bound} model ({c.note.split('; ')[-1]}): about "
-            f"{gpus}× the GPU-hours ({c.gpu_hours:,.1f}) for little speed-up; set launcher.gpus_per_node=1 "
-            "(launcher.nodes=1)")
+    parts = many.note.split("; ")
+    why = next((x for x in parts if "-bound" in x), parts[-1])
+    return (f"{gpus} GPUs per cell: the estimate gives {_duration(many.wall_hours)} a cell ({many.gpu_hours:,.2f} "
+            f"GPU-hours) against {_duration(single.wall_hours)} on one GPU ({single.gpu_hours:,.2f} GPU-hours): "
+            f"{speedup:.1f}× faster for {many.gpu_hours / single.gpu_hours:.1f}× the GPU-hours ({why}); set "
+            "launcher.gpus_per_node=1 (launcher.nodes=1)")
+
+
+def _duration(hours: float) -> str:
+    return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:,.1f} h"
 
 
 FAILED_SLURM_STATES = {"FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
@@ -388,8 +422,9 @@ def submit(cells: list[RunSpec], lc: Any, table: str, scale: str, *, dry_run: bo
             executor.update_parameters(time=minutes)
         kind = "one SLURM job array" if lc.name == "slurm" and len(group) > 1 else (
             "one SLURM job" if lc.name == "slurm" else "local submitit jobs, one after another")
-        when = (f", --time={minutes} min: the estimate × launcher.time_margin + 15 min, capped at "
-                f"launcher.timeout_min={lc.timeout_min}" if minutes is not None else "")
+        when = (f", --time={minutes} min: the estimate ({time_source(group[0].cfg)}; evaluation included) × "
+                f"launcher.time_margin + 15 min, capped at launcher.timeout_min={lc.timeout_min}"
+                if minutes is not None else "")
         say(f"[reproduce] {len(group)} cell{'s' if len(group) != 1 else ''} to submit as {kind} "
             f"(launcher={lc.name}{when}{', dry run: nothing is submitted' if dry_run else ''})")
         describe_plan(group, lc, executor, say)

@@ -90,7 +90,9 @@ def test_cost_of_a_paper_cell_follows_flops_samples_peak_and_mfu():
     bf16 = cell_cost("vit", compose([*ov, "impl.precision=bf16"]))
     assert abs(fp32.flops_per_sample - 3 * VIT_B_FORWARD) / (3 * VIT_B_FORWARD) < 0.05
     assert fp32.samples == 375300 * 1024
-    assert fp32.gpu_hours == pytest.approx(fp32.flops_per_sample * fp32.samples / (66.9e12 * 0.5) / 3600)
+    train = fp32.gpu_hours - fp32.eval_hours  # + 301 evaluations of the 50,000 validation images (a forward each)
+    assert train == pytest.approx(fp32.flops_per_sample * fp32.samples / (66.9e12 * 0.5) / 3600)
+    assert fp32.eval_hours == pytest.approx(train * 301 * 50000 / (3 * fp32.samples))
     assert bf16.precision == "bf16" and fp32.gpu_hours / bf16.gpu_hours == pytest.approx(989.4 / 66.9)
     cet, _ = training_flops_per_sample(compose([*ov, "conditioning=embedded"]))
     assert cet > fp32.flops_per_sample  # CET's Newton–Schulz correction is counted on top of the model
@@ -122,16 +124,18 @@ def test_cost_floors_for_what_flops_do_not_see():
     at launcher.min_step_ms: tiny models (CIFAR, LRA) are bound by those, not by FLOPs."""
     ov = ["task=imagenet_vit", "scale=medium", "launcher=slurm", "launcher.cpus_per_task=8"]
     loader = cell_cost("c", compose([*ov, "impl.worker_samples_per_s.cifar=1000", "launcher.min_step_ms=null"]))
-    assert loader.gpu_hours == pytest.approx(39000 * 128 / (7 * 1000) / 3600) and "loader-bound" in loader.note
+    train = loader.gpu_hours - (loader.eval_hours or 0.0)
+    assert train == pytest.approx(39000 * 128 / (7 * 1000) / 3600) and "loader-bound" in loader.note
     step = cell_cost("c", compose([*ov, "impl.worker_samples_per_s.cifar=1e9", "launcher.min_step_ms=100"]))
-    assert step.gpu_hours == pytest.approx(39000 * 0.1 / 3600) and "step-bound" in step.note
+    train = step.gpu_hours - (step.eval_hours or 0.0)
+    assert train == pytest.approx(39000 * 0.1 / 3600) and "step-bound" in step.note and "(assumed" in step.note
 
 
 def test_dry_run_cost_lines_total_and_detection_not_estimated():
     cells = [(f"listops_{m}", compose(["scale=smoke", f"conditioning={m}"])) for m in ("none", "spectral")]
     cells.append(("detr", compose(["task=coco_detr_r50", "scale=smoke"])))
     lines = describe_cost("t", cells)
-    assert "cost estimate (H100 at 40% MFU" in lines[0]
+    assert "cost estimate (H100, launcher.gpu_type; training steps and evaluations" in lines[0]
     assert "listops_none:" in lines[1] and "GPU-hours" in lines[1]
     assert "detection" in lines[3] and "→ – GPU-hours" in lines[3]
     assert lines[4].startswith("[reproduce] t: 3 runs,") and "(1 cell(s) not estimated)" in lines[4]
@@ -220,7 +224,7 @@ def test_reproduce_dry_run_prints_the_cost_and_one_loader_warning_per_model(tmp_
         mp.setattr(rep, "rows_for", lambda exp, scale: [r for r in rows(exp, scale) if r in ("vit_base", "swin_base")])
         assert main(args) == 0
     out = capsys.readouterr().out
-    assert "cost estimate (H200 at 45% MFU" in out
+    assert "cost estimate (H200, launcher.gpu_type; training steps and evaluations" in out and "at 45% MFU" in out
     import re
 
     # impl.precision=bf16 changes what the runs compute, so their names carry a variant hash (engine/identity.py)

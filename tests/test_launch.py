@@ -93,10 +93,12 @@ def test_dry_run_prints_the_exact_sbatch_script_and_submits_nothing(tmp_path, fa
     assert main(args) == 0  # missing data is a warning in a dry run (it may exist only on the cluster)
     out = capsys.readouterr().out
     assert "warnings (a real submission would refuse these):" in out and "paper-scale data missing" in out
-    assert ("9 cells to submit as one SLURM job array (launcher=slurm, --time=30 min: the estimate × "
-            "launcher.time_margin + 15 min, capped at launcher.timeout_min=600, dry run: nothing is submitted)") in out
-    assert ("warning: 9 cell(s) (table4_lra_listops_none_paper_s0, …): 8 GPUs per cell for a step-bound model "
-            "(step-bound: launcher.min_step_ms=25 (assumed) per step): about 8× the GPU-hours") in out
+    assert ("9 cells to submit as one SLURM job array (launcher=slurm, --time=30 min: the estimate (assumed: "
+            "launcher.assumed_mfu / launcher.min_step_ms=25, a fallback (no `make bench` result for nystromformer_lra "
+            "on H100 in launcher.bench_dir); evaluation included) × launcher.time_margin + 15 min, capped at "
+            "launcher.timeout_min=600, dry run: nothing is submitted)") in out
+    assert ("warning: 9 cell(s) (table4_lra_listops_none_paper_s0, …): 8 GPUs per cell: the estimate gives ") in out
+    assert "1.0× faster for 8.0× the GPU-hours (step-bound: launcher.min_step_ms=25 per step (assumed" in out
     folder = (tmp_path / "runs" / "paper" / ".submitit" / "table4_lra").absolute()
     script = out[out.index("    #!/bin/bash"):]
     for line in ("#SBATCH --account=proj", "#SBATCH --array=0-8%2", "#SBATCH --cpus-per-task=10",
@@ -173,10 +175,90 @@ def test_time_per_cell_from_its_estimate_with_a_margin_and_the_cap(monkeypatch):
 
 def test_gpu_warning_only_for_several_gpus_on_an_overhead_bound_cell():
     lra = ["scale=paper", "launcher=slurm", "run.name=x"]
-    assert "4 GPUs per cell for a step-bound model" in launch.gpu_warning(compose([*lra, "launcher.gpus_per_node=4"]))
+    w = launch.gpu_warning(compose([*lra, "launcher.gpus_per_node=4"]))
+    assert w.startswith("4 GPUs per cell: the estimate gives ")
+    assert "1.0× faster for 4.0× the GPU-hours (step-bound" in w
     assert launch.gpu_warning(compose(lra)) is None  # one GPU
     assert launch.gpu_warning(compose(["task=imagenet_vit", *lra, "launcher.gpus_per_node=4",
                                        "launcher.cpus_per_task=64"])) is None  # FLOP-bound: the GPUs are used
+
+
+def test_gpu_advice_follows_the_plans_own_estimates():
+    """ImageNet ViT-B on 8 GPUs: each process feeds its own loader workers, so the plan's own estimate (the same one
+    its total and --time use) gives 8× the speed for the same GPU-hours: no advice to drop to one GPU (today's main
+    advised it, "about 8× the GPU-hours for little speed-up", against its own numbers)."""
+    from condattn.engine.cost import cell_cost
+
+    vit = ["task=imagenet_vit", "scale=paper", "launcher=slurm", "run.name=x"]
+    eight, one = (compose([*vit, f"launcher.gpus_per_node={n}"]) for n in (8, 1))
+    c8, c1 = cell_cost("x", eight), cell_cost("x", one)
+    assert c8.gpu_hours == pytest.approx(c1.gpu_hours) and c8.wall_hours == pytest.approx(c1.wall_hours / 8)
+    assert launch.gpu_warning(eight) is None
+    assert launch.cell_time_min(eight) < launch.cell_time_min(one)  # --time follows the same estimate
+
+
+def _bench_file(folder: Path, step_ms: float) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    f = folder / "gpu01_cuda_bf16.json"
+    write_json_atomic(f, {"hardware": {"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}, "results": [
+        {"model": "nystromformer_lra_listops", "batch": 32, "precision": "bf16",
+         "arms": {"baseline": {"step_ms": step_ms}, "SCA": {"step_ms": 1.5 * step_ms}}}]})
+    return f
+
+
+def test_time_limits_come_from_a_measured_step_time_with_evaluation(tmp_path):
+    """`make bench` on the target GPU writes step times (results/bench/*.json); the plan reads them, says so, and counts
+    the evaluations; without one the assumed constants are a labelled fallback."""
+    from condattn.engine.cost import cell_cost
+
+    pf = ["task=lra_pathfinder32", "model=nystromformer_lra", "data=lra_pathfinder", "scale=paper", "launcher=slurm",
+          "run.name=x", f"launcher.bench_dir={tmp_path / 'bench'}"]
+    assert "assumed: launcher.assumed_mfu / launcher.min_step_ms=25, a fallback" in launch.time_source(compose(pf))
+    f = _bench_file(tmp_path / "bench", step_ms=100.0)
+    cfg = compose(pf)
+    c = cell_cost("x", cfg)
+    assert c.measured == ("measured: 100.0 ms a step at batch 32 (nystromformer_lra_listops, baseline) on NVIDIA "
+                          f"H100 80GB HBM3, {f.name}")
+    per_sample = 0.100 / 32 * 1024 / 2048  # timed at length 2048, the cell is 1024 long
+    train_h = 62400 * 256 * per_sample / 3600
+    evals = 62400 // int(cfg.task.eval_every) + 1
+    assert c.eval_hours == pytest.approx(train_h * evals * 20000 / (3 * 62400 * 256))
+    assert c.gpu_hours == pytest.approx(train_h + c.eval_hours)
+    assert launch.cell_time_min(cfg) == math.ceil(c.gpu_hours * 60 * 1.5 + 15)
+    assert launch.time_source(cfg) == c.measured
+    sca = cell_cost("x", compose([*pf, "conditioning=spectral"]))
+    assert "(nystromformer_lra_listops, SCA)" in sca.measured and sca.gpu_hours == pytest.approx(1.5 * c.gpu_hours)
+    assert cell_cost("x", compose([*pf, "launcher.gpu_type=A100"])).measured is None  # measured on another GPU
+
+
+@pytest.mark.slow
+def test_the_readmes_slurm_examples_are_ones_the_tool_approves():
+    """Each `DRY_RUN=1` example of README "Cluster": the first cell of each of its table's rows, with the example's
+    ARGS, gets no GPU advice (the README used to show gpus_per_node=4 on LRA, which the tool warns against)."""
+    import re
+
+    from condattn.reporting import load_experiment
+    from condattn.reproduce import cells
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    examples = re.findall(r"make reproduce-table-(\d) SCALE=paper LAUNCHER=slurm DRY_RUN=1 \\\n\s+ARGS=\"([^\"]*)\"",
+                          readme)
+    assert len(examples) >= 2
+    for table, args in examples:
+        exp = load_experiment(next((Path(__file__).resolve().parents[1] / "experiments").glob(f"table{table}_*.yaml")))
+        for name, overrides in cells(exp, "paper", [0], args.split(), "slurm"):
+            if "_none_paper_" in name:  # the baseline cell of each row
+                assert launch.gpu_warning(compose(overrides)) is None, (table, name)
+
+
+def test_node_memory_scales_with_processes_and_workers():
+    def mem(*ov):
+        return launch.slurm_parameters(compose(["launcher=slurm", *ov]).launcher, "j")["mem"]
+
+    assert mem() == "60GB"  # 1 process: 32 GB + 7 workers × 4 GB
+    assert mem("launcher.gpus_per_node=4") == "240GB"
+    assert mem("launcher.gpus_per_node=4", "launcher.cpus_per_task=2") == "144GB"
+    assert mem("launcher.gpus_per_node=4", "launcher.mem_gb=128") == "128GB"  # as given
 
 
 def test_without_srun_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):

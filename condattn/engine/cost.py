@@ -16,6 +16,7 @@ import copy
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -142,12 +143,19 @@ class CellCost:
     samples: int
     precision: str  # matmul precision on CUDA (fp32 | bf16 | fp16)
     gpus: int
-    gpu_hours: float | None
+    gpu_hours: float | None  # training and evaluation, all processes
     note: str = ""
+    eval_hours: float | None = None  # the part of gpu_hours spent evaluating (None: not estimated)
+    measured: str | None = None  # where the step time was measured (make bench), None: counted FLOPs and assumptions
 
     @property
     def total_flops(self) -> float | None:
         return None if self.flops_per_sample is None else self.flops_per_sample * self.samples
+
+    @property
+    def wall_hours(self) -> float | None:
+        """One cell's wall time: its GPU-hours over its processes."""
+        return None if self.gpu_hours is None else self.gpu_hours / max(self.gpus, 1)
 
 
 def launcher_gpu(cfg: Any) -> tuple[str, float]:
@@ -155,19 +163,78 @@ def launcher_gpu(cfg: Any) -> tuple[str, float]:
     return str(lc.get("gpu_type") or "H100"), float(lc.get("assumed_mfu") or 0.4)
 
 
-def cell_cost(name: str, cfg: Any) -> CellCost:
-    from .preflight import planned_world
+# `make bench` model -> (model.name of the cells it stands for, the sequence length it was timed at: a cell at another
+# length scales its time per sample linearly; None: the same input as the cell)
+BENCH_MODELS = {"nystromformer_lra_listops": (("nystromformer_lra", "nystromformer_lra_dual"), 2048),
+                "crammed_bert": (("crammed_bert",), None)}
+# a cell's conditioning method -> the bench arm that times it
+BENCH_ARMS = {"none": "baseline", "spectral": "SCA", "embedded": "CET-fast", "qk_norm": "QK-norm",
+              "sigma_reparam": "σReparam", "mimetic_init": "mimetic", "ns_attention": "NS-attn",
+              "conditioned_init": "baseline"}
 
+
+def _bench_files(cfg: Any) -> list[Path]:
+    lc = cfg.get("launcher") or {}
+    folder = lc.get("bench_dir")
+    if folder is None:
+        return []
+    root = Path(str(folder))
+    if not root.is_absolute():  # relative to the project root (where configs/ lives), not the current directory
+        from ..config import CONFIG_DIR
+
+        root = CONFIG_DIR.parent / root
+    return sorted(root.glob("*.json")) if root.is_dir() else []
+
+
+def measured_step(cfg: Any) -> tuple[float, str] | None:
+    """(seconds per training sample on one process, where it was measured) from a `make bench` result on the launcher's
+    GPU type (launcher.gpu_type in the device name, launcher.bench_dir) for this cell's model and method at its matmul
+    precision; None when no bench run measured them."""
+    gpu = launcher_gpu(cfg)[0].lower()
+    name, method = str(cfg.model.get("name")), str(cfg.conditioning.get("method", "none"))
+    arm = BENCH_ARMS.get(method.split("+")[0], method)
+    if method == "embedded" and str(cfg.conditioning.get("solver", "")) == "svd":
+        arm = "CET-svd"
+    precision = resolve_execution(cfg.impl, "cuda").dtype_name
+    for f in _bench_files(cfg):
+        try:
+            import json
+
+            rec = json.loads(f.read_text())
+            hw = rec.get("hardware") or {}
+            if hw.get("device_type") != "cuda" or gpu not in str(hw.get("device_name", "")).lower():
+                continue
+            for r in rec.get("results", []):
+                # bf16 and fp16 both run on the half-precision tensor cores: a bf16 bench times an fp16 cell
+                half = {"bf16", "fp16"}
+                same = (r.get("precision") in half) == (precision in half)
+                models, seq = BENCH_MODELS.get(r.get("model"), ((r.get("model"),), None))
+                if name not in models or arm not in r.get("arms", {}) or not same:
+                    continue
+                per_sample = float(r["arms"][arm]["step_ms"]) / 1000 / int(r["batch"])
+                if seq and cfg.data.get("seq_len"):
+                    per_sample *= int(cfg.data.seq_len) / seq
+                return per_sample, (f"measured: {r['arms'][arm]['step_ms']} ms a step at batch {r['batch']} "
+                                    f"({r['model']}, {arm}) on {hw.get('device_name')}, {f.name}")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _training_hours(cfg: Any, fps: float | None, how: str, gpus: int) -> tuple[float | None, str, str | None]:
+    """(training GPU-hours, note, where the step time was measured) from a measured step time where `make bench` left
+    one, else from the counted FLOPs at the assumed MFU, the data workers' rate and the assumed per-step floor."""
+    samples = int(cfg.task.steps) * int(cfg.task.batch_size)
+    if (m := measured_step(cfg)) is not None:
+        per_sample, where = m
+        return samples * per_sample / 3600, f"{how}; {where}", where
     gpu, mfu = launcher_gpu(cfg)
     ex = resolve_execution(cfg.impl, "cuda")
-    fps, how = training_flops_per_sample(cfg)
-    samples = int(cfg.task.steps) * int(cfg.task.batch_size)
-    gpus = planned_world(cfg)
     peak = peak_flops(gpu, ex.dtype_name)
-    hours = None
-    note = how
+    hours, note = None, how
     if fps is not None and peak:
         hours = fps * samples / (peak * mfu) / 3600
+        note += f"; assumed: {mfu:.0%} MFU (no make bench result for {cfg.model.get('name')} on {gpu})"
     elif fps is not None:
         note += f"; no peak for {gpu} at {ex.dtype_name}"
     rate = worker_rate(cfg)
@@ -182,13 +249,48 @@ def cell_cost(name: str, cfg: Any) -> CellCost:
     if hours is not None and floor_ms:  # tiny models (LRA, CIFAR): per-step overheads, not FLOPs, set the time
         step_hours = int(cfg.task.steps) * float(floor_ms) / 1000 / 3600 * gpus
         if step_hours > hours:
-            hours, note = step_hours, f"{note}; step-bound: launcher.min_step_ms={floor_ms} (assumed) per step"
+            hours, note = step_hours, (f"{note}; step-bound: launcher.min_step_ms={floor_ms} per step (assumed; "
+                                       "`make bench` on the target GPU measures it)")
+    return hours, note, None
+
+
+def eval_samples(cfg: Any) -> int | None:
+    """Validation samples one evaluation reads (impl.val_samples by data.source, data.name, then data.builder; a
+    generated split's own size), or None."""
+    gen = cfg.data.get("generate")
+    if gen and gen.get("val"):
+        return int(gen.val)
+    sizes = impl_config(cfg.impl).val_samples or {}
+    for key in (cfg.data.get("source"), cfg.data.get("name"), cfg.data.get("builder")):
+        if key is not None and sizes.get(str(key)):
+            return int(sizes[str(key)])
+    return None
+
+
+def cell_cost(name: str, cfg: Any) -> CellCost:
+    from .preflight import planned_world
+
+    ex = resolve_execution(cfg.impl, "cuda")
+    fps, how = training_flops_per_sample(cfg)
+    samples = int(cfg.task.steps) * int(cfg.task.batch_size)
+    gpus = planned_world(cfg)
+    hours, note, measured = _training_hours(cfg, fps, how, gpus)
+    eval_hours = None
+    if hours is not None:  # an evaluation is a forward pass (≈ 1/3 of a training step's time per sample)
+        n_val = eval_samples(cfg)
+        if n_val:
+            evals = int(cfg.task.steps) // int(cfg.task.eval_every) + 1
+            eval_hours = hours * evals * n_val / (3 * samples)
+            hours += eval_hours
+            note += f"; evaluation: {evals} × {n_val:,} validation samples"
+        else:
+            note += "; evaluation not estimated (impl.val_samples has no entry for this data)"
     budget = task_config(cfg.task).budget_hours
     if budget:  # a wall-clock budget ends the run first when it is shorter
         cap = float(budget) * gpus
         if hours is None or hours > cap:
             hours, note = cap, f"{note}; the {budget} h wall-clock budget × {gpus} GPU(s) ends it first"
-    return CellCost(name, fps, samples, ex.dtype_name, gpus, hours, note)
+    return CellCost(name, fps, samples, ex.dtype_name, gpus, hours, note, eval_hours, measured)
 
 
 def _fmt(x: float | None, unit: str = "") -> str:
@@ -247,8 +349,9 @@ def describe_cost(table: str, cells: list[tuple[str, Any]]) -> list[str]:
         return []
     gpu, mfu = launcher_gpu(cells[0][1])
     costs = [cell_cost(name, copy.deepcopy(cfg)) for name, cfg in cells]
-    lines = [f"[reproduce] cost estimate ({gpu} at {mfu:.0%} MFU, launcher.gpu_type / launcher.assumed_mfu; training "
-             "steps only, FLOPs counted with torch.utils.flop_counter):"]
+    lines = [f"[reproduce] cost estimate ({gpu}, launcher.gpu_type; training steps and evaluations; a step time "
+             "measured by `make bench` on that GPU where there is one, else FLOPs counted with "
+             f"torch.utils.flop_counter at {mfu:.0%} MFU, launcher.assumed_mfu):"]
     for c in costs:
         lines.append(f"  {c.name}: {_fmt(c.flops_per_sample, 'FLOP')}/sample × {c.samples:,} samples = "
                      f"{_fmt(c.total_flops, 'FLOP')} at {c.precision} → "

@@ -41,6 +41,13 @@ class ImplConfig:
     max_loss: float | None = None
     worker_samples_per_s: Mapping[str, float] = field(
         default_factory=lambda: {"images": 126, "cifar": 1179, "coco": 21})
+    val_samples: Mapping[str, int] = field(default_factory=lambda: dict(VAL_SAMPLES))
+
+
+# validation samples one evaluation reads at paper scale, by data.source / data.name / data.builder (the dry run's time
+# estimate counts the evaluations: configs/impl/default.yaml)
+VAL_SAMPLES = {"listops": 2000, "lra_text": 25000, "lra_retrieval": 18090, "lra_image": 10000, "lra_pathfinder": 20000,
+               "imagenet": 50000}
 
 
 @dataclass(frozen=True)
