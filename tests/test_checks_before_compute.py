@@ -97,3 +97,10 @@ def test_the_makefile_refuses_a_look_alike_of_its_own_variables():
     out = subprocess.run(["make", "-n", "reproduce-table-4", "ROWS=image", "MY_OWN=1"], cwd=repo, capture_output=True,
                          text=True)
     assert out.returncode == 0 and '--rows "image"' in out.stdout  # an unrelated variable is the user's own
+
+
+def test_one_seed_prints_no_spread():
+    from condattn.reporting.stats import fmt_n
+
+    assert fmt_n([19.333]) == "19.33, n = 1 (no spread)"  # today's main printed "19.33 ± 0.00 (n=1)"
+    assert fmt_n([30.0, 32.0]) == "31.00 ± 1.41 (n=2)"

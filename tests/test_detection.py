@@ -436,7 +436,7 @@ def test_detection_table_renders_papers_numbers(tmp_path):
                                                 "wall_time_s": 12.0, "run_dir": str(d), "data": {"stand_in": True}}))
     path, md = write_table(exp, "smoke", tmp_path / "runs", tmp_path / "results", [0])
     row = next(line for line in md.splitlines() if "| xcit_small_12_p16 | SCA |" in line)
-    assert "12.34 ± 0.00 (n=1)" in row and "SCA paper 45.6" in row and "CET paper" not in row
+    assert "12.34, n = 1 (no spread)" in row and "SCA paper 45.6" in row and "CET paper" not in row
     base = next(line for line in md.splitlines() if "| xcit_small_12_p16 | baseline |" in line)
     assert "missing" in base and "CET paper 44.9 · SCA paper 44.9" in base
     assert "offline stand-in" in md and path.with_suffix(".csv").exists()

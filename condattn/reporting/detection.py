@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import tables
-from .stats import mean_std
+from .stats import fmt_n, mean_std
 from .tables import (
     METHOD_LABELS,
     PAPER_KEYS,
@@ -62,8 +62,7 @@ def paper_values(exp: dict, row: str, method: str, i: int) -> list[tuple[str, fl
 def _ours(vals: list[float], missing: list[int]) -> str:
     if not vals:
         return "missing"
-    mean, std = mean_std(vals)
-    return f"{mean:.2f} ± {std:.2f} (n={len(vals)})" + (f", missing seeds {missing}" if missing else "")
+    return fmt_n(vals) + (f", missing seeds {missing}" if missing else "")
 
 
 def render(exp: dict, scale: str, cells: dict, values: dict) -> tuple[str, list[dict]]:

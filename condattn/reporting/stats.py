@@ -24,6 +24,14 @@ def fmt_mean_std(values: Sequence[float], digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def fmt_n(values: Sequence[float], digits: int = 2) -> str:
+    """A table cell's mean over seeds with its spread and count: "31.00 ± 1.41 (n=2)"; a single seed has no spread
+    to show, so "19.00, n = 1 (no spread)" (never "± 0.00", which reads as zero spread)."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}, n = 1 (no spread)"
+    return f"{fmt_mean_std(values, digits)} (n={len(values)})"
+
+
 @dataclass(frozen=True)
 class DiffCI:
     diff: float  # mean(b) − mean(a)
