@@ -33,6 +33,7 @@ from typing import Any
 
 from .engine.preflight import preflight_checked
 from .engine.signals import StopFlag
+from .experiment import cell_overrides
 from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, ConfigError, RunSpec, active_job, compose_cell, launcher_problems
 from .reporting import load_experiment
 from .reporting.metric import higher_is_better, row_metric, row_seeds
@@ -69,7 +70,6 @@ def parts(exp: dict, scale: str, seeds: list[int], launcher: str = "local") -> l
     """Every cell of the table in the order they run: with a `pretrain:` stage (table 3), first one pretraining run
     per method, then the rows' runs of that method, each given `model.init_from=<its pretraining run's name>`."""
     out = []
-    at_scale = list((exp["scales"].get(scale) or {}).get("overrides", []))  # `scales: {<scale>: {overrides: [...]}}`
     common = [f"run.table={exp['table']}", f"launcher={launcher}"]
     pre = exp.get("pretrain")
     pre_names = {}
@@ -81,17 +81,11 @@ def parts(exp: dict, scale: str, seeds: list[int], launcher: str = "local") -> l
                                    f"conditioning={method}", f"scale={scale}", f"seed={pseed}", "run.row=pretrain",
                                    f"run.name={name}", *common], "pretrain", method, pseed, pretrain=True))
     for row in rows_for(exp, scale):
-        spec = exp["rows"][row]
         for method in methods_for(exp, row):
             init = [f"model.init_from={pre_names[method]}"] if pre else []
-            # a row's own overrides at this scale, `{method}` / `{scale}` filled in (table 2: each method's backbone
-            # starts from table 1's run of the same method)
-            row_scale = [o.replace("{method}", method).replace("{scale}", scale)
-                         for o in (spec.get("scales") or {}).get(scale) or []]
             for seed in row_seeds(exp, scale, row, seeds):
                 name = RunId(exp["table"], row, method, scale, seed).name
-                out.append(Part(name, [*spec.get("overrides", []), *at_scale, *row_scale, *init,
-                                       f"conditioning={method}", f"scale={scale}", f"seed={seed}", f"run.row={row}",
+                out.append(Part(name, [*cell_overrides(exp, row, method, scale, seed), *init, f"run.row={row}",
                                        f"run.name={name}", *common], row, method, seed))
     return out
 

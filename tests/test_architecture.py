@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "condattn"
 LAYERS: list[list[str]] = [
     ["condattn.train", "condattn.reproduce", "condattn.launch", "condattn.compare", "condattn.bench",
      "condattn.diagnose", "condattn.reporting"],
-    ["condattn.engine", "condattn.config"],
+    ["condattn.engine", "condattn.config", "condattn.experiment"],
     ["condattn.models", "condattn.data", "condattn.tasks"],
     ["condattn.runs", "condattn.utils"],
     ["condattn.diagnostics"],

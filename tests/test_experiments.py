@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from condattn.engine.preflight import _model_shapes, planned_world, preflight
 from condattn.launch import compose_cell
 from condattn.reporting import load_experiment
+from condattn.reporting.metric import row_seeds
 from condattn.reporting.tables import methods_for
 from condattn.reproduce import cells
 
@@ -39,7 +40,8 @@ def test_every_cell_composes_and_preflights(path, scale, tmp_path, monkeypatch, 
     assert len({name for name, _ in todo}) == len(todo), "two cells share a run name"
     expected_rows = exp["scales"][scale].get("rows") or list(exp["rows"])
     pretrain = len(exp["methods"]) if exp.get("pretrain") else 0
-    assert len(todo) == pretrain + sum(len(methods_for(exp, r)) for r in expected_rows) * len(seeds)
+    assert len(todo) == pretrain + sum(len(methods_for(exp, r)) * len(row_seeds(exp, scale, r, seeds))
+                                       for r in expected_rows)
     # Cells of one row and method differ only in `seed=` and `run.name=`: each distinct rest is composed and checked
     # once, with its first seed; the other seeds' names are checked against what the first one composed to.
     composed: dict[tuple[str, ...], str] = {}

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from ..experiment import cell_overrides
 from ..utils.io import read_json, write_json_atomic
 from .metric import row_metric
 
@@ -62,21 +63,13 @@ _COMPUTED: dict[tuple[str, str], list[dict]] = {}  # (data key, metric) -> floor
 
 
 def groups(exp: dict, scale: str) -> dict[str, tuple[str, list[str]]]:
-    """{group: (metric, overrides)}: one per row (table 9: one per task, from its first row), composed as
-    reproduce.cells composes the row's baseline cell at seed 0 (this module imports no renderer: they import it)."""
-    at_scale = list((exp["scales"].get(scale) or {}).get("overrides", []))
+    """{group: (metric, overrides)}: one per row (table 9: one per task, from its first row), the row's baseline cell
+    at seed 0 composed by the same recipe as reproduce's cells (experiment.cell_overrides)."""
     out: dict[str, tuple[str, list[str]]] = {}
     for row in (exp["scales"].get(scale) or {}).get("rows") or list(exp["rows"]):
-        spec = exp["rows"][row]
-        group = spec.get("task", row)
-        if group in out:
-            continue
-        row_scale = [o.replace("{method}", "none").replace("{scale}", scale)
-                     for o in (spec.get("scales") or {}).get(scale) or []]
-        metric = row_metric(exp, scale, row)  # as the renderers
-        out[group] = (str(metric),
-                      [*spec.get("overrides", []), *at_scale, *row_scale, "conditioning=none", f"scale={scale}",
-                       "seed=0"])
+        group = exp["rows"][row].get("task", row)
+        if group not in out:
+            out[group] = (str(row_metric(exp, scale, row)), cell_overrides(exp, row, "none", scale, 0))
     return out
 
 

@@ -44,8 +44,6 @@ def families(exp: dict, scale: str) -> dict[str, list[tuple[str, str]]]:
     A table of readings (rows that name their `method` and `task`, table 9) has one family per task, its baseline the
     row `<task>_<baseline_reading>`; a table whose rows train every method (tables 1, 3, 4, 5) has one family per row,
     its baseline the first method."""
-    from .tables import methods_for, rows_for
-
     out: dict[str, list[tuple[str, str]]] = {}
     reading = exp.get("baseline_reading", "baseline")
     for row in rows_for(exp, scale):
@@ -58,3 +56,28 @@ def families(exp: dict, scale: str) -> dict[str, list[tuple[str, str]]]:
             else:
                 fam.append((row, method))
     return out
+
+
+def rows_for(exp: dict, scale: str) -> list[str]:
+    """The rows a scale trains: `scales: {<scale>: {rows: [...]}}` when given (e.g. table 3's offline scales run only
+    the stand-in task), else every row of the experiment."""
+    rows = (exp["scales"].get(scale) or {}).get("rows")
+    if rows is None:
+        return list(exp["rows"])
+    unknown = [r for r in rows if r not in exp["rows"]]
+    if unknown:
+        raise ValueError(f"scales.{scale}.rows names {unknown}, which are not rows of the experiment "
+                         f"({', '.join(exp['rows'])})")
+    return list(rows)
+
+
+def methods_for(exp: dict, row: str) -> list[str]:
+    """The methods a row trains: its own `method:` when the row names one (table 9: each row is one reading, a
+    method with its options), else every method of the experiment."""
+    own = exp["rows"][row].get("method")
+    if own is None:
+        return list(exp["methods"])
+    if own not in exp["methods"]:
+        raise ValueError(f"row {row!r} has method {own!r}, which is not among the experiment's methods "
+                         f"({', '.join(exp['methods'])})")
+    return [own]

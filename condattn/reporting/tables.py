@@ -9,13 +9,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import yaml
-
 from ..engine.twins import made_elsewhere
 from ..runs import RunId, RunRecord
 from .floors import floor_table
 from .floors import load as load_floors
-from .metric import higher_is_better, row_metric, row_seeds
+from .metric import higher_is_better, methods_for, row_metric, row_seeds, rows_for
 from .notes import table_notes, tokenizer_notes
 from .protocol import (
     FOOTER,
@@ -46,40 +44,11 @@ def paper_columns(exp: dict) -> dict[str, str]:
 
 
 def load_experiment(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.exists():
-        known = sorted(p.stem for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
-        raise FileNotFoundError(f"experiment file {path} not found; known experiments: {', '.join(known)}")
-    exp = yaml.safe_load(path.read_text())
-    for key in ("table", "metric", "methods", "rows", "scales"):
-        if key not in exp:
-            raise ValueError(f"{path}: missing key {key!r}")
-    return exp
+    """The experiment file, parsed and checked by its typed schema (condattn/experiment.py: an unknown key is refused
+    in one line naming the nearest valid one), as the plain mapping the renderers read."""
+    from ..experiment import load
 
-
-def rows_for(exp: dict, scale: str) -> list[str]:
-    """The rows a scale trains: `scales: {<scale>: {rows: [...]}}` when given (e.g. table 3's offline scales run only
-    the stand-in task), else every row of the experiment."""
-    rows = (exp["scales"].get(scale) or {}).get("rows")
-    if rows is None:
-        return list(exp["rows"])
-    unknown = [r for r in rows if r not in exp["rows"]]
-    if unknown:
-        raise ValueError(f"scales.{scale}.rows names {unknown}, which are not rows of the experiment "
-                         f"({', '.join(exp['rows'])})")
-    return list(rows)
-
-
-def methods_for(exp: dict, row: str) -> list[str]:
-    """The methods a row trains: its own `method:` when the row names one (table 9: each row is one reading, a
-    method with its options), else every method of the experiment."""
-    own = exp["rows"][row].get("method")
-    if own is None:
-        return list(exp["methods"])
-    if own not in exp["methods"]:
-        raise ValueError(f"row {row!r} has method {own!r}, which is not among the experiment's methods "
-                         f"({', '.join(exp['methods'])})")
-    return [own]
+    return dict(load(path).mapping)
 
 
 def multiplier(exp: dict) -> float:

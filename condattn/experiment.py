@@ -1,0 +1,233 @@
+"""The typed experiment file (experiments/tableN_*.yaml): rows, scales, methods and hypotheses as frozen classes,
+parsed once, refusing an unknown key in one line that names it and the nearest valid one (`higer_is_better` in a loss
+table would otherwise read as "higher is better").
+
+`load(path)` gives the Experiment; `Experiment.mapping` is the validated file as a plain dict, which reproduce and the
+renderers read. The overrides of one cell are composed here (`cell_overrides`: reproduce and the floors use the same
+recipe); the rules read per row (direction, metric, hypothesis, reported seeds) live in reporting/metric.py.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HYPOTHESES = ("primary", "exploratory")
+
+
+class ExperimentError(ValueError):
+    """A malformed experiment file: the message is one line naming the file, the key and the fix."""
+
+
+def _check_keys(where: str, node: Any, allowed: tuple[str, ...]) -> dict:
+    if node is None:
+        return {}
+    if not isinstance(node, Mapping):
+        raise ExperimentError(f"{where}: expected a mapping of {', '.join(allowed)}, got {type(node).__name__} "
+                              f"{node!r:.60}")
+    for key in node:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ExperimentError(f"{where}: unknown key {key!r}; {hint}valid keys: {', '.join(allowed)}")
+    return dict(node)
+
+
+def _names(cls) -> tuple[str, ...]:
+    return tuple(f.metadata.get("yaml", f.name) for f in fields(cls))
+
+
+@dataclass(frozen=True)
+class LengthCheck:
+    """The baseline and every primary row with a verdict run again at `factor` × steps on `seeds` reported seeds."""
+
+    factor: int = 2
+    seeds: int = 5
+
+
+@dataclass(frozen=True)
+class ScaleSpec:
+    """One scale of an experiment: the reported seeds, the rows it trains, its overrides and its lr protocol."""
+
+    seeds: tuple[int, ...]
+    rows: tuple[str, ...] | None = None
+    overrides: tuple[str, ...] = ()
+    lr_grid: tuple[float, ...] = ()
+    lr_bound: tuple[float, float] = (0.125, 8.0)
+    selection_seeds: tuple[int, ...] = ()
+    exploratory_seeds: int | None = None
+    length_check: LengthCheck | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row: its overrides, and for a table of readings (table 9) the one method it trains, its task, its words and
+    its declared hypothesis."""
+
+    overrides: tuple[str, ...] = ()
+    method: str | None = None
+    task: str | None = None
+    reading: str | None = None
+    hypothesis: str = "primary"
+    label: str | None = None
+    metric: str | None = None
+    metrics: Mapping[str, str] = field(default_factory=dict)  # {scale: summary key}
+    select_metric: str | None = None
+    higher_is_better: bool | None = None
+    scales: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # {scale: overrides}
+    paper_row: str | None = None
+    lam: float | None = None  # table 8: the row's λ, as the axis of its figure
+    model: str | None = None  # table 6: the model in words
+
+
+@dataclass(frozen=True)
+class Pretrain:
+    """Table 3's first stage: one pretraining run per method, its fine-tuning cells start from it."""
+
+    overrides: tuple[str, ...] = ()
+    seed: int = 0
+    scales: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+# keys whose values are the papers' numbers, words or figures' claims: free-form, read by the renderers
+FREE = ("paper", "paper_provenance", "paper_columns", "paper_sources", "paper_std", "paper_models", "paper_claims",
+        "notes", "anchors", "metrics")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    table: str
+    metric: str
+    methods: tuple[str, ...]
+    rows: Mapping[str, Row]
+    scales: Mapping[str, ScaleSpec]
+    title: str = ""
+    higher_is_better: bool = True
+    metric_at: Mapping[str, str] = field(default_factory=dict)  # {scale: summary key the table reports}
+    metric_multiplier: float = 100.0
+    select_metric: str | None = None
+    curve: Mapping[str, str] = field(default_factory=dict)  # {split, key}
+    renderer: str | None = None
+    baseline_reading: str = "baseline"
+    summary_stat: str = "mean"
+    paper_digits: int = 1
+    pretrain: Pretrain | None = None
+    path: str = ""
+    free: Mapping[str, Any] = field(default_factory=dict)
+    mapping: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+
+def cell_overrides(exp: Mapping, row: str, method: str, scale: str, seed: int) -> list[str]:
+    """The overrides of one cell of a loaded experiment (`Experiment.mapping`) before its name and launcher: the
+    row's, the scale's, the row's at this scale (`{method}`/`{scale}` filled in), then the method, the scale and the
+    seed. Reproduce and the floors both compose a cell from this one recipe."""
+    spec = exp["rows"][row]
+    at_scale = (exp["scales"].get(scale) or {}).get("overrides") or []
+    own = [o.replace("{method}", method).replace("{scale}", scale) for o in (spec.get("scales") or {}).get(scale) or []]
+    return [*spec.get("overrides", []), *at_scale, *own, f"conditioning={method}", f"scale={scale}", f"seed={seed}"]
+
+
+def _tuple(where: str, v: Any, kind=str) -> tuple:
+    if v is None:
+        return ()
+    if not isinstance(v, (list, tuple)):
+        raise ExperimentError(f"{where}: expected a list, got {v!r:.60}")
+    bad = [x for x in v if not isinstance(x, kind) or isinstance(x, bool) and kind is not bool]
+    if bad:
+        raise ExperimentError(f"{where}: {bad[0]!r} is not a {kind.__name__ if isinstance(kind, type) else kind}")
+    return tuple(v)
+
+
+def _scale(where: str, node: Any) -> ScaleSpec:
+    d = _check_keys(where, node, _names(ScaleSpec))
+    if "seeds" not in d:
+        raise ExperimentError(f"{where}: missing key 'seeds' (the reported seeds, e.g. seeds: [0, 1, 2])")
+    length = d.get("length_check")
+    return ScaleSpec(
+        seeds=_tuple(f"{where}.seeds", d["seeds"], int),
+        rows=_tuple(f"{where}.rows", d["rows"]) if d.get("rows") is not None else None,
+        overrides=_tuple(f"{where}.overrides", d.get("overrides")),
+        lr_grid=tuple(float(m) for m in _tuple(f"{where}.lr_grid", d.get("lr_grid"), (int, float))),
+        lr_bound=tuple(float(m) for m in _tuple(f"{where}.lr_bound", d.get("lr_bound") or [0.125, 8], (int, float))),
+        selection_seeds=_tuple(f"{where}.selection_seeds", d.get("selection_seeds"), int),
+        exploratory_seeds=d.get("exploratory_seeds"),
+        length_check=LengthCheck(**_check_keys(f"{where}.length_check", length, _names(LengthCheck)))
+        if length else None,
+    )
+
+
+def _per_scale(where: str, node: Any) -> dict[str, tuple[str, ...]]:
+    if node is None:
+        return {}
+    if not isinstance(node, Mapping):
+        raise ExperimentError(f"{where}: expected {{scale: [overrides]}}, got {node!r:.60}")
+    return {s: _tuple(f"{where}.{s}", v) for s, v in node.items()}
+
+
+def _row(where: str, node: Any, methods: tuple[str, ...]) -> Row:
+    d = _check_keys(where, node, _names(Row))
+    if d.get("hypothesis", "primary") not in HYPOTHESES:
+        raise ExperimentError(f"{where}.hypothesis: {d['hypothesis']!r}; use one of {', '.join(HYPOTHESES)}")
+    if d.get("method") is not None and d["method"] not in methods:
+        raise ExperimentError(f"{where}.method: {d['method']!r} is not among the experiment's methods "
+                              f"({', '.join(methods)})")
+    return Row(**{**d, "overrides": _tuple(f"{where}.overrides", d.get("overrides")),
+                  "scales": _per_scale(f"{where}.scales", d.get("scales")), "metrics": dict(d.get("metrics") or {})})
+
+
+TOP = tuple(f.name for f in fields(Experiment) if f.name not in ("free", "mapping", "path")) + FREE
+REQUIRED = ("table", "metric", "methods", "rows", "scales")
+
+
+def parse(raw: Any, path: str = "<experiment>") -> Experiment:
+    """The Experiment of a loaded YAML document; ExperimentError (one line) for anything malformed."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise ExperimentError(f"{path}: empty or not a mapping; an experiment file needs the keys "
+                              f"{', '.join(REQUIRED)} (see experiments/table4_lra.yaml)")
+    d = _check_keys(path, raw, TOP)
+    for key in REQUIRED:
+        if key not in d:
+            raise ExperimentError(f"{path}: missing key {key!r}")
+    methods = _tuple(f"{path}: methods", d["methods"])
+    if not isinstance(d["rows"], Mapping) or not d["rows"]:
+        raise ExperimentError(f"{path}: rows must map each row's name to its spec")
+    if not isinstance(d["scales"], Mapping) or not d["scales"]:
+        raise ExperimentError(f"{path}: scales must map each scale (smoke, small, ...) to its seeds")
+    rows = {str(name): _row(f"{path}: rows.{name}", spec, methods) for name, spec in d["rows"].items()}
+    scales = {str(name): _scale(f"{path}: scales.{name}", spec) for name, spec in d["scales"].items()}
+    for name, sc in scales.items():
+        unknown = [r for r in sc.rows or () if r not in rows]
+        if unknown:
+            raise ExperimentError(f"{path}: scales.{name}.rows names {unknown[0]!r}, not a row of the experiment "
+                                  f"({', '.join(rows)})")
+    pre = d.get("pretrain")
+    pretrain = None
+    if pre is not None:
+        p = _check_keys(f"{path}: pretrain", pre, _names(Pretrain))
+        pretrain = Pretrain(_tuple(f"{path}: pretrain.overrides", p.get("overrides")), int(p.get("seed", 0)),
+                            _per_scale(f"{path}: pretrain.scales", p.get("scales")))
+    curve = _check_keys(f"{path}: curve", d.get("curve"), ("split", "key"))
+    typed = {k: v for k, v in d.items() if k not in (*FREE, "rows", "scales", "methods", "pretrain", "curve")}
+    return Experiment(**typed, methods=methods, rows=rows, scales=scales, pretrain=pretrain, curve=curve,
+                      path=path, free={k: d[k] for k in FREE if k in d}, mapping=dict(d))
+
+
+def load(path: str | Path) -> Experiment:
+    """Parse an experiment file; FileNotFoundError naming the known experiments, ExperimentError (one line) for a
+    malformed one."""
+    path = Path(path)
+    if not path.exists():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
+        raise FileNotFoundError(f"experiment file {path} not found; known experiments: {', '.join(known)}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ExperimentError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    return parse(raw, str(path))

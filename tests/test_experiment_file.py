@@ -1,0 +1,97 @@
+"""The typed experiment file (condattn/experiment.py): every experiment parses; a typo in any key it types is refused
+in one line naming the key and the nearest valid one; an empty, malformed or ill-typed file gets one line too."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from condattn.experiment import FREE, ExperimentError, cell_overrides, load, parse
+
+EXPERIMENTS = sorted((Path(__file__).resolve().parents[1] / "experiments").glob("*.yaml"))
+
+
+def typo(key: str) -> str:
+    """One deleted letter, as `higer_is_better` for `higher_is_better`."""
+    i = max(1, len(key) // 2)
+    return key[:i] + key[i + 1:]
+
+
+def key_paths(raw: dict) -> list[tuple[str, ...]]:
+    """Every typed key of a document: top level, each row's, each scale's (free-form paper keys excluded)."""
+    out = [(k,) for k in raw if k not in FREE]
+    out += [("rows", r, k) for r, spec in raw["rows"].items() for k in spec]
+    out += [("scales", s, k) for s, spec in raw["scales"].items() for k in (spec or {})]
+    return out
+
+
+def rename(raw: dict, path: tuple[str, ...]) -> tuple[dict, str]:
+    doc = copy.deepcopy(raw)
+    node = doc
+    for part in path[:-1]:
+        node = node[part]
+    new = typo(path[-1])
+    node[new] = node.pop(path[-1])
+    return doc, new
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
+def test_every_experiment_parses_and_every_key_typo_is_refused_in_one_line(path):
+    exp = load(path)
+    assert exp.table == path.stem and exp.rows and exp.scales
+    raw = yaml.safe_load(path.read_text())
+    paths = key_paths(raw)
+    assert len(paths) >= 8
+    for p in paths:
+        doc, bad = rename(raw, p)
+        with pytest.raises(ExperimentError) as err:
+            parse(doc, str(path))
+        msg = str(err.value)
+        assert "\n" not in msg and f"unknown key {bad!r}" in msg, (p, msg)
+        assert f"did you mean {p[-1]!r}" in msg, (p, msg)
+
+
+def test_the_issue_s_typo_and_bad_values_are_refused():
+    raw = yaml.safe_load(EXPERIMENTS[4].read_text())  # table 5: a loss, lower is better
+    assert load(EXPERIMENTS[4]).higher_is_better is False
+    raw["higer_is_better"] = raw.pop("higher_is_better")
+    with pytest.raises(ExperimentError, match="unknown key 'higer_is_better'; did you mean 'higher_is_better'"):
+        parse(raw, "t5")
+    for doc, match in ((None, "empty or not a mapping"), ({}, "empty"), ([1, 2], "not a mapping"),
+                       ({"table": "t", "metric": "m", "methods": ["none"], "rows": {"r": {}}}, "missing key 'scales'"),
+                       ({"table": "t", "metric": "m", "methods": ["none"], "rows": {"r": {"hypothesis": "main"}},
+                         "scales": {"smoke": {"seeds": [0]}}}, "hypothesis: 'main'; use one of primary, exploratory"),
+                       ({"table": "t", "metric": "m", "methods": ["none"], "rows": {"r": {"method": "sca"}},
+                         "scales": {"smoke": {"seeds": [0]}}}, "method: 'sca' is not among"),
+                       ({"table": "t", "metric": "m", "methods": ["none"], "rows": {"r": {}},
+                         "scales": {"smoke": {"seeds": [0], "rows": ["q"]}}}, "names 'q', not a row"),
+                       ({"table": "t", "metric": "m", "methods": ["none"], "rows": {"r": {}},
+                         "scales": {"smoke": {"seeds": ["zero"]}}}, "'zero' is not a int")):
+        with pytest.raises(ExperimentError, match=match):
+            parse(doc, "x")
+
+
+def test_an_empty_or_broken_file_is_one_line(tmp_path):
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(ExperimentError, match="empty"):
+        load(tmp_path / "empty.yaml")
+    (tmp_path / "broken.yaml").write_text("table: t\nrows: [a\n")
+    with pytest.raises(ExperimentError, match=r"not valid YAML \(line 3\)") as err:
+        load(tmp_path / "broken.yaml")
+    assert "\n" not in str(err.value)
+    with pytest.raises(FileNotFoundError, match="known experiments: broken, empty"):
+        load(tmp_path / "nope.yaml")
+
+
+def test_cell_overrides_are_one_recipe_for_reproduce_and_the_floors():
+    from condattn.reporting.floors import groups
+    from condattn.reproduce import parts
+
+    exp = dict(load(EXPERIMENTS[8]).mapping)  # table 9
+    (part,) = [p for p in parts(exp, "smoke", [0]) if p.row == "listops_baseline"]
+    cell = cell_overrides(exp, "listops_baseline", "none", "smoke", 0)
+    assert part.own[:len(cell)] == cell and "task.steps=40" in cell
+    assert groups(exp, "smoke")["listops"][1] == cell
