@@ -12,6 +12,8 @@
 #   make reproduce-table-9 SCALE=smoke    table 9 (readings of SCA and CET on ViT and ListOps, beside step-0 saturation)
 #   make reproduce-table-4 SCALE=paper LAUNCHER=slurm DRY_RUN=1   print the SLURM jobs without submitting
 #   make reproduce-table-9 SCALE=small ROWS="vit_*"   train only the matching rows (the table shows every row)
+#   make reproduce-table-9 SCALE=small STALE=1   retrain exactly the cells whose code fingerprint differs from HEAD's
+#   make findings SCALE=small             results/small/findings.md and the README's findings block, from the CSVs
 #   make compare RUNS="runs/smoke/table4_lra_listops_none_smoke_s* runs/smoke/table4_lra_listops_embedded_smoke_s*"
 SHELL := /bin/bash
 PY ?= python3
@@ -31,7 +33,7 @@ export WANDB_SILENT ?= true
 
 # A variable on the command line that is not one of this Makefile's but looks like one (ROW= for ROWS=, SEED= for
 # SEEDS=, SCALES= for SCALE=) would be ignored and cost a whole run (ROW=image trains every row): refuse it at once.
-MAKE_VARS := PY VENV BIN SCALE SEEDS LAUNCHER DRY_RUN RUNS ARGS ROWS FORCE TEST_WORKERS OMP_NUM_THREADS \
+MAKE_VARS := PY VENV BIN SCALE SEEDS LAUNCHER DRY_RUN RUNS ARGS ROWS FORCE STALE TEST_WORKERS OMP_NUM_THREADS \
 	HF_HUB_OFFLINE TRANSFORMERS_OFFLINE HF_DATASETS_OFFLINE WANDB_SILENT
 UNKNOWN_VARS := $(filter-out $(MAKE_VARS),$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
 ifneq ($(strip $(UNKNOWN_VARS)),)
@@ -44,7 +46,7 @@ $(error $(foreach p,$(LOOKALIKES),$(word 1,$(subst :, ,$(p)))=$($(word 1,$(subst
 endif
 endif
 
-.PHONY: install test lint test-unit diagnose bench clean
+.PHONY: install test lint test-unit diagnose bench clean findings
 
 install:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -78,11 +80,15 @@ diagnose:
 reproduce-table-%:
 	$(BIN)/python -m condattn.reproduce $(firstword $(wildcard experiments/table$*_*.yaml) experiments/table$*.yaml) \
 		--scale $(SCALE) --launcher $(LAUNCHER) $(if $(SEEDS),--seeds "$(SEEDS)") $(if $(FORCE),--force) \
-		$(if $(DRY_RUN),--dry-run) $(if $(ROWS),--rows "$(ROWS)") $(ARGS)
+		$(if $(STALE),--refresh-stale) $(if $(DRY_RUN),--dry-run) $(if $(ROWS),--rows "$(ROWS)") $(ARGS)
 
 report-table-%:
 	$(BIN)/python -m condattn.reproduce $(firstword $(wildcard experiments/table$*_*.yaml) experiments/table$*.yaml) \
 		--scale $(SCALE) --report-only $(if $(SEEDS),--seeds "$(SEEDS)") $(ARGS)
+
+# the findings: every paper claim and rival method, from the committed CSVs (results/<scale>/findings.md + README block)
+findings:
+	$(BIN)/python -m condattn.reporting.findings --scale $(SCALE)
 
 # runs or groups of seeds side by side: mean ± std, 95% CI of the difference to the first group, curves
 compare:

@@ -533,10 +533,13 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
     fine-tuning cells wait for their pretraining run (a job array has no order)."""
     from .engine.twins import TwinIndex, link
 
+    from .engine.provenance import code_fingerprint, stale_parts
+
     out = Todo()
     by_name = {c.name: c for c in p.cells}
     twins: dict[Path, TwinIndex] = {}
     n = len(specs)
+    code = code_fingerprint()
     for i, c in enumerate(specs, 1):
         # a reused twin (a link) is only ever read: under --force, or when its run is no longer finished (the owner
         # retrained or removed it), the link goes and this cell trains in its own dir; the twin is never touched
@@ -554,12 +557,19 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
         if args.force:
             out.pending.append(c)
             continue
+        if status == "finished" and getattr(args, "refresh_stale", False) and not c.run_dir.is_symlink() and \
+                (stale := stale_parts((RunRecord(c.run_dir).summary or {}).get("code"), code)):
+            aside = _set_aside(c.run_dir, args.dry_run)
+            print(f"[reproduce] {i}/{n} {c.name}: made by other code ({', '.join(stale)} differ from HEAD's); "
+                  f"{'would be retrained' if args.dry_run else f'retrained (the old run kept as {aside.name})'}")
+            out.pending.append(c)
+            continue
         if status == "finished":
             print(f"[reproduce] {i}/{n} {c.name}: finished earlier, skipped")
             continue
         if not c.run_dir.is_symlink() and not c.run_dir.exists() and not getattr(args, "no_reuse", False):
             index = twins.setdefault(c.run_dir.parent, TwinIndex(c.run_dir.parent))
-            if (twin := index.find(c.cfg, c.run_dir)) is not None:
+            if (twin := index.find(c.cfg, c.run_dir, code)) is not None:
                 if not args.dry_run:
                     link(c.run_dir, twin)
                 print(f"[reproduce] {i}/{n} {c.name}: the same science config finished as {twin.name}; "
@@ -577,6 +587,16 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
             continue
         out.pending.append(c)
     return out
+
+
+def _set_aside(run_dir: Path, dry_run: bool) -> Path:
+    """Move a finished run made by other code to `<dir>.stale-<n>` (kept, never deleted) so its cell trains again."""
+    n = 1
+    while (aside := run_dir.with_name(f"{run_dir.name}.stale-{n}")).exists():
+        n += 1
+    if not dry_run:
+        run_dir.rename(aside)
+    return aside
 
 
 def _checked(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo | None:
@@ -720,6 +740,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-reuse", action="store_true", help="train every cell in its own run dir, even when a finished "
                    "run of another table has the same science config (by default it is linked and reused)")
     p.add_argument("--report-only", action="store_true", help="only rebuild the table from existing runs")
+    p.add_argument("--refresh-stale", action="store_true", help="retrain exactly the finished cells whose code "
+                   "fingerprint (conditioning, model, task, engine) differs from HEAD's; the old runs are kept beside "
+                   "them as <run>.stale-<n>")
     p.add_argument("--status", action="store_true", help="list each cell as queued, running, failed or finished (run "
                    "records, and squeue/sacct for SLURM jobs); trains nothing")
     p.add_argument("--rows", help='train only these rows, e.g. "listops" or "vit_*,listops_cet*" (shell globs); the '

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -98,7 +99,9 @@ def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
         return None
     if statistics.pvariance(a) == 0 and statistics.pvariance(b) == 0:
         return 1.0 if statistics.fmean(a) == statistics.fmean(b) else 0.0
-    return float(stats.ttest_ind(b, a, equal_var=False).pvalue)
+    with warnings.catch_warnings():  # nearly identical groups: scipy warns of precision loss, the p is still right
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(stats.ttest_ind(b, a, equal_var=False).pvalue)
 
 
 def permutation_p(a: Sequence[float], b: Sequence[float], max_exact: int = 200_000, reps: int = 100_000,

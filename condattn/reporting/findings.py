@@ -1,0 +1,233 @@
+"""The findings, generated from the committed tables, never written by hand.
+
+`make findings SCALE=small` (`python -m condattn.reporting.findings --scale small`) reads every
+`results/<scale>/<table>.csv` that carries per-seed values, recomputes each comparison with the tests the tables use
+(reporting/protocol.py `verdicts`: Welch, Holm over each family's primary rows, a Benjamini–Hochberg q over its
+exploratory rows, an exact permutation p) and writes `results/<scale>/findings.md`: for each claim of each paper (the
+experiment files' paper numbers) and each rival method, our Δ, interval, adjusted p, verdict, n, scale, and the limits
+that apply (a baseline below its floor, an lr pick at the bound or made by the old one-seed protocol, a plateau, too
+few seeds, runs from several commits). It then rewrites the README's findings block (between the markers
+`<!-- findings:<scale>:begin -->` and `<!-- findings:<scale>:end -->`) with that file's summary.
+tests/test_findings.py fails when the README or the findings file disagree with the committed CSVs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .floors import load as load_floors
+from .metric import families, higher_is_better, hypothesis
+from .protocol import verdicts
+from .stats import fmt_p
+from .tables import METHOD_LABELS, load_experiment, multiplier
+
+REPO = Path(__file__).resolve().parents[2]
+# which paper's claim a method answers, and the keys of its number and its baseline in an experiment's `paper:`
+CLAIMS = {"spectral": ("SCA", "sca", "sca_baseline"), "embedded": ("CET", "cet", "cet_baseline"),
+          "conditioned_init": ("conditioned init", "ci_conditioned", "ci_baseline"),
+          "mimetic_init": ("mimetic init (as the conditioned-init paper ran it)", "ci_mimetic", "ci_baseline")}
+RIVALS = ("qk_norm", "sigma_reparam", "mimetic_init", "ns_attention", "conditioned_init")
+PRIMARY_SEEDS = 10
+
+
+@dataclass
+class Finding:
+    table: str
+    family: str
+    row: str
+    method: str
+    what: str  # the reading in words
+    hypothesis: str
+    claim: str  # the paper's claim (with its Δ) or "rival method"
+    values: list[float]
+    base: list[float]
+    diff: float | None = None
+    ci: str = "–"
+    p_adj: float | None = None
+    correction: str = ""
+    verdict: str = "–"
+    limits: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> str:
+        return f"{len(self.values)} vs {len(self.base)}"
+
+
+def _read(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _values(rec: dict) -> list[float]:
+    return [float(v) for v in (rec.get("values") or "").split()]
+
+
+def _paper_claim(exp: dict, row: str, method: str) -> str:
+    if method not in CLAIMS:
+        return "rival method" if method in RIVALS else "–"
+    who, key, base_key = CLAIMS[method]
+    if hypothesis(exp, row) == "exploratory":
+        return f"a reading of {who} (not the paper's stated method)"
+    paper = ((exp.get("paper") or {}).get((exp["rows"].get(row) or {}).get("paper_row", row)) or {})
+    if paper.get(key) is not None and paper.get(base_key) is not None:
+        return f"{who}: {paper[key] - paper[base_key]:+.{int(exp.get('paper_digits', 1))}f} (paper)"
+    if method in RIVALS:
+        return "rival method"
+    return f"{who}: gains claimed (paper)"
+
+
+def _limits(exp: dict, scale: str, fam: str, recs: dict, base_rec: dict, rec: dict, floors: dict,
+            md: str) -> list[str]:
+    out = []
+    if "p_adjusted" not in rec:
+        out.append("old protocol (lr picked by one reported seed, ×0.5–×2)")
+    lr = rec.get("lr") or ""
+    if "bound" in lr or "grid edge" in lr:
+        out.append(f"lr pick at the {'bound' if 'bound' in lr else 'grid edge'}")
+    n_base = len(_values(base_rec))
+    if hypothesis(exp, rec["row"]) == "primary" and min(len(_values(rec)), n_base) < PRIMARY_SEEDS:
+        out.append(f"n < {PRIMARY_SEEDS}")
+    entry = floors.get(fam) or {}
+    best = [f for f in entry.get("floors", []) if f.get("value") is not None]
+    if best and n_base:
+        mean = statistics.fmean(_values(base_rec))
+        higher = higher_is_better(exp, rec["row"])
+        top = (max if higher else min)(best, key=lambda f: f["value"])
+        value = multiplier(exp) * float(top["value"])
+        if (mean <= value) if higher else (mean >= value):
+            label = top["label"].removeprefix("floor: ")
+            out.append(f"baseline below its floor ({label} {value:.{2 if higher else 3}f})")
+    section = md.split(f"**{fam}**", 1)[1].split("\n**", 1)[0] if f"**{fam}**" in md else ""
+    if f"{fam}: Plateau" in md or "Plateau:" in section:
+        out.append("baseline on an early plateau")
+    commits = set((rec.get("commit") or "").split())
+    if len(commits) > 1:
+        out.append(f"runs from {len(commits)} commits")
+    return out
+
+
+def table_findings(csv_path: Path, scale: str, experiments: Path = REPO / "experiments") -> list[Finding]:
+    """The findings of one committed table CSV (empty when it has no per-seed values)."""
+    rows = [{**r, "row": r.get("row") or r.get("column")} for r in _read(csv_path) if r.get("values")]
+    if not rows:
+        return []
+    exp = load_experiment(experiments / f"{csv_path.stem}.yaml")
+    by_key = {(r["row"], r["method"]): r for r in rows}
+    floors = load_floors(csv_path.parents[1], scale, exp["table"])
+    md_path = csv_path.with_suffix(".md")
+    md = md_path.read_text() if md_path.exists() else ""
+    out = []
+    for fam, members in families(exp, scale).items():
+        present = [m for m in members if m in by_key]
+        if not present or present[0] != members[0]:
+            continue
+        base_rec = by_key[members[0]]
+        base = _values(base_rec)
+        arms = [(m, _values(by_key[m]), hypothesis(exp, m[0])) for m in present[1:]]
+        tests = verdicts(base, arms, higher_is_better(exp, members[0][0]))
+        for m, vals, hyp in arms:
+            t, rec = tests[m], by_key[m]
+            out.append(Finding(
+                exp["table"], fam, m[0], m[1], rec.get("reading") or METHOD_LABELS.get(m[1], m[1]), hyp,
+                _paper_claim(exp, *m), vals, base, t.ci.diff if t.ci else None, t.ci.text(3 if exp.get(
+                    "metric_multiplier") == 1 else 2) if t.ci else "–", t.p_adj, t.correction, t.word,
+                _limits(exp, scale, fam, by_key, base_rec, rec, floors, md)))
+    return out
+
+
+def collect(scale: str, results: Path = REPO / "results") -> list[Finding]:
+    out = []
+    for path in sorted((results / scale).glob("table*.csv")):
+        out += table_findings(path, scale)
+    return out
+
+
+def render(scale: str, found: list[Finding]) -> str:
+    lines = [f"# Findings at scale {scale}", "",
+             f"Generated by `make findings SCALE={scale}` from the committed tables in `results/{scale}/`; never "
+             "edited by hand. Each comparison is recomputed from the per-seed values in the table's CSV with the "
+             "tests the tables print: Welch's p, adjusted by Holm over each family's primary rows (the papers' "
+             "methods as stated and the rival methods) or a Benjamini–Hochberg q (q) over its exploratory rows. A "
+             "verdict ('better', 'worse') needs an adjusted p < 0.05. Limits name what weakens a row's evidence.", ""]
+    for table in dict.fromkeys(f.table for f in found):
+        fs = [f for f in found if f.table == table]
+        lines += [f"## {table} ([{table}.md]({table}.md))", "",
+                  "| family | reading | hypothesis | claim | Δ vs baseline [95% CI] | adjusted p | verdict | n "
+                  "| limits |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for f in fs:
+            adj = "–" if f.p_adj is None else fmt_p(f.p_adj) + (" (q)" if f.correction == "bh" else "")
+            lines.append(f"| {f.family} | {f.what} | {f.hypothesis} | {f.claim} | {f.ci} | {adj} | {f.verdict} | "
+                         f"{f.n} | {'; '.join(f.limits) or '–'} |")
+        lines.append("")
+    lines += ["## Summary", "", summary(scale, found)]
+    return "\n".join(lines) + "\n"
+
+
+def summary(scale: str, found: list[Finding]) -> str:
+    """The README's findings block: per table and family, which rows differ from the baseline (adjusted p < 0.05),
+    how many do not, and the limits every row of the family shares."""
+    if not found:
+        return f"No table at scale {scale} has per-seed values yet."
+    out = []
+    for table in dict.fromkeys(f.table for f in found):
+        for fam in dict.fromkeys(f.family for f in found if f.table == table):
+            fs = [f for f in found if f.table == table and f.family == fam]
+            said = []
+            for word in ("better", "worse"):
+                names = [f"{f.what}{' (exploratory)' if f.hypothesis == 'exploratory' else ''} ({f.ci})"
+                         for f in fs if f.verdict == word]
+                if names:
+                    said.append(f"{word} than the baseline: {'; '.join(names)}")
+            level = [f for f in fs if f.verdict.startswith("no difference")]
+            if level:
+                mdes = [f.verdict.split("MDE ")[-1].rstrip(")") for f in level if "MDE" in f.verdict]
+                said.append(f"no difference detected: {len(level)} of {len(fs)} rows"
+                            + (f" (MDE {mdes[0]})" if len(set(mdes)) == 1 else ""))
+            shared = [lim for lim in fs[0].limits if all(lim in f.limits for f in fs)]
+            out.append(f"- **{table}, {fam}** ({len(fs[0].base)} baseline seeds): {'; '.join(said) or 'no test'}."
+                       + (f" Limits: {'; '.join(shared)}." if shared else ""))
+    return "\n".join(out)
+
+
+def readme_block(readme: str, scale: str, text: str) -> str:
+    """The README with its findings block for `scale` replaced by `text` (ValueError without the markers)."""
+    begin, end = f"<!-- findings:{scale}:begin -->", f"<!-- findings:{scale}:end -->"
+    if begin not in readme or end not in readme:
+        raise ValueError(f"README.md has no {begin} … {end} block; add the two markers where the findings go")
+    head, rest = readme.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{text}\n{end}{tail}"
+
+
+def write(scale: str, results: Path = REPO / "results", readme: Path = REPO / "README.md") -> Path:
+    found = collect(scale, results)
+    out = results / scale / "findings.md"
+    out.write_text(render(scale, found))
+    readme.write_text(readme_block(readme.read_text(), scale, summary(scale, found)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m condattn.reporting.findings", description=__doc__.splitlines()[0])
+    p.add_argument("--scale", default="small")
+    args = p.parse_args(argv)
+    if not (REPO / "results" / args.scale).is_dir():
+        p.error(f"no results/{args.scale}/ to read (scales with tables: "
+                f"{', '.join(sorted(d.name for d in (REPO / 'results').iterdir() if d.is_dir()))})")
+    try:
+        out = write(args.scale)
+    except ValueError as e:
+        print(f"[findings] {e}", file=sys.stderr)
+        return 2
+    print(f"[findings] wrote {out} and the README's findings block for scale {args.scale}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

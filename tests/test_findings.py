@@ -1,0 +1,58 @@
+"""The findings are generated from the committed tables (reporting/findings.py): the README's block and
+results/<scale>/findings.md must equal what the committed CSVs give now, and the recomputed tests follow the
+correction (a row is 'better' or 'worse' only when its adjusted p < 0.05)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from condattn.reporting import findings
+
+REPO = Path(__file__).resolve().parents[1]
+SCALES = [d.name for d in sorted((REPO / "results").iterdir()) if (d / "findings.md").exists()]
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_readme_block_and_findings_file_agree_with_the_committed_csvs(scale):
+    found = findings.collect(scale)
+    readme = (REPO / "README.md").read_text()
+    want = findings.readme_block(readme, scale, findings.summary(scale, found))
+    assert readme == want, f"README's findings block is stale: run `make findings SCALE={scale}` and commit"
+    assert (REPO / "results" / scale / "findings.md").read_text() == findings.render(scale, found), \
+        f"results/{scale}/findings.md is stale: run `make findings SCALE={scale}` and commit"
+
+
+def test_a_changed_csv_value_makes_the_readme_disagree(tmp_path):
+    """The check can fail: one seed of the committed small ViT baseline moved by 5 points changes the block."""
+    src = REPO / "results" / "small" / "table9_readings.csv"
+    rows = list(csv.DictReader(src.open(newline="")))
+    base = next(r for r in rows if r["row"] == "vit_baseline")
+    vals = base["values"].split()
+    vals[0] = f"{float(vals[0]) - 5:.4f}"
+    base["values"] = " ".join(vals)
+    (tmp_path / "small").mkdir()
+    with (tmp_path / "small" / "table9_readings.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    changed = findings.summary("small", findings.collect("small", tmp_path))
+    assert changed != findings.summary("small", findings.table_findings(src, "small"))
+
+
+def test_verdicts_follow_the_adjusted_p_and_limits_are_named():
+    found = findings.table_findings(REPO / "results" / "small" / "table9_readings.csv", "small")
+    assert found, "table 9's committed CSV has per-seed values"
+    for f in found:
+        assert (f.verdict in ("better", "worse")) == (f.p_adj is not None and f.p_adj < 0.05), f
+        assert f.correction == ("holm" if f.hypothesis == "primary" else "bh")
+    sca = next(f for f in found if f.family == "vit" and f.row == "vit_sca10")
+    assert sca.verdict == "worse" and sca.hypothesis == "primary"
+    assert any("n < 10" in x for x in sca.limits)
+
+
+def test_readme_block_needs_its_markers():
+    with pytest.raises(ValueError, match="findings:small:begin"):
+        findings.readme_block("# no markers", "small", "x")
