@@ -531,9 +531,8 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
     """Skip finished cells and cells whose SLURM job is still queued or running; link a cell not started yet to a
     finished run of its science config under another name (engine/twins.py) instead of training it; on a job array,
     fine-tuning cells wait for their pretraining run (a job array has no order)."""
-    from .engine.twins import TwinIndex, link
-
     from .engine.provenance import code_fingerprint, stale_parts
+    from .engine.twins import TwinIndex, link
 
     out = Todo()
     by_name = {c.name: c for c in p.cells}
