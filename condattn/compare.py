@@ -34,7 +34,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .reporting.stats import diff_ci, mean_std
+from .reporting.protocol import verdicts
+from .reporting.stats import diff_ci, fmt_p, mean_std
 from .runs import RunRecord
 
 
@@ -237,19 +238,28 @@ def _seed_tag(d: Path) -> str:
 
 
 def table(groups: list[Group], metric: str, level: float = 0.95) -> tuple[str, list[dict]]:
+    """Each group beside the first: Δ with its Welch interval, and the tests the tables use: Welch's p, Holm-adjusted
+    over the groups set beside the first when there are more than one, an exact permutation p and the verdict that
+    follows the adjusted p."""
     scale = 100.0 if metric.endswith("acc") else 1.0
     unit = " (×100)" if scale == 100.0 else ""
-    head = ["group", "n", f"{metric}{unit}", f"Δ vs {groups[0].label} [{int(level * 100)}% CI]", "steps",
+    holm = len(groups) > 2
+    head = ["group", "n", f"{metric}{unit}", f"Δ vs {groups[0].label} [{int(level * 100)}% CI]",
+            f"p: Welch / {'Holm' if holm else 'adjusted (one test)'} / permutation", "verdict", "steps",
             "wall time / run", "runs"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
     ref = [scale * float(s["metrics"][metric]) for s in groups[0].summaries if metric in s["metrics"]]
+    vals_of = [[scale * float(s["metrics"][metric]) for s in g.summaries if metric in s["metrics"]] for g in groups]
+    higher = not metric.endswith("loss")
+    tests = verdicts(ref, [(i, v, "primary") for i, v in enumerate(vals_of) if i > 0], higher)
     methods = set()
     for i, g in enumerate(groups):
-        vals = [scale * float(s["metrics"][metric]) for s in g.summaries if metric in s["metrics"]]
+        vals = vals_of[i]
         steps = sorted({int(s.get("steps", 0)) for s in g.summaries})
         walls = [float(s.get("wall_time_s", 0.0)) for s in g.summaries]
         ms = mean_std(vals) if vals else None
+        t = tests.get(i)
         ci = diff_ci(ref, vals, level) if i > 0 else None
         if ci:
             methods.add(ci.method)
@@ -262,19 +272,24 @@ def table(groups: list[Group], metric: str, level: float = 0.95) -> tuple[str, l
         else:
             delta = "–"
         spread = f"{ms[1]:.2f}" if len(vals) > 1 else "n/a"  # no spread from one run
+        p = "–" if t is None or t.p is None else f"{fmt_p(t.p)} / {fmt_p(t.p_adj)} / {fmt_p(t.p_perm)}"
         cells = [
-            g.label, str(len(vals)), f"{ms[0]:.2f} ± {spread}" if ms else "no finished runs", delta,
-            ",".join(map(str, steps)) or "–", f"{mean_std(walls)[0]:.0f} s" if walls else "–",
+            g.label, str(len(vals)), f"{ms[0]:.2f} ± {spread}" if ms else "no finished runs", delta, p,
+            t.word if t else "–", ",".join(map(str, steps)) or "–", f"{mean_std(walls)[0]:.0f} s" if walls else "–",
             " ".join(_seed_tag(d) for d in g.runs) + (f" (+{len(g.unfinished)} unfinished)" if g.unfinished else ""),
         ]
         lines.append("| " + " | ".join(cells) + " |")
         rows.append({"group": g.label, "n": len(vals), "mean": ms[0] if ms else None,
                      "std": ms[1] if len(vals) > 1 else None,
                      "diff": ci.diff if ci else None, "ci_low": ci.low if ci else None,
-                     "ci_high": ci.high if ci else None, "values": vals, "steps": steps, "wall_time_s": walls})
+                     "ci_high": ci.high if ci else None, "p_welch": t.p if t else None,
+                     "p_adjusted": t.p_adj if t else None, "p_permutation": t.p_perm if t else None,
+                     "verdict": t.word if t else None, "values": vals, "steps": steps, "wall_time_s": walls})
     how = {"welch-t": "Welch t interval", "bootstrap": "bootstrap percentile interval (scipy not installed)"}
     kinds = ", ".join(how[m] for m in sorted(methods)) or "none computed"
-    note = f"Δ: mean difference to the first group with its {int(level * 100)}% CI ({kinds})."
+    which = f"Holm-adjusted p over the {len(groups) - 1} groups set beside the first" if holm else "p"
+    note = (f"Δ: mean difference to the first group with its {int(level * 100)}% CI ({kinds}). The verdict follows "
+            f"the {which} (< 0.05), never the interval alone; 'no difference detected' gives the MDE at 80% power.")
     return "\n".join(lines) + "\n\n" + note + "\n", rows
 
 

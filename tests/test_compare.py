@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from condattn.compare import main, resolve
-from condattn.reporting.stats import bootstrap_ci, diff_ci, fmt_mean_std, mean_std, welch_ci
+from condattn.reporting.stats import bootstrap_ci, diff_ci, fmt_mean_std, fmt_p, mean_std, welch_ci, welch_p
 
 REPO = Path(__file__).resolve().parents[1]
 A = [0.30, 0.32, 0.31]  # test_acc of a baseline over 3 seeds
@@ -73,13 +73,15 @@ def test_compare_cli_table_and_figure(runs, tmp_path, capsys):
                  "--runs-root", str(runs), "--out", str(out_png)]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0] == ("| group | n | test_acc (×100) | Δ vs t4_listops_none_smoke [95% CI] | steps | wall time / run "
-                        "| runs |")
+    assert lines[0] == ("| group | n | test_acc (×100) | Δ vs t4_listops_none_smoke [95% CI] | "
+                        "p: Welch / Holm / permutation | verdict | steps | wall time / run | runs |")
     ci = welch_ci([100 * a for a in A], [100 * b for b in B])
-    assert lines[2] == "| t4_listops_none_smoke | 3 | 31.00 ± 1.00 | – | 120 | 30 s | s0 s1 s2 |"
-    assert lines[3] == (f"| t4_listops_embedded_smoke_s* | 3 | 36.33 ± 1.53 | {ci.text()} | 120 | 40 s | s0 s1 s2 |")
-    assert lines[4] == ("| t4_listops_spectral | 1 | 20.00 ± n/a | -11.00 (no CI: needs ≥ 2 runs per group) | 120 | "
-                        "30 s | s0 (+1 unfinished) |")
+    p = welch_p([100 * a for a in A], [100 * b for b in B])  # Holm over 2 groups beside the first, one testable
+    assert lines[2] == "| t4_listops_none_smoke | 3 | 31.00 ± 1.00 | – | – | – | 120 | 30 s | s0 s1 s2 |"
+    assert lines[3] == (f"| t4_listops_embedded_smoke_s* | 3 | 36.33 ± 1.53 | {ci.text()} | {fmt_p(p)} / {fmt_p(p)} / "
+                        "0.100 | better | 120 | 40 s | s0 s1 s2 |")
+    assert lines[4] == ("| t4_listops_spectral | 1 | 20.00 ± n/a | -11.00 (no CI: needs ≥ 2 runs per group) | – | – | "
+                        "120 | 30 s | s0 (+1 unfinished) |")
     assert "Δ: mean difference to the first group with its 95% CI (Welch t interval)." in out
     assert "t4_listops_spectral_smoke_s1 has no finished summary; left out" in out
     assert out_png.stat().st_size > 10_000 and f"[compare] figure: {out_png}" in out
@@ -150,8 +152,9 @@ def test_compare_reads_wandb_groups(runs, tmp_path, capsys, monkeypatch):
                  "--out", str(tmp_path / "w.png")]) == 0
     lines = capsys.readouterr().out.splitlines()
     ci = welch_ci([100 * a for a in A], [100 * b for b in B])
-    assert lines[3] == (f"| t4_listops_embedded | 3 | 36.33 ± 1.53 | {ci.text()} | 120 | 30 s | "
-                        "s0 s1 s2 (+1 unfinished) |")
+    p = fmt_p(welch_p([100 * a for a in A], [100 * b for b in B]))  # one group beside the first: p unadjusted
+    assert lines[3] == (f"| t4_listops_embedded | 3 | 36.33 ± 1.53 | {ci.text()} | {p} / {p} / 0.100 | better | 120 | "
+                        "30 s | s0 s1 s2 (+1 unfinished) |")
     assert (tmp_path / "w.png").stat().st_size > 10_000
 
     assert main(["wandb:me/condattn"]) == 2
