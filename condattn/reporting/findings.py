@@ -17,7 +17,7 @@ import argparse
 import csv
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .floors import load as load_floors
@@ -132,11 +132,15 @@ def table_findings(csv_path: Path, scale: str, experiments: Path = REPO / "exper
         tests = verdicts(base, arms, higher_is_better(exp, members[0][0]))
         for m, vals, hyp in arms:
             t, rec = tests[m], by_key[m]
+            limits = _limits(exp, scale, fam, by_key, base_rec, rec, floors, md)
+            if exp.get("pretrain"):  # one pretraining run per method: one unit, no test over fine-tuning seeds
+                t = replace(t, p=None, p_adj=None)
+                limits.append("one pretraining run per method (n = 1 unit): not tested")
             out.append(Finding(
                 exp["table"], fam, m[0], m[1], rec.get("reading") or METHOD_LABELS.get(m[1], m[1]), hyp,
                 _paper_claim(exp, *m), vals, base, t.ci.diff if t.ci else None, t.ci.text(3 if exp.get(
-                    "metric_multiplier") == 1 else 2) if t.ci else "–", t.p_adj, t.correction, t.word,
-                _limits(exp, scale, fam, by_key, base_rec, rec, floors, md)))
+                    "metric_multiplier") == 1 else 2) if t.ci else "–", t.p_adj, t.correction,
+                "not tested" if exp.get("pretrain") else t.word, limits))
     return out
 
 
@@ -184,6 +188,9 @@ def summary(scale: str, found: list[Finding]) -> str:
                          for f in fs if f.verdict == word]
                 if names:
                     said.append(f"{word} than the baseline: {'; '.join(names)}")
+            untested = [f"{f.what} ({f.ci})" for f in fs if f.verdict == "not tested"]
+            if untested:
+                said.append(f"not tested: {'; '.join(untested)}")
             level = [f for f in fs if f.verdict.startswith("no difference")]
             if level:
                 mdes = [f.verdict.split("MDE ")[-1].rstrip(")") for f in level if "MDE" in f.verdict]

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..runs import RunId, RunRecord
 from .floors import load as load_floors
 from .metric import row_metric
+from .protocol import grid_text, lr_text, pick_key
 from .tables import (
     METHOD_LABELS,
     collect,
@@ -82,11 +83,15 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
         avg_text = "–" if avg is None else f"{avg:.1f}"
         lines.append(f"| {METHOD_LABELS.get(m, m)} | " + " | ".join(texts) + f" | {avg_text} |")
         for x, (key, label, v) in zip(medians, cols):
+            pk = pick_key(exp, key, m) if key in exp["rows"] else None
             csv_rows.append({"table": exp["table"], "scale": scale, "column": key, "label": label, "method": m,
                              "n": len(v[m]), "median": "" if x is None else f"{x:.4f}",
-                             "values": " ".join(f"{y:.4f}" for y in v[m])})
+                             "values": " ".join(f"{y:.4f}" for y in v[m]),
+                             "lr": lr_text(exp, pk) if pk else "", "lr_grid_scores": grid_text(exp, pk) if pk else "",
+                             "pretraining_runs": 1 if exp.get("pretrain") else ""})
         csv_rows.append({"table": exp["table"], "scale": scale, "column": "average", "label": "average", "method": m,
-                         "n": "", "median": "" if avg is None else f"{avg:.4f}", "values": ""})
+                         "n": "", "median": "" if avg is None else f"{avg:.4f}", "values": "", "lr": "",
+                         "lr_grid_scores": "", "pretraining_runs": ""})
 
     if exp.get("pretrain"):
         lines += ["", "Pretraining (one run per method; every fine-tuning run of that method starts from its final "
@@ -99,4 +104,5 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
     lines += ["", provenance_line(exp, scale, cells)]  # the scale's note follows (save_outputs: notes.table_notes)
     return save_outputs(exp, scale, results_root, "\n".join(lines) + "\n", csv_rows,
                         lambda png: plot_curves(exp, scale, cells, png), "validation curves",
-                        ["table", "scale", "column", "label", "method", "n", "median", "values"])
+                        ["table", "scale", "column", "label", "method", "n", "median", "values", "lr", "lr_grid_scores",
+                         "pretraining_runs"])

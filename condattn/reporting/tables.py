@@ -275,7 +275,10 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
         target = baseline_target(base.summaries, key, mult, higher)
         if not higher:  # a loss (table 5), not a percentage: "0.5 points" does not apply, the loss-fall criterion does
             target = Target(target.value, None, target.loss_fall)
-        tests = verdicts(base.values, [(m, cells[(row, m)].values, "primary") for m in methods[1:]], higher)
+        # one pretraining run per method (table 3): every fine-tuning seed shares it, so the method is one unit and
+        # no test over fine-tuning seeds can speak for it; the rows are printed, untested
+        tests = {} if exp.get("pretrain") else verdicts(
+            base.values, [(m, cells[(row, m)].values, "primary") for m in methods[1:]], higher)
         base_steps: list = []
         for m in methods:
             c, t = cells[(row, m)], tests.get(m)
@@ -285,8 +288,9 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
             p = "–" if t is None or t.p is None else f"{fmt_p(t.p)} / {fmt_p(t.p_adj)} / {fmt_p(t.p_perm)}"
             mdes = "–" if t is None or t.mde is None else f"{fmt_num(t.mde)} / {fmt_num(t.mde_corrected)}"
             lr = lr_text(exp, pick_key(exp, row, m))
-            lines.append(f"| {row} | {labels.get(m, m)} | {ms} | {delta} | {p} | {t.word if t else '–'} | {lr} | "
-                         f"{mdes} | {steps[0]} |")
+            word = t.word if t else ("not tested (one pretraining run: n = 1 unit)"
+                                     if exp.get("pretrain") and m != methods[0] else "–")
+            lines.append(f"| {row} | {labels.get(m, m)} | {ms} | {delta} | {p} | {word} | {lr} | {mdes} | {steps[0]} |")
             if t is not None:
                 found.append((f"{row} {labels.get(m, m)}", t))
             if m == methods[0]:
@@ -301,6 +305,11 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
         total = max((int(s.get("steps") or 0) for s in base.summaries), default=0)
         if plateau := plateau_text(base_steps, total):
             notes.append(f"{row}: {plateau}")
+    if exp.get("pretrain"):
+        notes.append("The lr grid covers fine-tuning only; each method has one pretraining run, shared by all its "
+                     "fine-tuning seeds, so a method is one unit of evidence here and its difference to the baseline "
+                     "is not tested (the interval over fine-tuning seeds would understate the method's variance). A "
+                     "test needs one pretraining run per reported seed.")
     return [*lines, "", *[x for n in notes for x in (n, "")], verdict_line(found), "", FOOTER]
 
 
