@@ -35,5 +35,5 @@ def test_timm_families_reach():
         assert fam in full, fam
     why = {r.family: r.why for r in rows if not r.full}
     for fam, words in (("swiftformer", "no q·kᵀ"), ("volo", "no q·kᵀ"), ("nextvit", "no q·kᵀ"),
-                       ("efficientvit_msra", "cascaded")):
+                       ("coat", "no q·kᵀ"), ("efficientvit_msra", "cascaded")):
         assert words in why.get(fam, words), (fam, why.get(fam))  # (a family covered since then passes)

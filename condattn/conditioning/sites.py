@@ -312,7 +312,8 @@ GATES = frozenset({"SplitAttn", "SelectiveKernelAttn", "ChannelAttn", "SpatialAt
 def _attention_named(m: nn.Module) -> bool:
     n = type(m).__name__
     low = n.lower()
-    return isinstance(m, nn.MultiheadAttention) or (n not in GATES and ("attention" in low or low.endswith("attn")))
+    named = n not in GATES and ("attention" in low or low.endswith("attn"))
+    return isinstance(m, nn.MultiheadAttention) or named or bool(refusal(m))  # (a refused class is attention too)
 
 
 def attention_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -375,11 +376,32 @@ def why_unmatched(m: nn.Module) -> str:
                                                       "fused qkv) Linear children with a head count on the module")
 
 
+def verified(sites: list[AttentionSite]) -> tuple[list[AttentionSite], list[AttentionSite]]:
+    """(the sites kept, the sites refused): each site matched by structure alone is probed (verify.py) before
+    anything is written; its note says how it was matched and verified, a refused one's class gets the reason."""
+    from .verify import verify  # (verify.py imports this module)
+
+    kept, refused = [], []
+    for site in sites:
+        if site.layout != "structural":
+            kept.append(site)
+            continue
+        checked, words = verify(site)
+        if checked is None:
+            UNSUPPORTED_WHY[type(site.module)] = words
+            refused.append(site)
+        else:
+            checked.note = f"{checked.note}; {words}" if checked.note else words
+            kept.append(checked)
+    return kept, refused
+
+
 def require_attention(model: nn.Module, method: str, partial: bool = False) -> tuple[list[AttentionSite], list[str]]:
     """The attention sites of `model`, or a refusal that names every unmatched attention class, why, and the
     `attention_layout(...)` registration for it. `partial=True` accepts unmatched layers (returned as warnings)."""
-    sites = find_attention(model)
+    sites, refused = verified(find_attention(model))
     missing = unmatched_attention(model, sites)
+    missing += [(s.name, s.module) for s in refused if not any(n == s.name for n, _ in missing)]
     if sites and (not missing or partial):
         warn = []
         if missing:

@@ -24,6 +24,9 @@ REFUSED.update({
         f"keys; {NO_QK}",
     ("timm.models.nextvit", "ConvAttention"):
         f"NextViT's multi-head convolutional attention is a grouped 3×3 conv + BN + ReLU + 1×1 conv; {NO_QK}",
+    ("timm.models.coat", "FactorAttnConvRelPosEnc"):
+        "CoaT's factorised attention: a softmax over the keys, then q·(softmax(K)ᵀV) and a convolutional position "
+        f"term; {NO_QK}",
     ("timm.models.efficientvit_msra", "CascadedGroupAttention"):
         "EfficientViT-MSRA's cascaded group attention: head h has its own q/k/v conv over x's h-th channel chunk plus "
         "head h−1's attention output, so there is no W_Q/W_K/W_V over the layer's input that one site holds",
