@@ -44,7 +44,27 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "tra
         raise FileNotFoundError(f"config directory {CONFIG_DIR} not found; set CONDATTN_CONFIG_DIR")
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=list(overrides))
+        cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+    return resolve_paths(cfg)
+
+
+PROJECT_ROOT = CONFIG_DIR.parent  # where configs/ lives: the clone
+PATH_KEYS = ("runs", "results", "cache", "data_root")
+
+
+def resolve_paths(cfg: DictConfig) -> DictConfig:
+    """Relative `paths.*` (runs, results, cache, data_root) mean the project root's folders wherever the command runs:
+    they are made absolute against PROJECT_ROOT, so `--report-only` run from a subdirectory reads the project's runs
+    (it wrote an all-missing table there) and a run's files land where its table looks for them. The CONDATTN_*
+    variables or absolute paths choose other folders. Run from the project root, the config is left as composed."""
+    paths = cfg.get("paths") if isinstance(cfg, DictConfig) else None
+    if paths is None or Path.cwd().resolve() == PROJECT_ROOT.resolve():
+        return cfg
+    for key in PATH_KEYS:
+        value = paths.get(key)
+        if value is not None and not Path(str(value)).is_absolute():
+            paths[key] = str(PROJECT_ROOT / str(value))
+    return cfg
 
 
 class ConfigError(ValueError):

@@ -18,7 +18,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, open_dict, read_write
 
-from .config import CONFIG_DIR
+from .config import CONFIG_DIR, resolve_paths
 from .utils.ranks import launcher_rank
 
 # Hydra flags whose value is the next argument (not an override)
@@ -108,8 +108,9 @@ def main(cfg: DictConfig) -> None:
     from .engine.trainer import TrainingDiverged, TrainingInterrupted, train
 
     name = _names.get(frozenset(HydraConfig.get().overrides.task))
-    if name is not None:
-        with read_write(cfg), open_dict(cfg):
+    with read_write(cfg), open_dict(cfg):
+        resolve_paths(cfg)  # relative paths.* from the project root, as `cli`'s checks composed them (config.py)
+        if name is not None:
             cfg.run.name = name
     try:
         s = train(cfg, _checked.pop(frozenset(HydraConfig.get().overrides.task), None))  # checked by `cli`

@@ -104,3 +104,50 @@ def test_one_seed_prints_no_spread():
 
     assert fmt_n([19.333]) == "19.33, n = 1 (no spread)"  # today's main printed "19.33 ± 0.00 (n=1)"
     assert fmt_n([30.0, 32.0]) == "31.00 ± 1.41 (n=2)"
+
+
+def test_relative_paths_are_the_project_roots_from_a_subdirectory(tmp_path, monkeypatch):
+    """Run from a subdirectory, `--report-only` read runs/ there and wrote an all-missing table there; the paths are
+    now the project root's (the CONDATTN_* variables or absolute paths choose others)."""
+    from condattn.config import PROJECT_ROOT
+    from condattn.reporting import load_experiment
+    from condattn.reproduce import plan
+
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    monkeypatch.chdir(sub)
+    cfg = compose(["scale=smoke", f"paths.cache={tmp_path / 'cache'}"])
+    assert cfg.paths.runs == str(PROJECT_ROOT / "runs") and cfg.paths.results == str(PROJECT_ROOT / "results")
+    assert cfg.run.dir == str(PROJECT_ROOT / "runs" / "smoke" / cfg.run.name)
+    assert cfg.paths.cache == str(tmp_path / "cache")  # absolute: as given
+    p = plan(load_experiment(listops_only(tmp_path)), "smoke", [0], [])
+    assert p.runs_root == PROJECT_ROOT / "runs" and p.results_root == PROJECT_ROOT / "results"
+    monkeypatch.setenv("CONDATTN_RUNS", str(tmp_path / "elsewhere"))
+    assert compose(["scale=smoke"]).paths.runs == str(tmp_path / "elsewhere")
+
+
+def test_each_table_says_at_which_checkpoint_and_smoke_tables_give_chance(tmp_path):
+    from condattn.reporting import load_experiment
+    from condattn.reporting.notes import table_notes
+
+    exp = load_experiment(listops_only(tmp_path))
+    notes = table_notes(exp, "smoke", ["listops"])
+    assert "Checkpoint: `test_acc` (every row) is test acc with the best-validation checkpoint (best_model.pt: the " \
+           "evaluation with the best validation acc), as the LRA code reports it." in notes
+    assert "Chance (a uniform guess; at smoke scale a row near it has learned nothing yet): 10.00 (10 classes: " \
+           "listops)." in notes
+    paper = table_notes(exp, "paper", ["listops"])
+    assert not [n for n in paper if n.startswith("Chance")] and [n for n in paper if n.startswith("Checkpoint")]
+    vit = load_experiment(Path(__file__).resolve().parents[1] / "experiments" / "table1_imagenet.yaml")
+    assert "Checkpoint: `final_val_acc` (every row) is validation acc with the last step's weights (the final " \
+           "checkpoint)." in table_notes(vit, "paper", ["vit_base"])
+
+
+def test_the_notes_read_each_rows_metric_as_the_tables_do():
+    from condattn.reporting import load_experiment, metric, notes
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "experiments").glob("table*.yaml")):
+        exp = load_experiment(path)
+        for scale in exp["scales"]:
+            for row in exp["rows"]:
+                assert notes.row_metric(exp, scale, row) == metric.row_metric(exp, scale, row), (path.name, row)

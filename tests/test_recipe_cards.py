@@ -111,6 +111,6 @@ def test_paper_table_prints_the_differences():
     lines = table_notes(exp, "paper", list(exp["rows"]))
     text = "\n".join(lines)
     assert "Deliberate differences" in text and "listops (lra_listops)" in text and "Mean pooling" in text
-    assert table_notes(exp, "smoke", list(exp["rows"])) == []
+    assert not [n for n in table_notes(exp, "smoke", list(exp["rows"])) if "Deliberate differences" in n]
     t1 = load_experiment(str(next(p for p in PAPER if p.stem == "table1_imagenet")))
     assert any("same run twice" in line for line in table_notes(t1, "smoke", list(t1["rows"])))

@@ -93,7 +93,77 @@ def table_notes(exp: dict, scale: str, rows: list[str]) -> list[str]:
                 diffs.append(f"- {', '.join(task_rows)} ({task}): {' '.join(str(d).split())}")
         if diffs:
             lines += ["Deliberate differences from the official recipes (configs/recipe_cards.yaml):", *diffs]
+    lines += checkpoint_notes(exp, scale, rows) + chance_notes(exp, scale)
     return (["", *lines] if lines else [])
+
+
+def _checkpoint_words(metric: str) -> str | None:
+    """At which checkpoint a summary key was taken, in words (None: a key these words do not cover)."""
+    for prefix, words in (("final_test_", "test {k} with the last step's weights"),
+                          ("test_", "test {k} with the best-validation checkpoint (best_model.pt: the evaluation with "
+                                    "the best validation {k}), as the LRA code reports it"),
+                          ("final_val_", "validation {k} with the last step's weights (the final checkpoint)"),
+                          ("val_", "the best validation {k} over the evaluations (the best checkpoint's)")):
+        if metric.startswith(prefix):
+            return words.format(k=metric[len(prefix):])
+    return None
+
+
+def row_metric(exp: dict, scale: str, row: str) -> str:
+    """metric.row_metric's rule, read here without importing it (metric.py imports tables.py, which imports this
+    module); tests/test_checks_before_compute.py holds the two equal on every experiment."""
+    spec = exp["rows"].get(row) or {}
+    return str((spec.get("metrics") or {}).get(scale) or spec.get("metric")
+               or (exp.get("metric_at") or {}).get(scale) or exp["metric"])
+
+
+def checkpoint_notes(exp: dict, scale: str, rows: list[str]) -> list[str]:
+    """One line per metric the rows report: at which checkpoint it was taken (best validation or last step)."""
+    by_metric: dict[str, list[str]] = {}
+    for row in rows:
+        by_metric.setdefault(str(row_metric(exp, scale, row)), []).append(row)
+    out = []
+    for metric, metric_rows in by_metric.items():
+        if words := _checkpoint_words(metric):
+            who = "every row" if len(by_metric) == 1 else (
+                ", ".join(metric_rows) if len(metric_rows) <= 4 else
+                f"{len(metric_rows)} rows, {metric_rows[0]} … {metric_rows[-1]}")
+            out.append(f"Checkpoint: `{metric}` ({who}) is {words}.")
+    return out
+
+
+def chance_notes(exp: dict, scale: str) -> list[str]:
+    """At smoke and small scale (where a row may sit at chance), the accuracy a uniform guess reaches on each
+    classification row (100 / classes, in the table's units); [] elsewhere or when no row classifies."""
+    if scale not in ("smoke", "small"):
+        return []
+    from ..config import ConfigError, compose_cell
+
+    times = float(exp.get("metric_multiplier", 100))
+    by_chance: dict[tuple[float, int], list[str]] = {}
+    at_scale = list((exp["scales"].get(scale) or {}).get("overrides", []))
+    seen: set[str] = set()
+    for row in (exp["scales"].get(scale) or {}).get("rows") or list(exp["rows"]):
+        spec = exp["rows"][row]
+        group = str(spec.get("task", row))  # table 9: one line per task, from its first row (as the floors)
+        if group in seen or not any(k in str(row_metric(exp, scale, row)) for k in ("acc", "top1")):
+            continue
+        seen.add(group)
+        # the row's baseline cell as reproduce composes it (rows, scale, the row's own scale overrides)
+        row_scale = [o.replace("{method}", "none").replace("{scale}", scale)
+                     for o in (spec.get("scales") or {}).get(scale) or []]
+        overrides = [*spec.get("overrides", []), *at_scale, *row_scale, "conditioning=none", f"scale={scale}", "seed=0"]
+        try:
+            cfg = compose_cell(overrides)
+        except ConfigError:
+            continue
+        n = cfg.model.get("num_classes") or cfg.data.get("num_classes")
+        if cfg.task.get("kind") == "classification" and isinstance(n, int) and n > 1:
+            by_chance.setdefault((times / n, n), []).append(str(group))
+    if not by_chance:
+        return []
+    parts = [f"{value:.2f} ({n} classes: {', '.join(groups_)})" for (value, n), groups_ in by_chance.items()]
+    return [f"Chance (a uniform guess; at {scale} scale a row near it has learned nothing yet): {'; '.join(parts)}."]
 
 
 def tokenizer_notes(summaries: list[dict]) -> list[str]:
