@@ -142,12 +142,3 @@ def test_each_table_says_at_which_checkpoint_and_smoke_tables_give_chance(tmp_pa
     assert "Checkpoint: `final_val_acc` (every row) is validation acc with the last step's weights (the final " \
            "checkpoint)." in table_notes(vit, "paper", ["vit_base"])
 
-
-def test_the_notes_read_each_rows_metric_as_the_tables_do():
-    from condattn.reporting import load_experiment, metric, notes
-
-    for path in sorted((Path(__file__).resolve().parents[1] / "experiments").glob("table*.yaml")):
-        exp = load_experiment(path)
-        for scale in exp["scales"]:
-            for row in exp["rows"]:
-                assert notes.row_metric(exp, scale, row) == metric.row_metric(exp, scale, row), (path.name, row)

@@ -109,16 +109,10 @@ def _checkpoint_words(metric: str) -> str | None:
     return None
 
 
-def row_metric(exp: dict, scale: str, row: str) -> str:
-    """metric.row_metric's rule, read here without importing it (metric.py imports tables.py, which imports this
-    module); tests/test_checks_before_compute.py holds the two equal on every experiment."""
-    spec = exp["rows"].get(row) or {}
-    return str((spec.get("metrics") or {}).get(scale) or spec.get("metric")
-               or (exp.get("metric_at") or {}).get(scale) or exp["metric"])
-
-
 def checkpoint_notes(exp: dict, scale: str, rows: list[str]) -> list[str]:
     """One line per metric the rows report: at which checkpoint it was taken (best validation or last step)."""
+    from .metric import row_metric
+
     by_metric: dict[str, list[str]] = {}
     for row in rows:
         by_metric.setdefault(str(row_metric(exp, scale, row)), []).append(row)
@@ -138,10 +132,11 @@ def chance_notes(exp: dict, scale: str) -> list[str]:
     if scale not in ("smoke", "small"):
         return []
     from ..config import ConfigError, compose_cell
+    from ..experiment import cell_overrides
+    from .metric import row_metric
 
     times = float(exp.get("metric_multiplier", 100))
     by_chance: dict[tuple[float, int], list[str]] = {}
-    at_scale = list((exp["scales"].get(scale) or {}).get("overrides", []))
     seen: set[str] = set()
     for row in (exp["scales"].get(scale) or {}).get("rows") or list(exp["rows"]):
         spec = exp["rows"][row]
@@ -149,10 +144,7 @@ def chance_notes(exp: dict, scale: str) -> list[str]:
         if group in seen or not any(k in str(row_metric(exp, scale, row)) for k in ("acc", "top1")):
             continue
         seen.add(group)
-        # the row's baseline cell as reproduce composes it (rows, scale, the row's own scale overrides)
-        row_scale = [o.replace("{method}", "none").replace("{scale}", scale)
-                     for o in (spec.get("scales") or {}).get(scale) or []]
-        overrides = [*spec.get("overrides", []), *at_scale, *row_scale, "conditioning=none", f"scale={scale}", "seed=0"]
+        overrides = cell_overrides(exp, row, "none", scale, 0)  # the row's baseline cell, as reproduce composes it
         try:
             cfg = compose_cell(overrides)
         except ConfigError:
