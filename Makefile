@@ -84,7 +84,7 @@ reproduce-table-%:
 
 report-table-%:
 	$(BIN)/python -m condattn.reproduce $(firstword $(wildcard experiments/table$*_*.yaml) experiments/table$*.yaml) \
-		--scale $(SCALE) --report-only $(if $(SEEDS),--seeds "$(SEEDS)") $(ARGS)
+		--scale $(SCALE) --report-only $(if $(SEEDS),--seeds "$(SEEDS)") $(if $(FORCE),--force) $(ARGS)
 
 # the findings: every paper claim and rival method, from the committed CSVs (results/<scale>/findings.md + README block)
 findings:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .engine.identity import is_science_key
 from .engine.preflight import preflight_checked
 from .engine.signals import StopFlag
 from .experiment import cell_overrides
@@ -428,6 +429,24 @@ def _length_cells(comp: _Composer, exp: dict, scale: str, reported: dict[tuple, 
     return out
 
 
+def _changes(comp: _Composer, part: Part, extra: list[str]) -> bool:
+    """Whether the command's extra overrides change this cell's science config (λ on SCA does, on the baseline not)."""
+    from .engine.identity import variant
+
+    try:
+        return bool(variant(comp.base([*part.own, *extra]), comp.base(part.own)))
+    except ConfigError:
+        return False  # the cell's own composition reports it
+
+
+def override_slug(overrides: list[str]) -> str:
+    """'conditioning.lam=5' -> 'lam-5' (several joined by '+'): the overrides as a file-name part."""
+    def one(o: str) -> str:
+        key, _, value = o.lstrip("+~").partition("=")
+        return re.sub(r"[^A-Za-z0-9_.-]", "", f"{key.rsplit('.', 1)[-1]}-{value}")
+    return "+".join(one(o) for o in overrides) or "overrides"
+
+
 def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: str = "local",
          only_rows: list[str] | None = None, read_records: bool = True) -> Plan:
     """Every cell of the table at this scale, composed and named, without side effects (it reads run records, writes
@@ -446,7 +465,10 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
     for p in parts(exp, scale, seeds, launcher):
         groups.setdefault((p.name,) if p.pretrain else (p.row, p.method), []).append(p)
     reported: dict[tuple, list[tuple[Part, RunSpec]]] = {}
+    changed: set[str] = set()
     for group in groups.values():
+        if extra and not group[0].pretrain and _changes(comp, group[0], extra):
+            changed.add(group[0].method)
         if grid and not group[0].pretrain:
             row_cells, pick = _grid_row(comp, group, grid, extra, exp, scale, read_records, shown, renamed)
             planned += row_cells
@@ -467,7 +489,9 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
     variants = {name: v for name, v in shown.items() if v}
     exp = {**exp, **({"variants": variants} if variants else {}),
            **({"lr_picks": {row: p.as_dict() for row, p in picks.items()}} if grid else {}),
-           **({"longer": {"factor": length_check(exp, scale)[0], "variants": longer}} if longer else {})}
+           **({"longer": {"factor": length_check(exp, scale)[0], "variants": longer}} if longer else {}),
+           **({"made_with": {"overrides": [o for o in extra if is_science_key(o.split("=", 1)[0].lstrip("+~"))],
+                             "methods": sorted(changed)}} if changed else {})}
     todo = [spec for part, spec in planned if part.pretrain or only_rows is None or part.row in only_rows]
     first = planned[0][1].cfg
     return Plan(exp, todo, picks, Path(first.paths.runs), Path(first.paths.results))
@@ -693,6 +717,10 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
         return plan(exp, args.scale, seeds, list(args.overrides), args.launcher, args.only_rows, read_records)
 
     p = plan_now(read_records=not args.force)  # --force: stage 1 of an lr grid runs again before anything picks
+    if made := p.exp.get("made_with"):  # a table of other science than the file's: named by it, never over the default
+        p.exp["output_stem"] = f"{p.exp.get('output_stem', p.exp['table'])}.{override_slug(made['overrides'])}"
+        print(f"[reproduce] {' '.join(made['overrides'])} changes {', '.join(made['methods'])}: the table is written "
+              f"as {p.exp['output_stem']}.md, beside the default one")
     if args.status:  # queued / running / failed / finished per cell (launch.status_lines)
         from .launch import status_lines
 
@@ -700,7 +728,7 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
         print("\n".join(status_lines(p.cells)))
         return 0
     if args.report_only:
-        return report(p, args.scale, seeds, [])
+        return report(p, args.scale, seeds, [], force=args.force)
     if (t := _checked(p, args, p.cells)) is None:
         return 2
     if p.cells[0].cfg.launcher.name in SUBMITIT_LAUNCHERS:
@@ -711,9 +739,29 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
 # --------------------------------------------------------------------------------------------- the table
 
 
-def report(p: Plan, scale: str, seeds: list[int], failed: list[str]) -> int:
-    """Render the table from the runs there are (with the plan's variants and lr picks); 1 when cells failed."""
+def _missing(md: str) -> int:
+    return md.count("missing")
+
+
+def report(p: Plan, scale: str, seeds: list[int], failed: list[str], force: bool = False) -> int:
+    """Render the table from the runs there are (with the plan's variants and lr picks); 1 when cells failed. A table
+    with more `missing` cells than the one already at its path (a fresh clone without runs) does not replace it: the
+    old files are put back and the refusal says why (`force`: write it anyway)."""
+    out = p.results_root / scale
+    stem = p.exp.get("output_stem", p.exp["table"])
+    old = {f: f.read_bytes() for f in (out / f"{stem}{ext}" for ext in (".md", ".csv", ".png")) if f.exists()}
     md_path, md = renderer_for(p.exp)(p.exp, scale, p.runs_root, p.results_root, seeds)
+    before = old.get(md_path)
+    if before is not None and not force and _missing(md) > _missing(before.decode(errors="replace")):
+        for f in out.glob(f"{stem}.*"):
+            if f not in old and f.suffix in (".md", ".csv", ".png"):
+                f.unlink()
+        for f, data in old.items():
+            f.write_bytes(data)
+        print(f"[reproduce] kept {md_path}: the table from the runs under {p.runs_root} has more missing cells "
+              f"({_missing(md)}) than the one there ({_missing(before.decode(errors='replace'))}); are the runs "
+              "elsewhere (paths.runs, $CONDATTN_RUNS)? --force (FORCE=1) writes it anyway", file=sys.stderr)
+        return 1
     print()
     print(md)
     print(f"[reproduce] wrote {md_path} (+ .csv, .png)")

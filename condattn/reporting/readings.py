@@ -127,7 +127,10 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -
             "steps": protocol.steps_column(c.summaries, target.value if target else None, key, multiplier(exp),
                                            higher),
             "target": target,
-            "row": row, "task": spec["task"], "reading": spec.get("reading", row), "method": c.method,
+            "row": row, "task": spec["task"], "method": c.method,
+            "reading": spec.get("reading", row) + (f" [{' '.join(exp['made_with']['overrides'])}]"
+                                                   if c.method in (exp.get("made_with") or {}).get("methods", ())
+                                                   else ""),
             "metric": row_metric(exp, scale, row), "cell": c, "ci": tests[row].ci if row in tests else None,
             "is_baseline": row == b,
             "step0": {k: _mean([f(d) for d in d0]) for k, f in STEP0.items()},

@@ -38,6 +38,13 @@ PAPER_COLUMNS = {"cet_baseline": "paper CET: baseline", "cet": "paper CET: CET",
                  "sca": "paper SCA: SCA"}
 
 
+def method_label(exp: dict, method: str, plain: bool = False) -> str:
+    """The method's label, with the science overrides that made its runs ("SCA [conditioning.lam=5]")."""
+    label = METHOD_LABELS.get(method, method)
+    made = exp.get("made_with") or {}
+    return label if plain or method not in made.get("methods", ()) else f"{label} [{' '.join(made['overrides'])}]"
+
+
 def paper_columns(exp: dict) -> dict[str, str]:
     """The papers' columns of a table: the SCA and CET papers', then any `paper_columns:` (key: label) it adds."""
     return {**PAPER_COLUMNS, **(exp.get("paper_columns") or {})}
@@ -180,7 +187,7 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell],
     """Markdown text and CSV rows for one table at one scale (`floors`: the cached floors, {row: entry})."""
     methods = exp["methods"]
     head = ["row", *paper_columns(exp).values()]
-    head += [f"ours: {METHOD_LABELS.get(m, m)}" for m in methods] + ["steps", "wall time / run"]
+    head += [f"ours: {method_label(exp, m)}" for m in methods] + ["steps", "wall time / run"]
     lines = table_start(exp, f"Papers' numbers ({exp.get('paper_provenance', 'see experiments yaml')}) beside ours "
                              f"(mean ± std over seeds of {row_metric(exp, scale)}{_times(exp)})."
                              f"{_direction(exp)}", head)
@@ -366,6 +373,14 @@ def save_outputs(exp: dict, scale: str, results_root: str | Path, md: str, csv_r
     notes = table_notes(exp, scale, rows_for(exp, scale))
     if notes:
         md = md.rstrip("\n") + "\n" + "\n".join(notes) + "\n"
+    if made := exp.get("made_with"):  # reproduce with science overrides: the table says what made it
+        title, _, rest = md.partition("\n")
+        md = (f"{title}\n\n**Made with** `{' '.join(made['overrides'])}`, which changes "
+              f"{', '.join(method_label(exp, m, plain=True) for m in made['methods'])}: the papers' numbers beside "
+              "ours are for the papers' own configuration (SCA: λ = 10 fixed; CET after positions), not this one."
+              f"\n{rest}")
+        csv_rows = [{**r, "overrides": " ".join(made["overrides"])} for r in csv_rows]
+        fieldnames = [*fieldnames, "overrides"] if fieldnames else None
     stem = exp.get("output_stem", exp["table"])  # reproduce --rows: `<table>.rows-<patterns>`, beside the full table
     png = plot(out_dir / f"{stem}.png")
     if png is not None:

@@ -1,0 +1,47 @@
+"""A table is named by what made it: science overrides give it a file of its own and labels that carry them, never
+overwriting the default table; a table from fewer runs than the one at its path (a fresh clone) does not replace it
+unless forced."""
+
+from __future__ import annotations
+
+import pytest
+from test_reproduce import listops_only, tiny
+
+from condattn.reproduce import main, override_slug
+
+
+def test_override_slug_names_the_overrides():
+    assert override_slug(["conditioning.lam=5"]) == "lam-5"
+    assert override_slug(["conditioning.lam=0.5", "+task.steps=50"]) == "lam-0.5+steps-50"
+
+
+@pytest.mark.slow  # composes the table's cells
+def test_an_override_table_is_written_beside_the_default_one_and_labelled(tmp_path, capsys):
+    path = listops_only(tmp_path)
+    default = tmp_path / "results" / "smoke" / "table4_lra.md"
+    default.parent.mkdir(parents=True)
+    default.write_text("# the committed default table\n")
+    assert main([str(path), "--scale", "smoke", "--report-only", "conditioning.lam=5", *tiny(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "conditioning.lam=5 changes spectral: the table is written as table4_lra.lam-5.md" in out
+    assert default.read_text() == "# the committed default table\n"
+    md = (default.parent / "table4_lra.lam-5.md").read_text()
+    assert "**Made with** `conditioning.lam=5`, which changes SCA" in md and "ours: SCA [conditioning.lam=5]" in md
+    assert "ours: baseline |" in md  # λ does not change the baseline
+    assert "conditioning.lam=5" in (default.parent / "table4_lra.lam-5.csv").read_text().splitlines()[1]
+
+
+@pytest.mark.slow  # composes the table's cells
+def test_a_table_with_more_missing_cells_does_not_replace_the_committed_one(tmp_path, capsys):
+    path = listops_only(tmp_path)
+    md = tmp_path / "results" / "smoke" / "table4_lra.md"
+    md.parent.mkdir(parents=True)
+    md.write_text("# a committed table with every cell\n")
+    (md.parent / "table4_lra.csv").write_text("table\n")
+    assert main([str(path), "--scale", "smoke", "--report-only", *tiny(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "kept" in err and "more missing cells" in err and "--force" in err
+    assert md.read_text() == "# a committed table with every cell\n"
+    assert not (md.parent / "table4_lra.png").exists() and (md.parent / "table4_lra.csv").read_text() == "table\n"
+    assert main([str(path), "--scale", "smoke", "--report-only", "--force", *tiny(tmp_path)]) == 0
+    assert "missing" in md.read_text()
