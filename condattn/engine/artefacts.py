@@ -39,7 +39,8 @@ def unreadable_weights(path: Path) -> str | None:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - truncated zip, not a torch file, a pickle of something else
-        return f"torch cannot load it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        first = (str(e).strip().splitlines() or [""])[0].split(". ")[0]  # torch's own advice follows: dropped
+        return f"torch cannot load it: {type(e).__name__}: {first}"
     if not isinstance(obj, dict) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         return f"it holds a {type(obj).__name__}, not a model's state dict"
     return None
