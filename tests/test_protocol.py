@@ -366,3 +366,36 @@ def test_floor_verdict_names_the_best_floor_and_the_gap():
     assert "a gap of 0.36" in floor_verdict("gpt2", [4.5], loss, 1, False)  # lower is better
     assert "beats every floor" in floor_verdict("gpt2", [4.0], loss, 1, False)
     assert floor_verdict("x", [], entry, 100, True) == "" and floor_verdict("x", [1.0], None, 100, True) == ""
+
+
+def test_the_length_check_prints_delta_at_twice_the_steps_and_judges_convergence(tmp_path):
+    """The baseline and a primary row with a verdict, rerun at 2× steps on 5 seeds: Δ there beside Δ, a verdict that
+    changes is said, and the baseline's convergence is its gain at 2× against its MDE."""
+    from condattn.reporting.readings import write_table
+
+    exp = grid_exp(("vit_baseline", "vit_sca10", "vit_cond_init"))
+    for spec in exp["rows"].values():
+        spec.pop("metrics", None)
+    exp["scales"]["small"]["seeds"] = list(range(6))
+    runs = tmp_path / "runs" / "small"
+    longer = {}
+    for row, method, gain, gain2 in (("vit_baseline", "none", 0.0, 0.002), ("vit_sca10", "spectral", -0.2, -0.2),
+                                     ("vit_cond_init", "conditioned_init", 0.02, 0.0)):
+        for seed in range(6):
+            acc = 0.9 + gain + 0.002 * (seed % 3)
+            name = f"table9_readings_{row}_{method}_small_s{seed}"
+            finish(type("S", (), {"run_dir": runs / name}), {"final_val_acc": acc})
+            if seed < 5:
+                longer[name] = "2x"
+                finish(type("S", (), {"run_dir": runs / f"{name}-2x"}),
+                       {"final_val_acc": 0.9 + gain2 + 0.002 * (seed % 3)})
+    exp["longer"] = {"factor": 2, "variants": longer}
+    md_path, md = write_table(exp, "small", tmp_path / "runs", tmp_path / "results", list(range(6)))
+    # SCA stays worse at 2× (Δ -20.20 there); conditioned init's +2.0 vanishes there: the verdict change is said
+    assert "| worse | -20.20 [" in md and "(n=5) |" in md
+    assert "; verdict there: no difference detected" in md
+    # the baseline gains +0.20 points at 2× on the same 5 seeds, under its MDE: converged
+    assert "Convergence (vit): at 2× its steps the baseline gains +0.20 points over the same 5 seeds at 1×" in md
+    assert "converged" in md
+    csv = md_path.with_suffix(".csv").read_text().splitlines()
+    assert "diff_2x" in csv[0] and "verdict_2x" in csv[0]

@@ -19,11 +19,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from ..runs import RunId
+from ..runs import RunId, RunRecord
 from . import protocol
 from .floors import SCALES as FLOOR_SCALES
 from .floors import load as load_floors
-from .metric import families, higher_is_better, hypothesis, row_metric
+from .metric import families, higher_is_better, hypothesis, methods_for, row_metric
 from .stats import Verdict, fmt_num, fmt_p
 from .tables import (
     TableCell,
@@ -83,17 +83,28 @@ def row_cells(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) ->
 
 
 def longer_cells(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -> dict[str, TableCell]:
-    """The runs at factor × steps (reproduce's length check) of each row that has them, {row: TableCell}."""
-    longer = exp.get("longer") or {}
-    if not longer.get("variants"):
-        return {}
-    sub = {**exp, "variants": longer["variants"]}
+    """The runs at factor × steps (reproduce's length check) of each row that has them, {row: TableCell}: only the
+    seeds whose run at factor × steps is planned (`exp["longer"]["variants"]`, by the name of the run at 1×)."""
+    variants = (exp.get("longer") or {}).get("variants") or {}
     out = {}
-    for row, c in row_cells(sub, scale, runs_root, seeds).items():
-        named = [RunId(exp["table"], row, c.method, scale, sd).name for sd in c.seeds]
-        kept = [i for i, sd in enumerate(c.seeds) if named[i] in longer["variants"] and sd not in c.missing]
-        if kept:
-            out[row] = TableCell(row, c.method, [c.seeds[i] for i in kept], c.values, c.steps, c.wall, [], c.summaries)
+    for row in rows_for(exp, scale):
+        (method,) = methods_for(exp, row)
+        metric = row_metric(exp, scale, row)
+        ids = [RunId(exp["table"], row, method, scale, sd) for sd in seeds]
+        ids = [i for i in ids if i.name in variants]
+        if not ids:
+            continue
+        cell = TableCell(row, method, [i.seed for i in ids])
+        for i in ids:
+            s = RunRecord.of(runs_root, i, variants).summary
+            if s is None or metric not in s["metrics"]:
+                cell.missing.append(i.seed)
+                continue
+            cell.values.append(multiplier(exp) * float(s["metrics"][metric]))
+            cell.steps.append(int(s["steps"]))
+            cell.wall.append(float(s["wall_time_s"]))
+            cell.summaries.append(s)
+        out[row] = cell
     return out
 
 
@@ -170,8 +181,9 @@ def convergence_line(rows: list[dict], task: str) -> str:
         return (f"Convergence ({task}): not tested yet: the baseline has no run at 2× its steps (the length check "
                 "runs once the baseline and the primary rows have finished).")
     lc, c = base["long_cell"], base["cell"]
-    one = [v for sd, v in zip([sd for sd in c.seeds if sd not in c.missing], c.values) if sd in lc.seeds]
-    gain = statistics.fmean(lc.values) - statistics.fmean(one) if one else None
+    both = set(lc.seeds) - set(lc.missing)
+    one = [v for sd, v in zip([sd for sd in c.seeds if sd not in c.missing], c.values) if sd in both]
+    gain = statistics.fmean(lc.values) - statistics.fmean(one) if one and lc.values else None
     mde_05 = next((x["test"].mde for x in rows if x["task"] == task and x["test"] and x["test"].mde), None)
     if gain is None or mde_05 is None:
         return f"Convergence ({task}): not tested (no paired seeds or no MDE)."
