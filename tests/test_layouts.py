@@ -34,6 +34,12 @@ class Case:
     token: str | None  # the token layout (None: a family with attention layouts only, e.g. nn.MultiheadAttention)
     keep: Callable[[dict], torch.Tensor | None] = lambda inputs: None  # (B, N) real tokens at the first block
     raw_kappa_min: float = 2.5  # the first block's raw tokens are worse conditioned than this (CET has work to do)
+    causal: bool = False  # a causal decoder: CET is refused there unless conditioning.causal_leak=accept
+
+    @property
+    def cet(self) -> dict:
+        """The options CET needs on this family (tests/test_verify.py: the refusal itself)."""
+        return {"causal_leak": "accept"} if self.causal else {}
 
     @property
     def attention_layers(self) -> int:
@@ -296,7 +302,8 @@ CASES = {
                                    num_landmarks=64),
                           lambda: _tokens(19, n=128, low=2), _kw, {"hf_separate_qkv": 2}, "hf_encoder", keep=_mask),
     "gpt2": Case(_project(builder="gpt2", vocab_size=61, n_positions=32, n_embd=32, n_layer=2, n_head=2),
-                 lambda: _tokens(61), _lm_logits, {"hf_gpt2": 2}, "hf_gpt2", keep=_mask, raw_kappa_min=3.0),
+                 lambda: _tokens(61), _lm_logits, {"hf_gpt2": 2}, "hf_gpt2", keep=_mask, raw_kappa_min=3.0,
+                 causal=True),
     "crammed_bert": Case(_project(builder="crammed_bert", vocab_size=97, seq_len=32, hidden_size=32, num_layers=2,
                                   num_heads=2, intermediate_size=128),
                          lambda: _tokens(97, low=5), _positional, {"crammed_bert": 2}, "crammed_bert", keep=_mask),
@@ -316,7 +323,8 @@ CASES = {
                        init_values=None),
                  _images, _kw, {"timm_beit": 2}, "timm_beit"),
     "hf_vit": Case(_seeded(_hf_vit), _images, _pixels, {"hf_vit": 2}, "hf_vit"),
-    "llama": Case(_seeded(_llama), lambda: _tokens(61), _lm_logits, {"hf_llama": 2}, "hf_llama", keep=_mask),
+    "llama": Case(_seeded(_llama), lambda: _tokens(61), _lm_logits, {"hf_llama": 2}, "hf_llama", keep=_mask,
+                  causal=True),
     "torch_mha": Case(_seeded(UserMHAModel), _mha_inputs, _kw, {"torch_mha": 2 + 1}, None),
     "roberta_structural": Case(_seeded(_roberta), lambda: _tokens(100, n=16, low=3), _hidden, {"structural": 2}, None),
     "gpt_neox_structural": Case(_seeded(_gpt_neox), lambda: _tokens(61), _hidden, {"structural": 2}, None),
@@ -363,7 +371,7 @@ def test_sites_and_patch_counts_match_the_architecture(name):
         assert all(p.out_features % s.role_head_dim(r) == 0 and p.out_features // s.role_head_dim(r) <= s.num_heads
                    for r, p in s.proj.items()), s.name
     assert (find_tokens(model) and find_tokens(model).layout) == case.token
-    rep = condattn.apply_conditioning(model, case.methods[-1])
+    rep = condattn.apply_conditioning(model, case.methods[-1], **case.cet)
     embedded = {f"embedded:{case.token}": 1} if case.token else {}
     assert rep.counts == {**{f"spectral:{k}": v for k, v in case.attention.items()}, **embedded}
     rep.check(attention_layers=case.attention_layers)
@@ -385,7 +393,7 @@ def test_none_is_bit_identical_and_remove_restores(name):
     params = {n: p.shape for n, p in base.named_parameters()}
     for method in case.methods:
         model = case.build()
-        condattn.apply_conditioning(model, method, lam=2.0)
+        condattn.apply_conditioning(model, method, lam=2.0, **case.cet)
         assert {n: p.shape for n, p in model.named_parameters()} == params  # no new parameters
         assert list(model.state_dict()) == list(base.state_dict())  # unchanged keys
         model.load_state_dict(base.state_dict(), strict=True)  # checkpoints load either way
@@ -508,7 +516,7 @@ def test_cet_bounds_kappa_and_leaves_padding_untouched(name, solver, bound):
     real tokens at the first block's input; padded rows leave CET exactly as they came."""
     case = CASES[name]
     base, cond, inputs = case.build(), case.build(), case.inputs()
-    condattn.apply_conditioning(cond, "embedded", solver=solver)
+    condattn.apply_conditioning(cond, "embedded", solver=solver, **case.cet)
     x0, x1 = _first_block_input(base, inputs, case), _first_block_input(cond, inputs, case)
     keep = case.keep(inputs)
     if keep is None:

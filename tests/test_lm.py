@@ -75,7 +75,7 @@ def test_cet_correction_looks_ahead_under_causal_attention():
     moved = {}
     for method in ("none", "spectral", "embedded"):
         model = gpt2()
-        condattn.apply_conditioning(model, method, solver="svd")
+        condattn.apply_conditioning(model, method, solver="svd", causal_leak="accept")
         moved[method] = float((logits(model, inputs)[0, 0] - logits(model, changed)[0, 0]).abs().max())
     assert moved["none"] < 1e-5 and moved["spectral"] < 1e-4
     assert moved["embedded"] > 1e-3
@@ -253,6 +253,7 @@ def test_pretrained_gpt2_fails_fast_offline():
 @pytest.mark.slow
 def test_train_tiny_gpt2_end_to_end(tmp_path):
     s = train(smoke_cfg(tmp_path, "conditioning=spectral+embedded", "conditioning.lam=2", "task.steps=4",
+                        "conditioning.causal_leak=accept",
                         "task.eval_every=2", "task.log_every=1", "impl.checkpoint_every=4", "diagnostics.batch_size=2",
                         "data.val_max_blocks=4"))
     assert s["status"] == "finished" and s["steps"] == 4 and s["global_batch"] == 8
@@ -273,7 +274,7 @@ def test_interrupted_gpt2_run_resumes_bit_identical(tmp_path):
     from condattn.engine.trainer import TrainingInterrupted
 
     base = ["task.steps=4", "task.eval_every=2", "impl.checkpoint_every=2", "diagnostics.batch_size=2",
-            "data.val_max_blocks=2", "conditioning=embedded"]
+            "data.val_max_blocks=2", "conditioning=embedded", "conditioning.causal_leak=accept"]
     full = train(smoke_cfg(tmp_path, *base, "run.name=full"))
     with pytest.raises(TrainingInterrupted):
         train(smoke_cfg(tmp_path, *base, "run.name=cut", "debug.interrupt_at_step=2"))

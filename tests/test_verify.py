@@ -103,3 +103,40 @@ def test_coat_factorised_attention_is_refused_without_partial():
     with pytest.raises(ValueError, match="CoaT's factorised attention") as err:
         condattn.apply_conditioning(model, "spectral")
     assert "no q·kᵀ logits" in str(err.value)
+
+
+def _qwen2():
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.Qwen2Config(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)
+    return tf.Qwen2Model(cfg).eval()
+
+
+def test_cet_on_a_causal_decoder_is_refused_unless_the_leak_is_accepted():
+    model = _qwen2()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for method in ("embedded", "spectral+embedded"):
+        with pytest.raises(ValueError, match="lets each token see later ones") as err:
+            condattn.apply_conditioning(model, method)
+        assert "\n" not in str(err.value) and "causal_leak=accept" in str(err.value)
+        assert condattn.conditioning_report(model) is None
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    ids = torch.randint(0, 50, (1, 10), generator=torch.Generator().manual_seed(0))
+    changed = ids.clone()
+    changed[0, -1] = (changed[0, -1] + 1) % 50
+    rep = condattn.apply_conditioning(model, "embedded", causal_leak="accept", solver="svd")
+    assert rep.options["causal_leak"] == "accept" and any("causal_leak=accept" in n for n in rep.notes)
+    assert "causal_leak=accept" in rep.entries[0].detail
+    with torch.no_grad():  # the leak the option accepts: position 0 sees the last token
+        moved = (model(ids).last_hidden_state[0, 0] - model(changed).last_hidden_state[0, 0]).abs().max()
+    assert moved > 1e-3
+
+
+def test_accepting_the_leak_renames_no_run():
+    from condattn.conditioning import conditioning_spec
+
+    a = conditioning_spec(method="embedded").identity()
+    b = conditioning_spec(method="embedded", causal_leak="accept").identity()
+    assert a == b and "causal_leak" not in a

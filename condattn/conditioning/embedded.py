@@ -18,6 +18,7 @@ POSITIONS = ("after_pos_embed", "before_pos_embed")
 TOKENS = ("all", "patches_only")
 GRADIENTS = ("detach", "through")
 SOLVERS = ("svd", "newton_schulz")
+CAUSAL_LEAK = ("refuse", "accept")  # on a causal decoder: refuse (default), or accept the look-ahead of the SVD
 SCALES = ("keep", "norm")  # keep: the paper's X + C; norm: X + C rescaled to ‖X‖_F per sample (κ unchanged)
 
 

@@ -35,8 +35,18 @@ def plan_attention(method: str):
     return plan
 
 
+CAUSAL_WHY = "the SVD over the sequence lets each token see later ones"
+
+
 def plan_tokens(model: nn.Module, spec, partial: bool = False):
-    return require_tokens(model, "embedded")
+    """(the token site, whether the model is a causal decoder). Refused on a causal decoder unless
+    causal_leak=accept."""
+    site = require_tokens(model, "embedded")
+    causal = any(getattr(m, "is_causal", False) is True for m in model.modules())
+    if causal and spec["causal_leak"] != "accept":
+        raise ValueError(f"embedded: refused on the causal decoder {type(model).__name__}: {CAUSAL_WHY} "
+                         "(conditioning.causal_leak=accept applies it anyway, and the report says so)")
+    return site, causal
 
 
 def selected(sites: list, kinds: tuple[str, ...], method: str, report: PatchReport) -> list:
@@ -114,13 +124,19 @@ SOLVER_OPTIONS = ("solver", "gradient", "lift_iters", "ns_iters", "power_iters",
 
 def apply_embedded(model: nn.Module, spec, report: PatchReport, partial: bool = False, planned=None) -> list:
     """CET at the planned token site: X + σ_max(X)·UVᵀ at the first block's input (or the embedding's output)."""
-    site, opts = planned, spec.values
+    (site, causal), opts = planned, spec.values
     hook = EmbeddedTokens(site, opts["position"], opts["tokens"], **{k: opts[k] for k in SOLVER_OPTIONS})
     handles = hook.attach()
     where = site.first_block_name + " input" if opts["position"] == "after_pos_embed" else site.embed_name
     detail = f"prefix_tokens={site.num_prefix_tokens}" + (" scale=norm" if opts["scale"] == "norm" else "")
     if opts["position"] == "before_pos_embed" and site.no_pos_embed:
         report.notes.append("position=before_pos_embed is the same X as after_pos_embed here: " + site.no_pos_embed)
+    if not causal:  # (the option acts only on a causal decoder)
+        report.options.pop("causal_leak", None)
+    else:
+        detail += " causal_leak=accept"
+        report.notes.append(f"causal_leak=accept: CET on a causal decoder, {CAUSAL_WHY}: each corrected token "
+                            "depends on later tokens (the causal mask no longer holds through the correction)")
     report.entries.append(PatchEntry(where, f"embedded:{site.layout}", detail))
     return handles
 

@@ -37,7 +37,7 @@ from types import MappingProxyType
 from typing import Any
 
 from . import paper
-from .embedded import GRADIENTS, POSITIONS, SCALES, SOLVERS, TOKENS
+from .embedded import CAUSAL_LEAK, GRADIENTS, POSITIONS, SCALES, SOLVERS, TOKENS
 from .layouts.detr import DETR_ATTENTION  # (importing a layout module registers every family's layouts)
 from .sites import ROLES
 from .spectral import CORRECTIONS, IDENTITY_PLACEMENTS, LAM_UNITS, MODES
@@ -73,6 +73,9 @@ class MethodSpec:
     short: str = ""  # the tables' name ("SCA", "QK-norm"); default: the name
     cost: str = ""  # its per-step cost term, in words ('' for none)
     adds_keys: bool = False  # adds parameters or buffers: the state_dict gains keys (condattn.load re-applies it)
+    # options that permit rather than change the computation (CET's causal_leak): left out of the run identity, so
+    # accepting what a method used to do silently renames no run
+    permissions: frozenset[str] = frozenset()
 
     def acting(self, values: Mapping[str, Any]) -> set[str]:
         return set(self.options) if self.applies is None else set(self.applies(values)) & set(self.options)
@@ -141,7 +144,8 @@ def composite(name: str, *parts: str, label: str = "", short: str = "") -> Metho
                       validators={k: v for s in specs for k, v in s.validators.items()}, applies=applies,
                       label=label, site_kind_options=frozenset().union(*(s.site_kind_options for s in specs)),
                       parts=tuple(parts), per_layer=any(s.per_layer for s in specs), init_only=once, short=short,
-                      cost="; ".join(s.cost for s in specs if s.cost), adds_keys=any(s.adds_keys for s in specs))
+                      cost="; ".join(s.cost for s in specs if s.cost), adds_keys=any(s.adds_keys for s in specs),
+                      permissions=frozenset().union(*(s.permissions for s in specs)))
 
 
 def method_spec(name: str) -> MethodSpec:
@@ -215,12 +219,15 @@ class ConditioningSpec:
         """The method and its options, those that do not act held at their defaults: two configs that differ only
         in an option that does nothing (λ under correction=svd) are one run, and the hash of every run made before
         this rule is unchanged."""
-        return {"method": self.method,
-                **{k: (v if k in self.applying else option_default(k)) for k, v in self.values.items()}}
+        free = method_spec(self.method).permissions
+        kept = {k: v for k, v in self.values.items() if k not in free}
+        return {"method": self.method, **{k: (v if k in self.applying else option_default(k)) for k, v in kept.items()}}
 
     def ignored(self, given: Iterable[str]) -> list[str]:
-        """Of the option names `given`, those that are options of another method, not of this one."""
-        return [k for k in given if k in _OPTIONS and k not in self.values]
+        """Of the option names `given`, those that are options of another method, not of this one (a permission,
+        such as CET's causal_leak, is never one: granting it where nothing needs it changes nothing)."""
+        free = set().union(*(m.permissions for m in _METHODS.values()))
+        return [k for k in given if k in _OPTIONS and k not in self.values and k not in free]
 
 
 def _plain(v: Any) -> Any:
@@ -345,6 +352,8 @@ EMBEDDED_OPTIONS: dict[str, Any] = {
     "ns_iters": 4,  # newton_schulz only: cubic Newton–Schulz steps that converge them to 1
     "power_iters": 20,  # newton_schulz only: power iterations for σ_1
     "scale": "keep",  # the paper's X + C; norm: X + C rescaled to ‖X‖_F per sample (κ unchanged)
+    # on a causal decoder the SVD over the sequence lets each token see later ones: refused unless accepted
+    "causal_leak": "refuse",
 }
 NEWTON_SCHULZ_ONLY = ("lift_iters", "ns_iters", "power_iters")
 # conditioned_init reads these of SCA's options (which projections, W_V's placement, DETR's attention kinds)
@@ -380,8 +389,9 @@ register_method(MethodSpec(
         "ns_iters": integer(1),
         "power_iters": integer(1),
         "scale": choice(SCALES),
+        "causal_leak": choice(CAUSAL_LEAK),
     },
-    plan=paper.plan_tokens, apply=paper.apply_embedded, short="CET",
+    permissions=frozenset({"causal_leak"}), plan=paper.plan_tokens, apply=paper.apply_embedded, short="CET",
     cost="the polar factor of each sample's N × D token matrix per forward (Newton–Schulz steps, or one SVD)",
 ))
 register_method(composite("spectral+embedded", "spectral", "embedded", label="spectral+embedded (SCA and CET)",
