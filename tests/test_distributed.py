@@ -44,7 +44,7 @@ def test_two_process_gloo_job_preempted_requeued_and_equal_to_one_process(tmp_pa
     logs = sorted((tmp_path / "runs" / "smoke" / ".submitit" / "table4_lra").glob("*/*_0_log.out"))
     log0 = "\n".join(p.read_text() for p in logs)
     assert code == 0, out + log0 + "\n".join(p.read_text()[-3000:] for p in logs[0].parent.glob("*_log.err"))
-    assert "(n=1)" in out
+    assert "n = 1 (no spread)" in out
 
     s = read_json(run_dir / "summary.json")
     assert s["status"] == "finished" and s["steps"] == 4

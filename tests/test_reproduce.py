@@ -96,7 +96,7 @@ def test_reproduce_table4_smoke_end_to_end_interrupted_and_idempotent(tmp_path, 
     assert steps == list(range(1, 9))  # no step lost or logged twice across the stop
     md = (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()
     assert "| listops | 37.1 | 37.9 | 37.1 | 37.8 |" in md  # the papers' numbers, labelled as such
-    assert "paper CET: baseline" in md and "ours: SCA" in md and "(n=1)" in md and "missing" not in md
+    assert "paper CET: baseline" in md and "ours: SCA" in md and "n = 1 (no spread)" in md and "missing" not in md
     assert "offline stand-in data" in md and "seeds [0]" in md
     assert (tmp_path / "results" / "smoke" / "table4_lra.png").stat().st_size > 0
     rows = list(csv.DictReader(open(tmp_path / "results" / "smoke" / "table4_lra.csv")))
@@ -214,7 +214,7 @@ def test_render_golden():
     md, rows = render(exp, "smoke", cells)
     line = [ln for ln in md.splitlines() if ln.startswith("| listops")][0]
     assert line == (
-        "| listops | 37.1 | 37.9 | 37.1 | 37.8 | 31.00 ± 1.41 (n=2) | 19.00 ± 0.00 (n=1), missing seeds [1] "
+        "| listops | 37.1 | 37.9 | 37.1 | 37.8 | 31.00 ± 1.41 (n=2) | 19.00, n = 1 (no spread), missing seeds [1] "
         "| missing | 120 | 10 s |"
     )
     assert [r["paper_value"] for r in rows] == ["", 37.8, 37.9]

@@ -27,7 +27,7 @@ from .protocol import (
     verdict_line,
     verdicts,
 )
-from .stats import fmt_mean_std, fmt_num, fmt_p, mean_std
+from .stats import fmt_n, fmt_num, fmt_p, mean_std
 
 METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET",
                  "conditioned_init": "conditioned init", "mimetic_init": "mimetic init", "qk_norm": "QK-norm",
@@ -80,9 +80,7 @@ class TableCell:
     def text(self) -> str:
         if not self.values:
             return "missing"
-        mean, std = mean_std(self.values)
-        s = f"{mean:.2f} ± {std:.2f} (n={len(self.values)})"
-        return s + (f", missing seeds {self.missing}" if self.missing else "")
+        return fmt_n(self.values) + (f", missing seeds {self.missing}" if self.missing else "")
 
 
 def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None) -> dict[tuple, TableCell]:
@@ -290,7 +288,7 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
         for m in methods:
             c, t = cells[(row, m)], tests.get(m)
             steps = steps_column(c.summaries, target.value, key, mult, higher)
-            ms = f"{fmt_mean_std(c.values, digits)} (n={len(c.values)})" if c.values else "missing"
+            ms = fmt_n(c.values, digits) if c.values else "missing"
             delta = "(baseline)" if m == methods[0] else (t.ci.text(digits) if t and t.ci else "–")
             p = "–" if t is None or t.p is None else f"{fmt_p(t.p)} / {fmt_p(t.p_adj)} / {fmt_p(t.p_perm)}"
             mdes = "–" if t is None or t.mde is None else f"{fmt_num(t.mde)} / {fmt_num(t.mde_corrected)}"
