@@ -20,6 +20,7 @@ from .api import (
     conditioning_report,
     remove_conditioning,
 )
+from .checkpoint import from_pretrained
 from .embedded import polar_correction
 from .forms import AttentionForm
 from .report import PatchEntry, PatchReport
@@ -61,6 +62,7 @@ __all__ = [
     "conditioning_report",
     "find_attention",
     "find_tokens",
+    "from_pretrained",
     "method_spec",
     "polar_correction",
     "register_method",

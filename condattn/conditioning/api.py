@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+from . import checkpoint
 from .report import PatchReport
 from .spec import EMBEDDED_OPTIONS, METHODS, SPECTRAL_OPTIONS, ConditioningSpec, conditioning_spec, method_spec
 from .spectral import NotScriptable
@@ -68,6 +69,7 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
                 planned = {"planned": plans[ms.name]} if ms.name in plans else {}
                 state.handles += list(ms.apply(model, spec, report, partial=partial, **planned) or [])
     model._condattn = state
+    checkpoint.record(model, spec.method, state.values)  # (a transformers config carries it into save_pretrained)
     if state.handles:  # attached: TorchScript refused
         model.__prepare_scriptable__ = NotScriptable(spec.method)
     return report
@@ -98,6 +100,7 @@ def remove_conditioning(model: nn.Module) -> None:
     for h in reversed(state.handles):
         h.remove()
     model._condattn = None
+    checkpoint.forget(model)
     model.__dict__.pop("__prepare_scriptable__", None)
 
 

@@ -95,6 +95,7 @@ class SpectralShift:
         self.kappa_max = float("nan")  # svd: the largest κ(W + C) over the blocks at the last refresh
         self._index: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._cache: tuple[tuple, torch.Tensor] | None = None
+        self._runs: list[tuple[int, int, int, float]] | None = None
 
     # ---- building the blocks ------------------------------------------------------------------------------------
     def add_block(self, rows: slice | torch.Tensor, num_heads: int, head_dim: int, identity: str,
@@ -121,6 +122,7 @@ class SpectralShift:
             self.blocks.append(blk_rows)
             self.scales.append(scale)
         self._index, self._cache, self._delta, self._seen = {}, None, None, None
+        self._runs = self._compute_runs()
 
     # ---- the correction -----------------------------------------------------------------------------------------
     def _identity_index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -213,7 +215,14 @@ class SpectralShift:
         return w.index_put((rows, cols), vals.to(w.dtype), accumulate=True)
 
     def runs(self) -> list[tuple[int, int, int, float]]:
-        """identity: C as contiguous (out_start, in_start, length, scale) runs: 3 runs for a fused qkv with `full`."""
+        """identity: C as contiguous (out_start, in_start, length, scale) runs: 3 runs for a fused qkv with `full`.
+        Plain Python ints, computed once when the blocks are placed (never from tensor values inside a forward, so
+        torch.export traces the hook path: GPT-2's Conv1D)."""
+        if self._runs is None:
+            self._runs = self._compute_runs()
+        return self._runs
+
+    def _compute_runs(self) -> list[tuple[int, int, int, float]]:
         out = []
         for blk, s in zip(self.blocks, self.scales):
             rows = blk[: min(len(blk), self.in_features)].tolist()

@@ -1,0 +1,83 @@
+"""A conditioned model saves and loads whole (conditioning/checkpoint.py): QK-norm and σReparam on BERT and Llama
+through save_pretrained and condattn.conditioning.from_pretrained; SCA keeps torch.export on GPT-2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import condattn
+from condattn.conditioning import from_pretrained
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _model(family: str):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if family == "bert":
+        cfg = tf.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=64, max_position_embeddings=32)
+        return tf.BertModel, tf.BertModel(cfg).eval()
+    cfg = tf.LlamaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=32)
+    return tf.LlamaForCausalLM, tf.LlamaForCausalLM(cfg).eval()
+
+
+def _out(model, ids):
+    with torch.no_grad():
+        out = model(ids)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+@pytest.mark.parametrize("method", ["qk_norm", "sigma_reparam"])
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_a_conditioned_model_reloads_whole(tmp_path, family, method):
+    cls, model = _model(family)
+    condattn.apply_conditioning(model, method)
+    with torch.no_grad():  # "trained": every weight, the added norms and γ included, moved off its init
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model.train()
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    model(ids)  # (σReparam: a training step moves its stored power-iteration vector)
+    model.eval()
+    ref = _out(model, ids)
+    model.save_pretrained(tmp_path)
+    plain = cls.from_pretrained(tmp_path)  # what transformers alone gives back: the added keys dropped
+    assert not torch.allclose(_out(plain, ids), ref, atol=1e-4)
+    loaded = from_pretrained(cls, tmp_path)
+    assert condattn.conditioning_report(loaded).method == method
+    assert set(loaded.state_dict()) == set(model.state_dict())
+    torch.testing.assert_close(_out(loaded, ids), ref, rtol=0, atol=1e-6)
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+
+
+def test_an_init_only_method_is_not_reapplied(tmp_path):
+    cls, model = _model("bert")
+    condattn.apply_conditioning(model, "mimetic_init")
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    ref = _out(model, ids)
+    model.save_pretrained(tmp_path)
+    loaded = from_pretrained(cls, tmp_path)
+    assert condattn.conditioning_report(loaded) is None
+    torch.testing.assert_close(_out(loaded, ids), ref, rtol=0, atol=0)
+
+
+@pytest.mark.slow  # export: about 3 s
+def test_sca_on_gpt2_exports():
+    """SCA's output hook on GPT-2's Conv1D reads no tensor values (its runs are Python ints), so torch.export
+    traces it and gives the patched numbers."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.GPT2Model(tf.GPT2Config(vocab_size=61, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                                       bos_token_id=0, eos_token_id=0)).eval()
+    condattn.apply_conditioning(model, "spectral")
+    ids = torch.randint(0, 61, (2, 8), generator=torch.Generator().manual_seed(0))
+    ep = torch.export.export(model, (ids,), {"use_cache": False}, strict=False)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(ids, use_cache=False).last_hidden_state,
+                                   model(ids, use_cache=False).last_hidden_state, rtol=1e-5, atol=1e-5)
