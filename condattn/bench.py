@@ -34,7 +34,8 @@ ARMS = {
     "CET-fast": ("embedded", {"solver": "newton_schulz"}),
     # the field's methods beside them (conditioning/methods/); mimetic_init only sets weights (≈ 1× by design)
     "QK-norm": ("qk_norm", {}),
-    "σReparam": ("sigma_reparam", {}),
+    "σReparam": ("sigma_reparam", {}),  # one σ per stored weight (the reference's fused qkv)
+    "σReparam-role": ("sigma_reparam", {"partition": "per_role"}),  # one σ per W_Q, W_K, W_V
     "mimetic": ("mimetic_init", {}),
     "NS-attn": ("ns_attention", {}),
 }

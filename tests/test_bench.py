@@ -12,12 +12,23 @@ def test_bench_runs_all_arms_and_writes_results(tmp_path, capsys):
     assert main(["--models", "nystromformer_lra_listops", "--batch", "1", "--warmup", "0", "--iters", "1",
                  "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for arm in ("baseline", "SCA", "CET-svd", "CET-fast", "QK-norm", "σReparam", "mimetic", "NS-attn"):
+    for arm in ("baseline", "SCA", "CET-svd", "CET-fast", "QK-norm", "σReparam", "σReparam-role", "mimetic", "NS-attn"):
         assert f"| nystromformer_lra_listops | 1 | {arm} |" in out
     data = json.loads(next(tmp_path.glob("*.json")).read_text())
     arms = data["results"][0]["arms"]
     assert arms["baseline"]["ratio_to_baseline"] == 1.0 and arms["SCA"]["step_ms"] > 0
     assert "commit" in data["header"] and data["versions"]["torch"]
+
+
+def test_bench_has_an_arm_for_every_registered_method():
+    """Every plain registered method is timed (a composite is the sum of its parts' arms); conditioned_init and
+    mimetic init, init-only, cost the baseline's step by construction."""
+    from condattn.bench import ARMS
+    from condattn.conditioning import METHODS, method_spec
+
+    timed = {m for m, _ in ARMS.values()}
+    plain = {m for m in METHODS if not method_spec(m).parts}
+    assert plain - timed <= {"conditioned_init"}, sorted(plain - timed)
 
 
 def test_bench_refuses_unknown_model():
