@@ -8,7 +8,6 @@ import copy
 import pytest
 import timm
 import torch
-from helpers import assert_identical, snapshot
 from test_layouts import randomise_batchnorm
 
 import condattn
@@ -76,10 +75,27 @@ def test_levit_w_is_w0_plus_lambda_identity_before_its_batchnorm():
     torch.testing.assert_close(attn(x), explicit(x), rtol=1e-5, atol=1e-5)
 
 
-def test_efficientvit_msra_is_refused_in_one_line_and_unchanged():
+def test_efficientvit_msra_is_conditioned_head_by_head():
+    """Each cascaded head is a site of its own (`layer#h<h>`): its ConvNorm's W gets λI on its q, k and v rows
+    before its BatchNorm, as the model would compute with that W written in; the layer counts once in the report;
+    removal restores the model bit for bit."""
     model, x = _model("efficientvit_m0"), _image()
-    before = snapshot(model, x)
-    with pytest.raises(ValueError, match="CascadedGroupAttention .*cascaded group attention.*head h−1") as err:
-        condattn.apply_conditioning(model, "spectral")
-    assert "nothing was changed" in str(err.value)
-    assert_identical(before, snapshot(model, x))
+    layers = len(attention_layers(model))
+    explicit = copy.deepcopy(model)
+    with torch.no_grad():
+        ref = model(x)
+    rep = condattn.apply_conditioning(model, "spectral", lam=2.0)
+    heads = sum(m.num_heads for m in model.modules() if type(m).__name__ == "CascadedGroupAttention")
+    assert rep.counts == {"spectral:timm_efficientvit_msra": heads} and rep.layers("spectral") == layers
+    rep.check(attention_layers=layers)
+    assert all("#h" in e.module and NOTE in e.detail for e in rep.entries)
+    with torch.no_grad():
+        for site, twin in zip(find_attention(model), find_attention(explicit)):
+            w = twin.proj["q"].linear.weight.flatten(1)  # (a view: writes reach the twin's conv)
+            for role in ("q", "k", "v"):
+                rows = site.proj[role].rows
+                torch.testing.assert_close(site.weight(role), w[rows] + 2.0 * torch.eye(len(rows), w.shape[1]))
+                w[rows] += 2.0 * torch.eye(len(rows), w.shape[1])
+        torch.testing.assert_close(model(x), explicit(x), rtol=1e-4, atol=1e-5)
+        condattn.remove_conditioning(model)
+        assert torch.equal(model(x), ref)

@@ -74,7 +74,7 @@ def check(model: nn.Module, inputs: dict | None, run=None) -> tuple[int, int, bo
             "changed+restored" if torch.equal(back, ref) else "not restored"
     else:
         condattn.remove_conditioning(model)
-    return len(layers), rep.count("spectral"), tokens, verdict, why
+    return len(layers), rep.layers("spectral"), tokens, verdict, why
 
 
 def _unmatched(model):

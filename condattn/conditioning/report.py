@@ -34,6 +34,11 @@ class PatchReport:
         """Number of entries whose kind starts with `prefix` ("spectral" counts attention layers)."""
         return sum(1 for e in self.entries if e.kind.startswith(prefix))
 
+    def layers(self, prefix: str) -> int:
+        """Number of attention layers with an entry whose kind starts with `prefix` (a layer whose heads are sites
+        of their own, `layer#h0`, `layer#h1`, ..., counts once)."""
+        return len({e.module.partition("#")[0] for e in self.entries if e.kind.startswith(prefix)})
+
     def check(self, attention_layers: int | None = None) -> None:
         """Raise if the patch does not cover the architecture: one entry per attention layer (patched or skipped)
         for the per-layer methods, exactly one embedded-token entry for CET."""
@@ -45,8 +50,11 @@ class PatchReport:
         parts = method_spec(self.method).parts or (self.method,)
         per_layer = next((p for p in parts if method_spec(p).per_layer), None)
         if per_layer and attention_layers is not None:
-            n = sum(1 for e in self.entries if e.kind.startswith(per_layer) and e.kind != f"{per_layer}:linear")
-            skipped = len(self.skipped)  # left alone by an option, or where the method does not apply (with why)
+            # attention layers, not sites: a layer whose heads are sites of their own (`layer#h0`) counts once
+            n = len({e.module.partition("#")[0] for e in self.entries
+                     if e.kind.startswith(per_layer) and e.kind != f"{per_layer}:linear"})
+            skipped = len({e.module.partition("#")[0] for e in self.skipped})  # left alone by an option, or where
+            #                                                                     the method does not apply (why)
             if n + skipped != attention_layers:
                 found = f"{n} attention layers" + (f" (+ {skipped} skipped)" if skipped else "")
                 problems.append(f"{per_layer} patched {found}, the model config expects {attention_layers}")

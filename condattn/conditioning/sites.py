@@ -227,14 +227,21 @@ def find_attention(model: nn.Module) -> list[AttentionSite]:
     claimed: set[int] = set()  # projections already owned by a site (a module inside a matched one is not a 2nd)
     for name, module in model.named_modules():
         for finder in finders:
-            site = finder(name, module)
-            if site is not None:
-                ids = {id(p.linear) for p in site.proj.values()}
-                if not ids & claimed:
-                    sites.append(site)
-                    claimed |= ids
+            found = finder(name, module)
+            if found is not None:  # one site, or a list: one per head of a layer (layer_of names them)
+                for site in found if isinstance(found, list) else [found]:
+                    ids = {id(p.linear) for p in site.proj.values()}
+                    if not ids & claimed:
+                        sites.append(site)
+                        claimed |= ids
                 break
     return sites
+
+
+def layer_of(site_name: str) -> str:
+    """The attention layer a site belongs to: its name, or the part before `#` for a site that is one head of a
+    layer whose heads have projections of their own (EfficientViT-MSRA: `...attn#h0`)."""
+    return site_name.partition("#")[0]
 
 
 def find_tokens(model: nn.Module) -> TokenSite | None:
@@ -326,6 +333,7 @@ def attention_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _covers(site: str, layer: str) -> bool:
+    site = layer_of(site)
     return site == layer or not layer or not site or site.startswith(layer + ".") or layer.startswith(site + ".")
 
 

@@ -17,6 +17,7 @@
 | torch_mha       | torch_mha (nn.MultiheadAttention)          | (none: SCA only) |
 | timm_conv       | timm_maxxvit_conv, timm_halo, timm_bottleneck, timm_pwise_conv, timm_csatv2_spatial | (none) |
 | timm_bn         | timm_levit, timm_efficientformer_v2 (λI added to W before its BatchNorm) | (none) |
+| timm_efficientvit_msra | timm_efficientvit_msra (a site per cascaded head, `layer#h<h>`; λI before BN) | (none) |
 | timm_gcvit      | timm_gcvit (GCViT; its global attention has no W_Q: λI on W_K, W_V only) | (none) |
 | refused         | (none: sites.REFUSED, why attention without q·kᵀ or one W per role is refused) | (none) |
 | structural      | structural (any q/k/v or fused-qkv Linears / 1×1 convs with a head count; priority -100) | (none) |
@@ -52,6 +53,7 @@ from . import (
                                                         timm_beit,
                                                         timm_bn,
                                                         timm_conv,
+                                                        timm_efficientvit_msra,
                                                         timm_eva,
                                                         timm_gcvit,
                                                         timm_vit,
@@ -61,7 +63,7 @@ from . import (
 
 FAMILIES = {m.__name__.rpartition(".")[2]: m for m in (timm_vit, swin, xcit, davit, hf_encoder, gpt2, detr,
                                                         crammed_bert, timm_eva, timm_beit, hf_vit, hf_llama,
-                                                        torch_mha, timm_conv, timm_bn, timm_gcvit, refused,
-                                                        structural)}
+                                                        torch_mha, timm_conv, timm_bn, timm_efficientvit_msra,
+                                                        timm_gcvit, refused, structural)}
 
 __all__ = ["FAMILIES"]

@@ -5,9 +5,9 @@ They count as attention layers (their class name says attention), so a model hol
 `partial=True`, which patches its other attention layers. No finder is registered here: nothing is matched.
 
 LeViT and EfficientFormer-V2 (Linear/Conv + BatchNorm projections) are patched by layouts/timm_bn.py, λI added to W
-before its BatchNorm. EfficientViT-MSRA is refused here: its cascade gives each head its own W_Q/W_K/W_V over its own
-input, which no site (one W per role over the layer's input) holds. GCViT's global attention (queries from the
-stage's global query tokens, no W_Q) is patched by layouts/timm_gcvit.py on its W_K and W_V.
+before its BatchNorm; EfficientViT-MSRA's cascaded heads, each with its own W_Q/W_K/W_V, are one site per head
+(layouts/timm_efficientvit_msra.py). CoaT's factorised attention is refused here. GCViT's global attention (queries
+from the stage's global query tokens, no W_Q) is patched by layouts/timm_gcvit.py on its W_K and W_V.
 """
 
 from __future__ import annotations
@@ -27,7 +27,4 @@ REFUSED.update({
     ("timm.models.coat", "FactorAttnConvRelPosEnc"):
         "CoaT's factorised attention: a softmax over the keys, then q·(softmax(K)ᵀV) and a convolutional position "
         f"term; {NO_QK}",
-    ("timm.models.efficientvit_msra", "CascadedGroupAttention"):
-        "EfficientViT-MSRA's cascaded group attention: head h has its own q/k/v conv over x's h-th channel chunk plus "
-        "head h−1's attention output, so there is no W_Q/W_K/W_V over the layer's input that one site holds",
 })

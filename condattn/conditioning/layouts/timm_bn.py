@@ -12,8 +12,8 @@ the rectangular identity, as everywhere (spectral.SpectralShift); value heads ma
   depthwise conv) and `Attention2dDownsample` (`q` a LocalGlobalQuery: its 1×1 ConvNorm after depthwise conv +
   pooling). Talking-head mixing of the logits follows q·kᵀ as in the model.
 
-EfficientViT-MSRA stays refused (layouts/refused.py). Expected PatchReport counts: one site per attention module of
-these classes (levit_128s: 11 timm_levit, efficientformerv2_s0: 5 timm_efficientformer_v2).
+EfficientViT-MSRA: one site per head (layouts/timm_efficientvit_msra.py). Expected PatchReport counts: one site per
+attention module of these classes (levit_128s: 11 timm_levit, efficientformerv2_s0: 5 timm_efficientformer_v2).
 """
 
 from __future__ import annotations
