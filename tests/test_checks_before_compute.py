@@ -142,3 +142,11 @@ def test_each_table_says_at_which_checkpoint_and_smoke_tables_give_chance(tmp_pa
     assert "Checkpoint: `final_val_acc` (every row) is validation acc with the last step's weights (the final " \
            "checkpoint)." in table_notes(vit, "paper", ["vit_base"])
 
+
+
+def test_the_results_folder_is_checked_for_table_cells_only(tmp_path, monkeypatch):
+    results = _read_only(tmp_path / "ro", monkeypatch)
+    ov = ["scale=smoke", f"paths.runs={tmp_path / 'runs'}", f"paths.results={results}"]
+    assert preflight.folder_problems(compose(ov)) == []  # `train` alone writes no table
+    assert [m.split(":")[0] for m in preflight.folder_problems(compose([*ov, "run.table=t"]))] == [
+        f"paths.results={results}"]

@@ -142,10 +142,13 @@ def _writable(path: Path) -> str | None:
 
 
 def folder_problems(cfg: Any) -> list[str]:
-    """The runs folder (paths.runs: run dirs, checkpoints) and the results folder (paths.results: the tables) must be
-    writable before the first cell trains: a read-only results folder otherwise shows up only after all training."""
+    """The runs folder (paths.runs: run dirs, checkpoints) and, for a cell of a table (run.table set, as `reproduce`
+    sets it), the results folder (paths.results: the tables) must be writable before the first cell trains: a read-only
+    results folder otherwise shows up only after all training."""
     out = []
-    for key, what in (("paths.runs", "the runs"), ("paths.results", "the tables")):
+    keys = (("paths.runs", "the runs"), *((("paths.results", "the tables"),) if OmegaConf.select(cfg, "run.table")
+                                          else ()))
+    for key, what in keys:
         value = OmegaConf.select(cfg, key)
         if value is None:
             continue
