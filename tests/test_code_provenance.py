@@ -1,0 +1,73 @@
+"""Code provenance per run: each run records a fingerprint of the code that can change its result; a table lists its
+runs' commits and names the readings whose runs ran different code; STALE=1 (--refresh-stale) retrains exactly the
+cells made by other code, keeping the old run beside them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_reproduce import listops_only, tiny
+
+from condattn.engine import provenance
+from condattn.runs import RunRecord
+
+
+def test_the_fingerprint_covers_the_result_code_and_names_what_differs(tmp_path, monkeypatch):
+    now = provenance.code_fingerprint()
+    assert set(now) == {"conditioning", "model", "task", "engine"} and all(len(v) == 10 for v in now.values())
+    assert now == provenance.code_fingerprint()  # deterministic
+    assert provenance.stale_parts(now, now) == []
+    assert provenance.stale_parts({**now, "model": "0" * 10}, now) == ["model"]
+    assert provenance.stale_parts(None, now) == list(now)  # a run from before fingerprints
+    # an edit to a file that only records or reports changes nothing; an edit to the library does
+    files = {f.relative_to(provenance.REPO).as_posix() for f in provenance._files(provenance.CODE_PARTS["engine"])}
+    assert "condattn/engine/summary.py" not in files and "condattn/engine/loop.py" in files
+    fake = tmp_path / "condattn" / "conditioning"
+    fake.mkdir(parents=True)
+    (fake / "spectral.py").write_text("x = 1\n")
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
+    before = provenance.code_fingerprint()["conditioning"]
+    (fake / "spectral.py").write_text("x = 2\n")
+    assert provenance.code_fingerprint()["conditioning"] != before
+
+
+def test_the_code_line_names_readings_whose_runs_differ():
+    from types import SimpleNamespace
+
+    from condattn.reporting.readings import code_line
+
+    def row(reading, codes, commits):
+        sums = [{"code": c, "commit": k} for c, k in zip(codes, commits)]
+        return {"task": "vit", "reading": reading, "cell": SimpleNamespace(summaries=sums)}
+
+    a, b = {"conditioning": "a" * 10, "engine": "e" * 10}, {"conditioning": "b" * 10, "engine": "e" * 10}
+    line = code_line([row("baseline", [a, a], ["c1", "c1"]), row("SCA", [a, b], ["c1", "c2"])])
+    assert "commits c1 (3 runs), c2 (1 runs)" in line and "vit: SCA (conditioning)" in line
+    assert "Within every reading" in code_line([row("baseline", [a, a], ["c1", "c1"])])
+
+
+@pytest.mark.slow  # trains two 4-step cells
+def test_refresh_stale_retrains_exactly_the_cells_made_by_other_code(tmp_path, capsys):
+    import yaml
+
+    from condattn.reproduce import main
+
+    path = listops_only(tmp_path)
+    exp = yaml.safe_load(path.read_text())
+    exp["methods"] = ["none", "spectral"]
+    path.write_text(yaml.safe_dump(exp, sort_keys=False))
+    args = [str(path), "--scale", "smoke", *tiny(tmp_path)]
+    assert main(args) == 0
+    runs = tmp_path / "runs" / "smoke"
+    stale = RunRecord(runs / "table4_lra_listops_spectral_smoke_s0")
+    summary = stale.summary
+    summary["code"] = {**summary["code"], "conditioning": "0" * 10}  # made by other conditioning code
+    (stale.dir / "summary.json").write_text(json.dumps(summary))
+    capsys.readouterr()
+    assert main([*args, "--refresh-stale"]) == 0
+    out = capsys.readouterr().out
+    assert "table4_lra_listops_spectral_smoke_s0: made by other code (conditioning differ from HEAD's)" in out
+    assert "table4_lra_listops_none_smoke_s0: finished earlier, skipped" in out
+    assert (runs / "table4_lra_listops_spectral_smoke_s0.stale-1" / "summary.json").exists()
+    assert RunRecord(runs / "table4_lra_listops_spectral_smoke_s0").summary["code"] == provenance.code_fingerprint()
