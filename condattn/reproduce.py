@@ -484,7 +484,7 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
     if grid and length_check(exp, scale) and read_records and not comp.errors:
         planned += _length_cells(comp, exp, scale, reported, picks, extra, renamed, longer)
     if comp.errors:
-        raise ConfigError("\n" + "\n".join(_problem_report(comp.errors, comp.n)))
+        raise ConfigError(_refusal(comp.errors, comp.n).lstrip(" "))
     _check_shared_dirs([spec for _, spec in planned])
     variants = {name: v for name, v in shown.items() if v}
     exp = {**exp, **({"variants": variants} if variants else {}),
@@ -519,6 +519,12 @@ def _problem_report(problems: dict[str, list[str]], n_cells: int) -> list[str]:
             where = ", ".join(names)
         lines.append(f"  - {msg}  [{where}]")
     return lines
+
+
+def _refusal(problems: dict[str, list[str]], n_cells: int) -> str:
+    """What follows "refused before starting any job:": one problem on the same line, several one per line."""
+    lines = _problem_report(problems, n_cells)
+    return " " + lines[0][4:] if len(lines) == 1 else "\n" + "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------- checks and launch
@@ -640,8 +646,7 @@ def _checked(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo | 
         print("[reproduce] warnings (a real submission would refuse these):")
         print("\n".join(_problem_report(warnings, len(specs))))
     if found:
-        print("[reproduce] refused before starting any job:\n" + "\n".join(_problem_report(found, len(specs))),
-              file=sys.stderr)
+        print("[reproduce] refused before starting any job:" + _refusal(found, len(specs)), file=sys.stderr)
         return None
     return t
 

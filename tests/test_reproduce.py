@@ -153,7 +153,7 @@ def test_reproduce_refuses_bad_input(tmp_path, capsys):
     # a bad override fails before any cell runs, named once for all cells, with the likely intended key
     assert main([exp, "--seeds", "0", "conditioning.lamda=1", *tiny(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert ("refused before starting any job:\n  - override 'conditioning.lamda=1' names no key of the config; "
+    assert ("refused before starting any job: override 'conditioning.lamda=1' names no key of the config; "
             "did you mean conditioning.lam?  [all 3 cells]") in err
     assert main([exp, "--seeds", "0", "model=nystromformer", *tiny(tmp_path)]) == 2
     assert "override 'model=nystromformer': there is no configs/model/nystromformer.yaml; did you mean " \
