@@ -224,3 +224,24 @@ def test_diagnostics_read_each_towers_mask_from_the_model():
     n_valid = [int(batch[f"attention_mask_{k}"][i].sum()) for k in range(2) for i in range(3)]
     expected_uniform = sum(n * math.log(n) for n in n_valid) / sum(n_valid)
     assert out["attention"][0]["entropy_uniform"] == pytest.approx(expected_uniform)
+
+
+def test_small_listops_model_is_exact_softmax_without_conv():
+    """The small ListOps recipe's Nyströmformer (landmarks = seq_len, conv_kernel_size null): no conv module, and its
+    attention is softmax(q kᵀ / √d) v over the non-padded keys."""
+    import torch
+
+    from condattn.models.lra import NystromformerClassifier
+
+    torch.manual_seed(0)
+    m = NystromformerClassifier(vocab_size=20, num_classes=10, seq_len=18, num_landmarks=18, conv_kernel_size=None,
+                                num_layers=3, dropout=0.0).eval()
+    assert not [n for n, _ in m.named_modules() if n.endswith(".conv")] and len(m.backbone.encoder.layer) == 3
+    att = m.backbone.encoder.layer[0].attention.self
+    x, keep = torch.randn(2, 18, 64), torch.ones(2, 18)
+    keep[1, 12:] = 0
+    additive = ((1.0 - keep) * torch.finfo(torch.float32).min)[:, None, None, :]
+    heads = lambda t: t.view(2, 18, 2, 32).transpose(1, 2)  # noqa: E731
+    q, k, v = heads(att.query(x)), heads(att.key(x)), heads(att.value(x))
+    want = (torch.softmax(q @ k.transpose(-1, -2) / 32 ** 0.5 + additive, -1) @ v).transpose(1, 2).reshape(2, 18, 64)
+    assert torch.allclose(att(x, additive)[0], want, atol=1e-5)

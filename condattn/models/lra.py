@@ -64,10 +64,12 @@ class NystromformerClassifier(nn.Module):
             max_position_embeddings=seq_len,  # learned absolute positions, one per padded position
             segment_means_seq_len=seq_len,
             num_landmarks=num_landmarks,
-            conv_kernel_size=conv_kernel_size,
+            conv_kernel_size=35 if conv_kernel_size is None else conv_kernel_size,  # the config wants an int
             type_vocab_size=1,
             pad_token_id=0,
         )
+        if conv_kernel_size is None:  # no depthwise conv on V: set after validation, read when the layers are built
+            object.__setattr__(config, "conv_kernel_size", None)
         self.backbone = NystromformerModel(config)
         self.pre_norm = bool(pre_norm)
         if self.pre_norm:
