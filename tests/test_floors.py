@@ -138,9 +138,10 @@ def test_kneser_ney_any_order_is_a_distribution_and_the_best_order_is_picked_on_
             assert sum(p(context, w) for w in range(16)) == pytest.approx(1.0), (order, context)
     held = [stream[:50], stream[200:260]]
     loss, n, chosen = floors.best_kneser_ney(stream, held, held, vocab=16)
-    assert n == 49 + 59 and chosen["tuned_on"] == "val" and len(chosen["tuning_scores"]) == 8
+    tried = len(chosen["tuning_scores"]) // len(floors.KN_DISCOUNTS)
+    assert n == 49 + 59 and chosen["tuned_on"] == "val" and 2 <= tried <= len(floors.KN_ORDERS)
     assert loss == pytest.approx(min(floors.kneser_ney_loss(stream, held, 16, d, o)[0]
-                                     for o in floors.KN_ORDERS for d in floors.KN_DISCOUNTS))
+                                     for o in floors.KN_ORDERS[:tried] for d in floors.KN_DISCOUNTS))
 
 
 def test_floor_table_prints_fitting_time():
