@@ -426,3 +426,15 @@ def test_kill_and_resume_finishes_within_its_budget(tmp_path, cache):
     with pytest.raises(PreflightError, match="task.budget_hours"):
         train(compose(smoke(tmp_path, cache, "task.budget_hours=1e-7", "task.steps=10000",
                             "impl.checkpoint_every=10000", "run.name=spent")))
+
+
+def test_small_mlm_reads_only_the_training_movies_of_the_small_glue_split():
+    """Domain-adaptive pretraining (table 3, small): the MLM corpus's glue_split is the GLUE stand-in's own split, so
+    no validation or test movie's snippet is pretrained on."""
+    from condattn.config import compose
+
+    mlm = compose(["task=mlm_crammed", "scale=small"]).data.generate
+    glue = compose(["task=glue", "task.glue_task=rotten_tomatoes", "scale=small"]).data
+    assert "rotten_tomatoes_train" in mlm.corpus.split("+")
+    assert (mlm.glue_split.seed, mlm.glue_split.val_fraction, mlm.glue_split.test_fraction) == (
+        glue.split_seed, glue.val_fraction, glue.test_fraction)
