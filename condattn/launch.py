@@ -289,9 +289,11 @@ def time_source(cfg: Any) -> str:
         return "no estimate: the cap"
     if c.measured:
         return c.measured
-    return (f"assumed: launcher.assumed_mfu / launcher.min_step_ms={cfg.launcher.get('min_step_ms')}, a fallback "
-            f"(no `make bench` result for {cfg.model.get('name')} on {cfg.launcher.get('gpu_type')} in "
-            f"launcher.bench_dir)")
+    parts = c.note.split("; ")
+    bound = next((x.split(" (assumed")[0] for x in parts if "-bound" in x), None)
+    what = bound or f"{float(cfg.launcher.get('assumed_mfu') or 0.4):.0%} MFU (launcher.assumed_mfu)"
+    return (f"assumed, a fallback (no `make bench` result for {cfg.model.get('name')} on "
+            f"{cfg.launcher.get('gpu_type')} in launcher.bench_dir): {what}")
 
 
 def gpu_warning(cfg: Any) -> str | None:
