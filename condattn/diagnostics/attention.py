@@ -48,6 +48,18 @@ def self_attention_sites(site: AttentionSite, nq: int, nk: int) -> tuple[bool, b
     return own, site.attends_over == "tokens" and site.group != "decoder_cross" and "q" in site.proj
 
 
+def _as_heads(p: torch.Tensor, allowed: torch.Tensor | None, heads: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, …, H, …, Nq, Nk) probabilities as (B·…, H, Nq, Nk): the last leading axis of the head count is the
+    heads', every other leading axis joins the batch (`allowed` follows where it has the same axes)."""
+    lead = list(range(p.dim() - 2))
+    ax = next((i for i in reversed(lead[1:]) if p.shape[i] == heads), p.dim() - 3)
+    nq, nk = p.shape[-2:]
+    out = p.movedim(ax, -3).reshape(-1, p.shape[ax], nq, nk)
+    if allowed is not None:
+        allowed = allowed.expand(p.shape).movedim(ax, -3).reshape(out.shape) if allowed.dim() == p.dim() else None
+    return out, allowed
+
+
 class AttentionProbe:
     """Context manager: while active, every forward accumulates per-head attention entropy and max
     probability of every attention site. `mask` (B, N), 1/True = real token; models whose encoder
@@ -94,6 +106,8 @@ class AttentionProbe:
         site = self.sites[i]
         tol = 1e-3 if p.dtype in (torch.float32, torch.float64) else 0.05  # half-precision probabilities round
         p = p.detach().double()
+        if p.dim() > 4:  # windows or groups beside the heads (Twins: (B, groups, H, N, N)): windows join the batch
+            p, allowed = _as_heads(p, allowed, site.num_heads)
         b, h, nq, nk = p.shape
         channels = site.attends_over == "channels"
         qkeep = None if channels or not site.masked_queries else rows_kept(self.mask, b, nq, p.device)
@@ -110,7 +124,7 @@ class AttentionProbe:
         self.ent[i] += (ent * w3).sum((0, 2)).cpu()
         self.maxp[i] += (maxp * w3).sum((0, 2)).cpu()
         keys = torch.full((b, nq), float(nk), dtype=p.dtype, device=p.device) if allowed is None else \
-            allowed.expand(b, -1, nq, nk).double().sum(-1).mean(1)
+            torch.broadcast_to(allowed, (b, h, nq, nk)).double().sum(-1).mean(1)
         self.count[i] += float(w.sum())
         self.uniform[i] += float((w * keys.clamp_min(1).log()).sum())
         own, first = self_attention_sites(site, nq, nk)

@@ -169,7 +169,8 @@ def _transformers(site: AttentionSite, sink: Sink, keys_kept: KeysKept):
         call["mask"] = _arg(mod, args, kwargs, "attention_mask")
 
     def post(mod, args, kwargs, out):
-        p = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+        # (output, probabilities), or (output, position_bias, probabilities) for T5: the last tensor after the output
+        p = next((x for x in reversed(out[1:]) if torch.is_tensor(x)), None) if isinstance(out, tuple) else None
         if not torch.is_tensor(p):
             return
         mask = call.pop("mask", None)
