@@ -93,7 +93,7 @@ def test_bad_method_or_option_is_refused_with_valid_ones(method, opts, match):
 
 
 def test_unknown_architecture_is_refused():
-    with pytest.raises(ValueError, match="no attention module"):
+    with pytest.raises(ValueError, match="has no attention layer"):
         condattn.apply_conditioning(torch.nn.Sequential(torch.nn.Linear(4, 4)), "spectral")
     with pytest.raises(ValueError, match="cannot locate the first transformer block"):
         condattn.apply_conditioning(torch.nn.Sequential(torch.nn.Linear(4, 4)), "embedded")

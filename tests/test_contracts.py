@@ -74,7 +74,7 @@ REFUSALS = {  # (build, input, method, options, message)
     "cet_half_mode_init": (_pit, _images, "spectral+embedded", {"mode": "init"}, "cannot locate the first"),
     "unmatched_attention": (Mixed, _tokens, "spectral", {}, "OddAttention"),
     "unmatched_conditioned_init": (Mixed, _tokens, "conditioned_init", {}, "OddAttention"),
-    "no_attention": (lambda: nn.Sequential(nn.Linear(16, 16)), _tokens, "spectral", {}, "no attention module"),
+    "no_attention": (lambda: nn.Sequential(nn.Linear(16, 16)), _tokens, "spectral", {}, "has no attention layer"),
     "no_tokens": (lambda: nn.Sequential(nn.Linear(16, 16)), _tokens, "embedded", {}, "cannot locate the first"),
     "bad_option": (_pit, _images, "spectral", {"identity": "diag"}, "identity='diag'"),
 }

@@ -22,16 +22,17 @@ def test_every_listed_transformers_type_is_patched_on_every_attention_layer():
 def test_timm_families_reach():
     """Measured at issue 27: 43 of 47 timm attention families on every layer (14 of 45 before structural matching, 32
     before 1×1-conv projections, 40 before λI on W before its BatchNorm: LeViT, EfficientFormer-V2, 42 before GCViT's
-    global attention, which has no W_Q, got λI on its W_K, W_V); the other 4 hold attention without q·kᵀ logits
-    (SwiftFormer, VOLO's outlook, NextViT's MHCA) or with cascaded per-head projections (EfficientViT-MSRA), each
-    refused in one line that says so (docs/coverage.md)."""
+    global attention, which has no W_Q, got λI on its W_K, W_V); issue 37: EfficientViT-MSRA's cascaded heads are
+    conditioned head by head, CoaT's factorised attention is refused: the other 4 hold attention without q·kᵀ logits
+    (SwiftFormer, VOLO's outlook, NextViT's MHCA, CoaT), each refused in one line that says so (docs/coverage.md):
+    every family with q·kᵀ logits is covered."""
     rows = timm_rows()
     full = [r.family for r in rows if r.full]
     assert len(rows) >= 47 and len(full) >= 43, [(r.family, r.patched, r.attention, r.why) for r in rows if not r.full]
     for fam in ("vision_transformer", "swin_transformer_v2", "cait", "crossvit", "pvt_v2", "tnt", "twins", "hiera",
                 "mvitv2", "nest", "tiny_vit", "efficientformer", "vision_transformer_sam", "visformer", "maxxvit",
                 "byoanet", "mobilenetv5", "lowformer", "cpubone", "csatv2", "gemma4_vit", "levit",
-                "efficientformer_v2", "gcvit"):
+                "efficientformer_v2", "gcvit", "efficientvit_msra"):
         assert fam in full, fam
     why = {r.family: r.why for r in rows if not r.full}
     for fam, words in (("swiftformer", "no q·kᵀ"), ("volo", "no q·kᵀ"), ("nextvit", "no q·kᵀ"),

@@ -35,6 +35,7 @@ class Case:
     keep: Callable[[dict], torch.Tensor | None] = lambda inputs: None  # (B, N) real tokens at the first block
     raw_kappa_min: float = 2.5  # the first block's raw tokens are worse conditioned than this (CET has work to do)
     causal: bool = False  # a causal decoder: CET is refused there unless conditioning.causal_leak=accept
+    layers: int | None = None  # attention layers where they are fewer than the sites (a site per head: `layer#h<h>`)
 
     @property
     def cet(self) -> dict:
@@ -43,7 +44,7 @@ class Case:
 
     @property
     def attention_layers(self) -> int:
-        return sum(self.attention.values())
+        return self.layers if self.layers is not None else sum(self.attention.values())
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -251,6 +252,9 @@ def _bn_attention(kind: str):
             mod["efficientformer_v2"].Attention2d(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8, stride=2),
             mod["efficientformer_v2"].Attention2dDownsample(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8,
                                                             out_dim=48)),
+        "efficientvit_msra": lambda: tuple(  # cascaded group attention: one q/k/v ConvNorm per head
+            importlib.import_module("timm.models.efficientvit_msra").CascadedGroupAttention(
+                32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8) for _ in range(2)),
     }[kind]
     return _seeded(lambda: randomise_batchnorm(ConvStack(*blocks())))
 
@@ -340,6 +344,8 @@ CASES = {
                                                                        .manual_seed(3))}, _kw, {"timm_levit": 2}, None),
     "efficientformer_v2_bn": Case(_bn_attention("efficientformer_v2"), _maps(32), _kw,
                                   {"timm_efficientformer_v2": 3}, None),
+    "efficientvit_msra_bn": Case(_bn_attention("efficientvit_msra"), _maps(32), _kw, {"timm_efficientvit_msra": 4},
+                                 None, layers=2),
     # GCViT: 2 local sites (q/k/v) and 2 global ones without W_Q (layouts/timm_gcvit.py: λI on W_K, W_V only)
     "gcvit": Case(_seeded(_gcvit), _images, _kw, {"timm_gcvit": 4}, None),
 }

@@ -30,12 +30,12 @@ REFUSED = {
     **{("qk_norm", n): "1×1 convolutions" for n in ("maxxvit_conv", "halo_conv", "bottleneck_conv", "pwise_conv",
                                                    "conv_structural")},
     ("qk_norm", "csatv2_spatial"): "1 wide",
-    **{("qk_norm", n): "followed by BatchNorm" for n in ("levit_bn", "efficientformer_v2_bn")},
+    **{("qk_norm", n): "followed by BatchNorm" for n in ("levit_bn", "efficientformer_v2_bn", "efficientvit_msra_bn")},
     # W_O is a 1×1 conv, a Linear/Conv + BatchNorm, or absent (csatv2): output_projection finds Linear / Conv1D only
     **{("ns_attention", n): "no output projection W_O found" for n in ("maxxvit_conv", "halo_conv", "bottleneck_conv",
                                                                       "pwise_conv", "csatv2_spatial",
                                                                       "conv_structural", "levit_bn",
-                                                                      "efficientformer_v2_bn")},
+                                                                      "efficientformer_v2_bn", "efficientvit_msra_bn")},
 }
 # (method, family) -> why the output is unchanged although the method applied: CSATv2's spatial attention reads
 # LayerNorm(1) of its input, i.e. the norm's bias (0 at init), so its q and k are constant over the positions and only
@@ -73,7 +73,7 @@ def test_applies_or_refuses_in_one_line(method, name):
     params = dict(base.named_parameters())
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rep = apply(model, method)
-    assert len(rep.entries) + len(rep.skipped) == case.attention_layers
+    assert rep.layers(method) + len({e.module.partition("#")[0] for e in rep.skipped}) == case.attention_layers
     assert len(rep.skipped) == SKIPPED.get((method, name), 0), [e.detail for e in rep.skipped]
     keys = set(model.state_dict())
     assert (keys > set(base.state_dict())) if method in ADDS_KEYS else keys == set(base.state_dict())

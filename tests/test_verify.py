@@ -140,3 +140,41 @@ def test_accepting_the_leak_renames_no_run():
     a = conditioning_spec(method="embedded").identity()
     b = conditioning_spec(method="embedded", causal_leak="accept").identity()
     assert a == b and "causal_leak" not in a
+
+
+class Outlookish(nn.Module):
+    """An attention-named class whose Linear children are not named as W_Q/W_K/W_V (VOLO's outlooker: v, attn,
+    proj): the registration hint must not present them as q/k/v."""
+
+    def __init__(self, dim=16):
+        super().__init__()
+        self.num_heads, self.v, self.attn, self.proj = 2, nn.Linear(dim, dim), nn.Linear(dim, 9), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.proj(self.v(x)) + self.attn(x).mean(-1, keepdim=True)
+
+
+class OutlookishAttention(Outlookish):
+    pass
+
+
+def test_hints_name_real_submodules_or_none():
+    model = nn.Sequential(OutlookishAttention())
+    with pytest.raises(ValueError) as err:
+        condattn.apply_conditioning(model, "spectral")
+    msg = str(err.value)
+    assert "separate((m.v, m.YOUR_W_K, m.YOUR_W_Q))" not in msg
+    assert "m.YOUR_W_Q, m.YOUR_W_K, m.v" in msg and "children are ['v', 'attn', 'proj']" in msg
+    assert "m.attn" not in msg.split("register it from your code:")[1]
+
+
+def test_a_model_without_attention_says_so():
+    with pytest.raises(ValueError, match="Sequential has no attention layer"):
+        condattn.apply_conditioning(nn.Sequential(nn.Linear(4, 4)), "spectral")
+
+
+def test_a_kind_selector_on_a_model_without_kinds_is_refused():
+    model = _model(Stacked)
+    with pytest.raises(ValueError, match="detr_attention=\\['encoder'\\] selects attention kinds.*would be ignored"):
+        condattn.apply_conditioning(model, "spectral", detr_attention=["encoder"])
+    assert condattn.conditioning_report(model) is None

@@ -342,20 +342,36 @@ def unmatched_attention(model: nn.Module, sites: list[AttentionSite]) -> list[tu
     return [(n, m) for n, m in attention_layers(model) if not any(_covers(s.name, n) for s in sites)]
 
 
+ROLE_NAMES = {  # child names that say which role a projection holds (the structural layout's, and a few more)
+    "q": ("q", "query", "q_proj", "to_q", "wq", "q_lin", "query_proj", "linear_q", "w_q"),
+    "k": ("k", "key", "k_proj", "to_k", "wk", "k_lin", "key_proj", "linear_k", "w_k"),
+    "v": ("v", "value", "v_proj", "to_v", "wv", "v_lin", "value_proj", "linear_v", "w_v"),
+}
+FUSED_NAMES = ("qkv", "c_attn", "wqkv", "qkv_proj", "to_qkv", "w_pack", "query_key_value", "in_proj")
+
+
 def layout_snippet(m: nn.Module) -> str:
-    """The user-side registration for an unmatched attention class (README, "Apply a method to your own model")."""
+    """The user-side registration for an unmatched attention class (README, "Apply a method to your own model"). It
+    names only submodules the class really has: a fused projection or q/k/v children found by their names, else
+    placeholders (YOUR_W_Q, ...) with the class's actual Linear / 1×1-conv children listed."""
     t = type(m)
     lay = "my_" + t.__name__.lower()
-    lins = [n for n, c in m.named_children() if isinstance(c, nn.Linear)]
-    fused = [n for n in lins if "qkv" in n.lower() or n == "query_key_value"]
-    heads = next((a for a in HEADS if isinstance(getattr(m, a, None), int)), "num_heads")
+    lins = [n for n, c in m.named_children() if isinstance(c, nn.Linear) or is_pointwise_conv(c)]
+    fused = [n for n in lins if n.lower() in FUSED_NAMES]
+    found = {r: next((n for n in lins if n.lower() in names), None) for r, names in ROLE_NAMES.items()}
+    heads = next((a for a in HEADS if isinstance(getattr(m, a, None), int)), None)
+    h = f"m.{heads}" if heads else "YOUR_NUM_HEADS"
+    note = "" if heads else "  # no head count found on the module: give it"
     if fused:
-        roles = f"stacked(m.{fused[0]}, m.{heads})  # or interleaved(...) when the output is per head [q;k;v]"
-        body = [f"head_dim, proj = {roles}", f"return AttentionSite(name, m, {lay!r}, m.{heads}, head_dim, proj)"]
+        roles = f"stacked(m.{fused[0]}, {h})  # or interleaved(...) when the output is per head [q;k;v]"
+        body = [f"head_dim, proj = {roles}", f"return AttentionSite(name, m, {lay!r}, {h}, head_dim, proj){note}"]
     else:
-        q, k, v = (lins + ["q", "k", "v"])[:3] if len(lins) >= 3 else ("q", "k", "v")
-        body = [f"proj = separate((m.{q}, m.{k}, m.{v}))  # the Linears holding W_Q, W_K, W_V",
-                f"return AttentionSite(name, m, {lay!r}, m.{heads}, proj['q'].out_features // m.{heads}, proj)"]
+        names = [f"m.{found[r]}" if found[r] else f"m.YOUR_W_{r.upper()}" for r in ROLES]
+        what = "the Linears holding W_Q, W_K, W_V"
+        if not all(found.values()):
+            what = f"name {what}: its Linear / 1×1-conv children are {lins or 'none'}"
+        body = [f"proj = separate(({', '.join(names)}))  # {what}",
+                f"return AttentionSite(name, m, {lay!r}, {h}, proj['q'].out_features // {h}, proj){note}"]
     return (f"    from condattn.conditioning import AttentionSite, attention_layout, separate, stacked, interleaved\n"
             f"    from {t.__module__} import {t.__qualname__.split('.')[0]}\n\n"
             f"    @attention_layout({lay!r})\n    def {lay}(name, m):\n"
@@ -419,9 +435,10 @@ def require_attention(model: nn.Module, method: str, partial: bool = False) -> t
         return sites, warn
     kind = type(model).__name__
     if not missing:
-        raise ValueError(f"{method}: no attention module of {kind} matches a known layout (known layouts: "
-                         f"{', '.join(ATTENTION_LAYOUTS)}); register one for your attention class with "
-                         "condattn.conditioning.attention_layout (README, 'Apply a method to your own model')")
+        raise ValueError(f"{method}: {kind} has no attention layer: no module's class says attention and no layout "
+                         "matches one (nothing was changed). If it has attention under another name, register a layout "
+                         "for it with condattn.conditioning.attention_layout (README, 'Apply a method to your own "
+                         "model')")
     by_class: dict[type, list[str]] = {}
     for n, m in missing:
         by_class.setdefault(type(m), []).append(n)
@@ -431,8 +448,9 @@ def require_attention(model: nn.Module, method: str, partial: bool = False) -> t
         m = dict(model.named_modules())[names[0]]
         lines.append(f"  {cls.__module__}.{cls.__qualname__} ({len(names)}×, e.g. {names[0] or '<model>'}): "
                      f"{why_unmatched(m)}")
-    first = dict(model.named_modules())[next(iter(by_class.values()))[0]]
-    lines.append("register it from your code:\n" + layout_snippet(first))
+    open_ = [names[0] for names in by_class.values() if not refusal(dict(model.named_modules())[names[0]])]
+    if open_:  # (a refused class has no registration that could patch it: no snippet for it)
+        lines.append("register it from your code:\n" + layout_snippet(dict(model.named_modules())[open_[0]]))
     raise ValueError("\n".join(lines))
 
 
