@@ -113,3 +113,15 @@ def stale_parts(recorded: dict | None, now: dict[str, str]) -> list[str]:
     recorded none: it predates fingerprints)."""
     recorded = recorded or {}
     return [p for p in now if recorded.get(p) != now[p]]
+
+
+_AT_START: dict[str, object] = {}
+
+
+def at_start() -> dict[str, object]:
+    """{"commit", "code"} of the code this process runs: read once, when it first trains (the trainer calls this
+    before building anything), so a process that trains many cells records the code it loaded, not the files edited
+    on disk since (a long table run beside development)."""
+    if not _AT_START:
+        _AT_START.update(commit=git_commit(), code=code_fingerprint())
+    return dict(_AT_START)

@@ -76,8 +76,7 @@ def build_summary(run: Any, metrics: dict, budget: dict, diagnostics: dict) -> d
         "hardware_line": provenance.describe(hw),
         "launch": {**launch_info(cfg), "resumed_at_steps": list(state.resumes)},
         "versions": provenance.versions(),
-        "commit": provenance.git_commit(),
-        "code": provenance.code_fingerprint(),
+        **provenance.at_start(),  # commit and code fingerprint of the code this process loaded
         "data": {"checksum": run.data.checksum, **run.data.info},
         "patch": run.report.to_dict(),
         "diagnostics": diagnostics,

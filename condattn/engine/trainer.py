@@ -23,7 +23,7 @@ import torch
 
 from ..runs import RunLock, summary_is_finished
 from ..utils.ranks import launcher_rank
-from . import preflight
+from . import preflight, provenance
 from .artefacts import repair
 from .errors import TrainingDiverged, TrainingInterrupted
 from .identity import config_mismatch
@@ -41,6 +41,7 @@ def train(cfg: Any, checked: Checked | None = None) -> dict:
     directory's lock is taken (a second process on the same run waits for the first, then finds it finished); a
     directory that records another science config is refused (engine/identity.py), a finished one is returned."""
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per checkpoint file otherwise
+    provenance.at_start()  # the commit and code fingerprint the summary records: what this process loaded
     run_dir = Path(cfg.run.dir)
     checked = (checked or preflight.check_config(cfg)).raise_problems()
     lock = RunLock(run_dir) if launcher_rank() == 0 else None  # the other ranks follow rank 0 through accelerate
