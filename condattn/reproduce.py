@@ -484,7 +484,15 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
     if grid and length_check(exp, scale) and read_records and not comp.errors:
         planned += _length_cells(comp, exp, scale, reported, picks, extra, renamed, longer)
     if comp.errors:
-        raise ConfigError(_refusal(comp.errors, comp.n).lstrip(" "))
+        errors, n = comp.errors, comp.n
+        if only_rows:  # report the rows asked for (`--rows`): the others are composed for their picks only
+            def asked(name: str) -> bool:
+                run = RunId.parse(name, exp["table"], exp["rows"], exp["methods"], scale)
+                return run is None or run.row in only_rows
+            kept = {m: [x for x in names if asked(x)] for m, names in errors.items()}
+            n = sum(1 for p in parts(exp, scale, seeds, launcher) if p.row in only_rows) or n
+            errors = {m: names for m, names in kept.items() if names} or errors
+        raise ConfigError(_refusal(errors, n).lstrip(" "))
     _check_shared_dirs([spec for _, spec in planned])
     variants = {name: v for name, v in shown.items() if v}
     exp = {**exp, **({"variants": variants} if variants else {}),
@@ -717,6 +725,12 @@ def _local(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int], plan_ag
     return code
 
 
+def _say_made(p: Plan) -> None:
+    if made := p.exp.get("made_with"):
+        print(f"[reproduce] {' '.join(made['overrides'])} changes {', '.join(made['methods'])}: the table is written "
+              f"as {p.exp['output_stem']}.md, beside the default one")
+
+
 def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
     def plan_now(read_records: bool = True) -> Plan:
         return plan(exp, args.scale, seeds, list(args.overrides), args.launcher, args.only_rows, read_records)
@@ -724,8 +738,6 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
     p = plan_now(read_records=not args.force)  # --force: stage 1 of an lr grid runs again before anything picks
     if made := p.exp.get("made_with"):  # a table of other science than the file's: named by it, never over the default
         p.exp["output_stem"] = f"{p.exp.get('output_stem', p.exp['table'])}.{override_slug(made['overrides'])}"
-        print(f"[reproduce] {' '.join(made['overrides'])} changes {', '.join(made['methods'])}: the table is written "
-              f"as {p.exp['output_stem']}.md, beside the default one")
     if args.status:  # queued / running / failed / finished per cell (launch.status_lines)
         from .launch import status_lines
 
@@ -733,9 +745,11 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
         print("\n".join(status_lines(p.cells)))
         return 0
     if args.report_only:
+        _say_made(p)
         return report(p, args.scale, seeds, [], force=args.force)
     if (t := _checked(p, args, p.cells)) is None:
         return 2
+    _say_made(p)
     if p.cells[0].cfg.launcher.name in SUBMITIT_LAUNCHERS:
         return _submit(p, args, t, seeds)
     return _local(p, args, t, seeds, plan_now)
