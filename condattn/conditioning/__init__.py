@@ -11,6 +11,7 @@ family, `forms.py` how each site's attention logits are formed, `tokens.py` how 
 from . import (
     layouts,  # noqa: F401  (registers every family's layouts)
     methods,  # noqa: F401  (registers qk_norm, sigma_reparam, mimetic_init, ns_attention: methods/)
+    verify,  # noqa: F401  (registers the probe of sites matched by structure alone: sites.SITE_CHECKS)
 )
 from .api import (
     EMBEDDED_DEFAULTS,
@@ -18,9 +19,9 @@ from .api import (
     SPECTRAL_DEFAULTS,
     apply_conditioning,
     conditioning_report,
+    from_pretrained,
     remove_conditioning,
 )
-from .checkpoint import from_pretrained
 from .embedded import polar_correction
 from .forms import AttentionForm
 from .report import PatchEntry, PatchReport

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
-from . import checkpoint
+from .checkpoint import CONFIG_KEY, forget, record, saved_weights
 from .report import PatchReport
 from .spec import EMBEDDED_OPTIONS, METHODS, SPECTRAL_OPTIONS, ConditioningSpec, conditioning_spec, method_spec
 from .spectral import NotScriptable
 
 __all__ = ["EMBEDDED_DEFAULTS", "METHODS", "SPECTRAL_DEFAULTS", "apply_conditioning", "conditioning_report",
-           "remove_conditioning"]
+           "from_pretrained", "remove_conditioning"]
 
 # Every method's options, defaults, checks and which of them act: spec.py (ConditioningSpec). Defaults and the meaning
 # of each open choice: configs/conditioning/_options.yaml.
@@ -59,9 +61,10 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
     spec = conditioning_spec(method, **options) if isinstance(method, ConditioningSpec) else \
         conditioning_spec(method=method, **options)
     # the report (printed, patch_report.json, summary.json) lists only the options that act on this model
-    report = PatchReport(method=spec.method, options=spec.options)
-    state = _State(report, dict(spec.values))
     parts = [method_spec(p) for p in spec.parts]
+    report = PatchReport(method=spec.method, options=spec.options,
+                         per_layer=next((ms.name for ms in parts if ms.per_layer), None))
+    state = _State(report, dict(spec.values))
     plans = {ms.name: ms.plan(model, spec, partial) for ms in parts if ms.plan is not None}
     with _atomic(state):
         for ms in parts:
@@ -69,7 +72,7 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
                 planned = {"planned": plans[ms.name]} if ms.name in plans else {}
                 state.handles += list(ms.apply(model, spec, report, partial=partial, **planned) or [])
     model._condattn = state
-    checkpoint.record(model, spec.method, state.values)  # (a transformers config carries it into save_pretrained)
+    record(model, spec.method, state.values)  # (a transformers config carries it into save_pretrained)
     if state.handles:  # attached: TorchScript refused
         model.__prepare_scriptable__ = NotScriptable(spec.method)
     return report
@@ -100,10 +103,38 @@ def remove_conditioning(model: nn.Module) -> None:
     for h in reversed(state.handles):
         h.remove()
     model._condattn = None
-    checkpoint.forget(model)
+    forget(model)
     model.__dict__.pop("__prepare_scriptable__", None)
 
 
 def conditioning_report(model: nn.Module) -> PatchReport | None:
     state = getattr(model, "_condattn", None)
     return None if state is None else state.report
+
+
+def from_pretrained(model_class, path: str | Path, **kwargs: Any) -> nn.Module:
+    """`model_class.from_pretrained(path, **kwargs)` with the conditioning recorded in its config re-applied and
+    every saved weight (the parameters and buffers the method added included) loaded (checkpoint.py). An init-only
+    method is not re-applied (its effect is in the weights); a composite re-applies its parts that attach."""
+    model = model_class.from_pretrained(str(path), **kwargs)
+    node = dict(getattr(model.config, CONFIG_KEY, None) or {})
+    if not node:
+        return model
+    method = node.pop("method")
+    parts = [p for p in (method_spec(method).parts or (method,)) if not method_spec(p).once(node)]
+    if not parts or parts == ["none"]:
+        return model  # init-only: its effect is in the saved weights
+    plain = set(model.state_dict())
+    opts = {k for p in parts for k in method_spec(p).options}
+    apply_conditioning(model, "+".join(parts), **{k: v for k, v in node.items() if k in opts})
+    record(model, method, node)  # (the config keeps what was saved)
+    saved = saved_weights(Path(path))
+    lost = sorted(set(model.state_dict()) - plain - set(saved))
+    if lost:
+        raise ValueError(f"condattn from_pretrained: the checkpoint at {path} lacks {len(lost)} of the keys "
+                         f"{method} adds (e.g. {lost[0]}); it was not saved from a model conditioned this way")
+    with torch.no_grad():
+        state = model.state_dict()
+        for k in sorted(set(saved) & set(state)):
+            state[k].copy_(saved[k].to(state[k]))
+    return model

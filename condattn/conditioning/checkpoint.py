@@ -1,5 +1,5 @@
 """A conditioned model saves and loads whole: the conditioning is recorded in the model's own config, and
-`from_pretrained` re-applies it before the saved weights load.
+`from_pretrained` (api.py) re-applies it before the saved weights load.
 
 QK-norm and σReparam add parameters and buffers (their norms, γ, the power-iteration vector): transformers'
 `save_pretrained` writes them, but `from_pretrained` builds the plain model and drops them as unexpected keys. So
@@ -44,7 +44,7 @@ def forget(model: nn.Module) -> None:
         delattr(cfg, CONFIG_KEY)
 
 
-def _weights(path: Path) -> dict[str, torch.Tensor]:
+def saved_weights(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor saved under `path` (safetensors, sharded or not, else pytorch_model.bin)."""
     from safetensors.torch import load_file
 
@@ -55,40 +55,3 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     if (path / "model.safetensors").exists():
         return load_file(str(path / "model.safetensors"))
     return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-
-
-def from_pretrained(model_class, path: str | Path, **kwargs: Any) -> nn.Module:
-    """`model_class.from_pretrained(path, **kwargs)` with its recorded conditioning re-applied and every saved
-    weight (the parameters and buffers the method added included) loaded."""
-    from .api import apply_conditioning
-    from .spec import method_spec
-
-    model = model_class.from_pretrained(str(path), **kwargs)
-    node = dict(getattr(model.config, CONFIG_KEY, None) or {})
-    if not node:
-        return model
-    method = node.pop("method")
-    parts = [p for p in (method_spec(method).parts or (method,)) if not method_spec(p).once(node)]
-    if not parts or parts == ["none"]:
-        return model  # init-only: its effect is in the saved weights
-    plain = set(model.state_dict())
-    apply_conditioning(model, "+".join(parts) if len(parts) > 1 else parts[0],
-                       **{k: v for k, v in node.items() if k in _options(parts)})
-    record(model, method, node)  # (the config keeps what was saved)
-    saved = _weights(Path(path))
-    added = set(model.state_dict()) - plain
-    lost = sorted(added - set(saved))
-    if lost:
-        raise ValueError(f"condattn from_pretrained: the checkpoint at {path} lacks {len(lost)} of the keys "
-                         f"{method} adds (e.g. {lost[0]}); it was not saved from a model conditioned this way")
-    with torch.no_grad():
-        state = model.state_dict()
-        for k in sorted(set(saved) & set(state)):
-            state[k].copy_(saved[k].to(state[k]))
-    return model
-
-
-def _options(parts: list[str]) -> set[str]:
-    from .spec import method_spec
-
-    return {k for p in parts for k in method_spec(p).options}

@@ -33,25 +33,12 @@ def plan_attention(method: str):
     def plan(model: nn.Module, spec, partial: bool = False):
         sites, warnings = require_attention(model, method, partial)
         if not any(s.group is not None for s in sites):  # a kind selector set on a model whose sites have no kinds
-            for key in method_spec_kinds(spec):
-                if spec[key] != option_default(key):
-                    raise ValueError(f"{method}: {key}={list(spec[key])} selects attention kinds, but the attention "
-                                     f"sites of {type(model).__name__} carry none (only DETR's do), so it would be "
-                                     "ignored; drop it (nothing was changed)")
+            for key, value in spec.set_kind_options().items():
+                raise ValueError(f"{method}: {key}={list(value)} selects attention kinds, but the attention sites of "
+                                 f"{type(model).__name__} carry none (only DETR's do), so it would be ignored; drop "
+                                 "it (nothing was changed)")
         return sites, warnings
     return plan
-
-
-def method_spec_kinds(spec) -> list[str]:
-    from .spec import method_spec  # (spec.py imports this module)
-
-    return sorted(k for p in spec.parts for k in method_spec(p).site_kind_options if k in spec.values)
-
-
-def option_default(key: str):
-    from .spec import option_default as default
-
-    return default(key)
 
 
 CAUSAL_WHY = "the SVD over the sequence lets each token see later ones"

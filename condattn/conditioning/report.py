@@ -25,6 +25,9 @@ class PatchReport:
     notes: list[str] = field(default_factory=list)
     # what the caller should know was not done (partial=True: attention layers no layout matched)
     warnings: list[str] = field(default_factory=list)
+    # the method's part with one entry per attention layer (its MethodSpec.per_layer; set by apply_conditioning),
+    # which check() counts; sigma_reparam's scope=all_linear adds `sigma_reparam:linear` entries beside them
+    per_layer: str | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -42,13 +45,8 @@ class PatchReport:
     def check(self, attention_layers: int | None = None) -> None:
         """Raise if the patch does not cover the architecture: one entry per attention layer (patched or skipped)
         for the per-layer methods, exactly one embedded-token entry for CET."""
-        from .spec import method_spec  # (spec.py imports the methods, which import this module)
-
         problems = []
-        # the part with one entry per attention layer (MethodSpec.per_layer; sigma_reparam's scope=all_linear adds
-        # `sigma_reparam:linear` entries beside them)
-        parts = method_spec(self.method).parts or (self.method,)
-        per_layer = next((p for p in parts if method_spec(p).per_layer), None)
+        per_layer = self.per_layer
         if per_layer and attention_layers is not None:
             # attention layers, not sites: a layer whose heads are sites of their own (`layer#h0`) counts once
             n = len({e.module.partition("#")[0] for e in self.entries

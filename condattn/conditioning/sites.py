@@ -400,23 +400,28 @@ def why_unmatched(m: nn.Module) -> str:
                                                       "fused qkv) Linear children with a head count on the module")
 
 
-def verified(sites: list[AttentionSite]) -> tuple[list[AttentionSite], list[AttentionSite]]:
-    """(the sites kept, the sites refused): each site matched by structure alone is probed (verify.py) before
-    anything is written; its note says how it was matched and verified, a refused one's class gets the reason."""
-    from .verify import verify  # (verify.py imports this module)
+# checks every matched site passes before anything is written: (site) -> (the site, possibly re-read, or None when
+# refused; what the check found). verify.py registers the probe of sites matched by structure alone.
+SITE_CHECKS: list[Callable[[AttentionSite], tuple[AttentionSite | None, str]]] = []
 
+
+def verified(sites: list[AttentionSite]) -> tuple[list[AttentionSite], list[AttentionSite]]:
+    """(the sites kept, the sites refused) by SITE_CHECKS: each note says how the site was matched and verified, a
+    refused one's class gets the reason (why_unmatched)."""
     kept, refused = [], []
     for site in sites:
-        if site.layout != "structural":
-            kept.append(site)
-            continue
-        checked, words = verify(site)
+        checked, words = site, ""
+        for check in SITE_CHECKS:
+            checked, words = check(checked)
+            if checked is None:
+                break
         if checked is None:
             UNSUPPORTED_WHY[type(site.module)] = words
             refused.append(site)
-        else:
+            continue
+        if words:
             checked.note = f"{checked.note}; {words}" if checked.note else words
-            kept.append(checked)
+        kept.append(checked)
     return kept, refused
 
 

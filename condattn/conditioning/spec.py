@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from . import paper
 from .embedded import CAUSAL_LEAK, GRADIENTS, POSITIONS, SCALES, SOLVERS, TOKENS
 from .layouts.detr import DETR_ATTENTION  # (importing a layout module registers every family's layouts)
+from .paper import apply_conditioned_init, apply_embedded, apply_spectral, plan_attention, plan_tokens, spectral_once
 from .sites import ROLES
 from .spectral import CORRECTIONS, IDENTITY_PLACEMENTS, LAM_UNITS, MODES
 
@@ -215,6 +215,11 @@ class ConditioningSpec:
         drop = set() if site_kinds else method_spec(self.method).site_kind_options
         return {k: v for k, v in self.options.items() if k not in drop}
 
+    def set_kind_options(self) -> dict[str, Any]:
+        """The attention-kind selectors (MethodSpec.site_kind_options) given a value other than their default."""
+        kinds = method_spec(self.method).site_kind_options
+        return {k: v for k, v in self.values.items() if k in kinds and not _same(v, option_default(k))}
+
     def identity(self) -> dict[str, Any]:
         """The method and its options, those that do not act held at their defaults: two configs that differ only
         in an option that does nothing (λ under correction=svd) are one run, and the hash of every run made before
@@ -374,8 +379,8 @@ register_method(MethodSpec(
         "detr_attention": subset(DETR_ATTENTION, "conditioning.detr_attention=[encoder,decoder_cross] "
                                                  "(conditioning=none turns SCA off)"),
     },
-    plan=paper.plan_attention("spectral"), apply=paper.apply_spectral, per_layer=True,
-    init_only=paper.spectral_once, short="SCA",
+    plan=plan_attention("spectral"), apply=apply_spectral, per_layer=True,
+    init_only=spectral_once, short="SCA",
     cost="W + C folded into each W_Q/W_K/W_V per call: one weight-sized add (svd: an SVD per block per refresh)",
 ))
 register_method(MethodSpec(
@@ -391,12 +396,12 @@ register_method(MethodSpec(
         "scale": choice(SCALES),
         "causal_leak": choice(CAUSAL_LEAK),
     },
-    permissions=frozenset({"causal_leak"}), plan=paper.plan_tokens, apply=paper.apply_embedded, short="CET",
+    permissions=frozenset({"causal_leak"}), plan=plan_tokens, apply=apply_embedded, short="CET",
     cost="the polar factor of each sample's N × D token matrix per forward (Newton–Schulz steps, or one SVD)",
 ))
 register_method(composite("spectral+embedded", "spectral", "embedded", label="spectral+embedded (SCA and CET)",
                           short="SCA+CET"))
 register_method(MethodSpec("conditioned_init", {k: SPECTRAL_OPTIONS[k] for k in INIT_OPTIONS},
                            label="conditioned_init", site_kind_options=frozenset({"detr_attention"}),
-                           plan=paper.plan_attention("conditioned_init"), apply=paper.apply_conditioned_init,
+                           plan=plan_attention("conditioned_init"), apply=apply_conditioned_init,
                            per_layer=True, init_only=True, short="conditioned init"))

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .sites import AttentionSite, Projection, interleaved
+from .sites import SITE_CHECKS, AttentionSite, Projection, interleaved
 
 TOL = 1e-3
 GRIDS = (4, 7, 8, 12, 14, 16)  # probe token grids (modules with fixed windows or biases take one of them)
@@ -259,8 +259,11 @@ def _key(site: AttentionSite) -> tuple:
 
 
 def verify(site: AttentionSite) -> tuple[AttentionSite | None, str]:
-    """(the site, possibly re-read, or None when refused; what the check found, in words). Probed once per module
-    class and shape: the answer is a fact of the structure, not of the weights."""
+    """(the site, possibly re-read, or None when refused; what the check found, in words): '' for a site a named
+    layout matched. Probed once per module class and shape: the answer is a fact of the structure, not of the
+    weights."""
+    if site.layout != "structural":
+        return site, ""
     if any(p.linear.weight.device.type == "meta" for p in site.proj.values()):
         return site, "matched by structure (not verified: on the meta device, no values to run)"
     key = _key(site)
@@ -304,3 +307,6 @@ def _verify(site: AttentionSite) -> tuple[AttentionSite | None, str]:
             return site, ("matched by structure, re-read by a probe: its fused projection is interleaved per head "
                           "[q_h; k_h; v_h], not stacked [Q; K; V]")
     return None, f"{type(site.module).__name__}, matched by structure, refused by a probe: {why}"
+
+
+SITE_CHECKS.append(verify)  # (sites.require_attention runs it on every matched site)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..conditioning.spec import METHODS, method_spec
 from ..engine.twins import made_elsewhere
 from ..runs import RunId, RunRecord
 from .floors import floor_table
@@ -29,9 +30,7 @@ from .protocol import (
 )
 from .stats import fmt_n, fmt_num, fmt_p, mean_std
 
-METHOD_LABELS = {"none": "baseline", "spectral": "SCA", "embedded": "CET", "spectral+embedded": "SCA+CET",
-                 "conditioned_init": "conditioned init", "mimetic_init": "mimetic init", "qk_norm": "QK-norm",
-                 "sigma_reparam": "σReparam", "ns_attention": "NS-attention"}
+METHOD_LABELS = {m: method_spec(m).table_label for m in METHODS}  # each method's `short` (conditioning/spec.py)
 # method -> key of the papers' numbers (ci_*: the conditioned-initialisation paper's)
 PAPER_KEYS = {"embedded": "cet", "spectral": "sca", "conditioned_init": "ci_conditioned", "mimetic_init": "ci_mimetic"}
 PAPER_COLUMNS = {"cet_baseline": "paper CET: baseline", "cet": "paper CET: CET", "sca_baseline": "paper SCA: baseline",
