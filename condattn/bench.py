@@ -344,7 +344,20 @@ def render(results: list[dict], header: str) -> str:
                          f"{v.get('train_gflop_per_sample', '–')} | {v.get('achieved_tflop_per_s', '–')} | {util} |")
     for r in results:
         lines += [f"\n{r['model']}: {arm} not run: {why}" for arm, why in r.get("refused", {}).items()]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["", *cost_terms()]) + "\n"
+
+
+def cost_terms() -> list[str]:
+    """Each arm's per-step cost term, as its method declares it (MethodSpec.cost; init-only: none)."""
+    from .conditioning import method_spec
+
+    out = ["Cost terms (each method's MethodSpec):"]
+    for arm, (method, opts) in ARMS.items():
+        if method != "none":
+            ms = method_spec(method)
+            once = ms.once({**ms.options, **opts})
+            out.append(f"- {arm}: {'none per step (init only: ' + once + ')' if once else ms.cost}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
