@@ -81,3 +81,24 @@ def test_sca_on_gpt2_exports():
     with torch.no_grad():
         torch.testing.assert_close(ep.module()(ids, use_cache=False).last_hidden_state,
                                    model(ids, use_cache=False).last_hidden_state, rtol=1e-5, atol=1e-5)
+
+
+def test_transformers_init_reaches_what_sigma_reparam_adds():
+    """transformers' own initialisation (init_weights: `_init_weights` on every module) re-initialises W, and γ, v
+    follow from the new W as at application (σ_max(W) and its top right singular vector)."""
+    cls, model = _model("llama")
+    condattn.apply_conditioning(model, "sigma_reparam")
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if "sigma_" in name:
+                t.fill_(0.5)
+    for m in model.modules():
+        m._is_hf_initialized = False
+    model.init_weights()
+    attn = model.model.layers[0].self_attn
+    for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+        _, s, vh = torch.linalg.svd(proj.weight.detach())
+        torch.testing.assert_close(proj.sigma_gamma.detach(), s[0])
+        torch.testing.assert_close((proj.sigma_v @ vh[0]).abs(), torch.tensor(1.0))
+    condattn.remove_conditioning(model)
+    assert "_init_weights" not in model.__dict__ and not any("sigma" in k for k in model.state_dict())

@@ -70,14 +70,27 @@ class SigmaReparam:
         return w.flatten(1) if self._ndim() > 2 else w  # (a convolution's (out, in·k·k) view)
 
     @torch.no_grad()
-    def add_block(self, suffix: str, rows: torch.Tensor | None = None) -> None:
+    def _svd(self, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(σ_max, the top right singular vector) of a block of the current weight."""
         w = self._torch(self.holder._parameters[self.param].detach())
-        w = (w if rows is None else w[rows]).float()
-        _, s, vh = torch.linalg.svd(w, full_matrices=False)
+        _, s, vh = torch.linalg.svd((w if rows is None else w[rows]).float(), full_matrices=False)
+        return s[0], vh[0]
+
+    @torch.no_grad()
+    def add_block(self, suffix: str, rows: torch.Tensor | None = None) -> None:
+        s, v = self._svd(rows)
         dt = self.holder._parameters[self.param].dtype
-        self.holder.register_parameter(f"sigma_gamma{suffix}", nn.Parameter(s[0].to(dt).clone()))
-        self.holder.register_buffer(f"sigma_v{suffix}", vh[0].to(dt).contiguous())
+        self.holder.register_parameter(f"sigma_gamma{suffix}", nn.Parameter(s.to(dt).clone()))
+        self.holder.register_buffer(f"sigma_v{suffix}", v.to(dt).contiguous())
         self.blocks.append((suffix, rows))
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """γ and v as at application, from the current weight (after a model's own re-initialisation of it)."""
+        for suffix, rows in self.blocks:
+            s, v = self._svd(rows)
+            getattr(self.holder, f"sigma_gamma{suffix}").copy_(s)
+            getattr(self.holder, f"sigma_v{suffix}").copy_(v)
 
     def sigma(self, suffix: str, w_b: torch.Tensor) -> torch.Tensor:
         """σ = uᵀ W_b v' after one power step from the stored v; the step is stored in training mode only."""
@@ -146,10 +159,35 @@ class FoldReparam:
         return [owner.register_forward_pre_hook(self.fold), owner.register_forward_hook(self.unfold, always_call=True)]
 
 
+class InitWithSigma:
+    """A transformers model's `_init_weights`, then γ and v of the module it just initialised recomputed from its new
+    weight: transformers' init (`init_weights`, `from_pretrained` of missing keys) reaches what σReparam adds."""
+
+    def __init__(self, original):
+        self.original = original
+
+    def __call__(self, module: nn.Module) -> None:
+        self.original(module)
+        for r in module.__dict__.get("_condattn_sigmas", ()):
+            r.reset()
+
+
+def _wrap_init(model: nn.Module) -> list:
+    """Wrap `_init_weights` of every transformers PreTrainedModel inside `model` (InitWithSigma)."""
+    undo = []
+    for m in model.modules():
+        if callable(getattr(type(m), "_init_weights", None)) and hasattr(m, "config") and \
+                "_init_weights" not in m.__dict__:
+            m._init_weights = InitWithSigma(m._init_weights)
+            undo.append(Undo(m.__dict__.pop, "_init_weights", None))
+    return undo
+
+
 def _unswap(r: SigmaReparam) -> None:
     if type(r.holder) in PLAIN:
         r.holder.__class__ = PLAIN[type(r.holder)]
     r.holder.__dict__.pop("_condattn_sigma", None)
+    r.holder.__dict__.pop("_condattn_sigmas", None)
 
 
 def _drop_all(reparams: list[SigmaReparam]) -> None:
@@ -162,10 +200,11 @@ def _attach(reparams: list[SigmaReparam]) -> list:
     handles: list = []
     by_owner: dict[int, tuple[nn.Module, list[SigmaReparam]]] = {}
     for r in reparams:
+        r.holder.__dict__.setdefault("_condattn_sigmas", []).append(r)  # (InitWithSigma finds them there)
+        handles.append(Undo(_unswap, r))
         if r.owner is r.holder and r.param == "weight" and type(r.holder) in SWAPPED:
             r.holder._condattn_sigma = r
             r.holder.__class__ = SWAPPED[type(r.holder)]
-            handles.append(Undo(_unswap, r))
         else:
             by_owner.setdefault(id(r.owner), (r.owner, []))[1].append(r)
     for owner, rs in by_owner.values():
@@ -228,7 +267,7 @@ def apply_sigma_reparam(model: nn.Module, report: PatchReport, scope: str = "att
     reparams = _attention_reparams(sites, partition, report)
     if scope == "all_linear":
         _other_weights(model, reparams, report)
-    handles = _attach(list(reparams.values()))
+    handles = _attach(list(reparams.values())) + _wrap_init(model)
     handles.append(Undo(_drop_all, list(reparams.values())))
     blocks = sum(len(r.blocks) for r in reparams.values())
     report.notes.append(f"sigma_reparam adds {blocks} learnable γ (init σ_max(W)) and {blocks} power-iteration "
