@@ -251,7 +251,7 @@ def table(groups: list[Group], metric: str, level: float = 0.95) -> tuple[str, l
     rows = []
     ref = [scale * float(s["metrics"][metric]) for s in groups[0].summaries if metric in s["metrics"]]
     vals_of = [[scale * float(s["metrics"][metric]) for s in g.summaries if metric in s["metrics"]] for g in groups]
-    higher = not metric.endswith("loss")
+    higher = not metric.endswith(("loss", "ppl", "perplexity"))
     tests = verdicts(ref, [(i, v, "primary") for i, v in enumerate(vals_of) if i > 0], higher)
     methods = set()
     for i, g in enumerate(groups):

@@ -137,11 +137,11 @@ def lr_bound(exp: dict, scale: str) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def selection_seeds(exp: dict, scale: str) -> list[int]:
+def selection_seeds(exp: dict, scale: str, reported: list[int] | None = None) -> list[int]:
     """The seeds that pick each row's lr (`selection_seeds`, at least 2): never reported, disjoint from the
-    reported seeds."""
+    reported seeds (the scale's, or `reported`: the ones this command reports, --seeds)."""
     sel = (exp["scales"].get(scale) or {}).get("selection_seeds") or []
-    reported = set((exp["scales"].get(scale) or {}).get("seeds") or [])
+    reported = set((exp["scales"].get(scale) or {}).get("seeds") or []) | set(reported or [])
     if len(sel) < 2 or len(set(sel)) != len(sel) or reported & set(sel):
         raise ConfigError(f"scales.{scale}.selection_seeds={sel!r} in {exp['table']}: an lr grid needs at least 2 "
                           f"distinct selection seeds, disjoint from the reported seeds {sorted(reported)}, e.g. "
@@ -218,8 +218,10 @@ class LrPick:
 
     @property
     def at_bound(self) -> bool:
-        return self.pick is not None and (math.isclose(self.pick, self.bound[0]) or
-                                          math.isclose(self.pick, self.bound[1]))
+        """The pick is an edge of the grid that the bound stops from growing."""
+        grid = sorted(self.lrs)
+        return self.pick is not None and len(grid) > 1 and self.pick in (grid[0], grid[-1]) and \
+            self.next_step(self.pick) is None
 
     def as_dict(self) -> dict:
         return {"key": self.key, "base_lr": self.base_lr, "lrs": self.lrs, "seeds": self.seeds,
@@ -254,13 +256,29 @@ class _Composer:
     def __init__(self) -> None:
         self.errors: dict[str, list[str]] = {}
         self._base: dict[tuple, Any] = {}
+        self._cells: dict[tuple, Any] = {}
         self.n = 0  # cells composed
 
     def cell(self, name: str, overrides: list[str]) -> RunSpec | None:
+        """The composed cell. Cells that differ only in `seed=` and `run.name=` compose once: the others are a copy
+        with those two keys set (a table of 10 seeds composes each row × method × lr once, not ten times)."""
+        import copy
+
         self.n += 1
+        rest = tuple(o for o in overrides if not o.startswith(("seed=", "run.name=")))
         try:
-            return RunSpec(name, overrides, compose_cell(overrides))
-        except ConfigError as e:
+            if rest not in self._cells:
+                self._cells[rest] = compose_cell(overrides)
+                return RunSpec(name, overrides, copy.deepcopy(self._cells[rest]))
+            cfg = copy.deepcopy(self._cells[rest])
+            for o in overrides:
+                key, _, value = o.partition("=")
+                if key == "seed":
+                    cfg.seed = int(value)
+                elif key == "run.name":
+                    cfg.run.name = value
+            return RunSpec(name, overrides, cfg)
+        except (ConfigError, ValueError) as e:
             self.errors.setdefault(str(e), []).append(name)
             return None
 
@@ -341,7 +359,7 @@ def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list
         comp.errors.setdefault(str(e), []).append(first.name)
         return [], None
     table = exp["table"]
-    sel = [_reseeded(first, s, table, scale) for s in selection_seeds(exp, scale)]
+    sel = [_reseeded(first, s, table, scale) for s in selection_seeds(exp, scale, [p.seed for p in group])]
     pick = LrPick(first.row, selection_key(exp, first.row, scale), base_lr, {}, [p.seed for p in sel],
                   lr_bound(exp, scale))
     out: list[tuple[Part, RunSpec]] = []
@@ -385,12 +403,16 @@ def length_check(exp: dict, scale: str) -> tuple[int, int] | None:
 
 
 def _finished_values(exp: dict, scale: str, row: str, specs: list[RunSpec]) -> list[float] | None:
-    """The reported metric of every planned reported run of a group, or None while any has not finished."""
+    """The reported metric of the finished runs of a group once every one of them has ended (a failed run counts as
+    ended, and is left out), or None while any is still to run."""
     key = row_metric(exp, scale, row)
     vals = []
     for c in specs:
-        s = RunRecord(c.run_dir).summary
+        rec = RunRecord(c.run_dir)
+        s = rec.summary
         if s is None or key not in s["metrics"]:
+            if rec.status == "failed":
+                continue
             return None
         vals.append(float(s["metrics"][key]))
     return vals
@@ -448,11 +470,12 @@ def override_slug(overrides: list[str]) -> str:
 
 
 def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: str = "local",
-         only_rows: list[str] | None = None, read_records: bool = True) -> Plan:
+         only_rows: list[str] | None = None, read_records: bool = True, full: bool = True) -> Plan:
     """Every cell of the table at this scale, composed and named, without side effects (it reads run records, writes
     nothing). With an lr grid, a row's other seeds are planned once its stage-1 runs have ended (`read_records`
-    False, as under --force: none has). The cells of rows outside `only_rows` are planned too (their variants and
-    picks name the runs the table shows) but not returned to train. ConfigError: the overrides that do not compose
+    False, as under --force: none has). The cells of rows outside `only_rows` are planned too when `full` (their
+    variants and picks name the runs the table shows) but never returned to train; a plan that only trains
+    (`full=False`) skips them. ConfigError: the overrides that do not compose
     (one message each), an optim.lr override beside an lr grid, cells that would share a run dir."""
     grid = lr_grid(exp, scale)
     if grid and (bad := [o for o in extra if o.split("=", 1)[0].lstrip("+~") == "optim.lr"]):
@@ -467,6 +490,8 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
     reported: dict[tuple, list[tuple[Part, RunSpec]]] = {}
     changed: set[str] = set()
     for group in groups.values():
+        if not full and only_rows is not None and not group[0].pretrain and group[0].row not in only_rows:
+            continue
         if extra and not group[0].pretrain and _changes(comp, group[0], extra):
             changed.add(group[0].method)
         if grid and not group[0].pretrain:
@@ -500,6 +525,8 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
            **({"longer": {"factor": length_check(exp, scale)[0], "variants": longer}} if longer else {}),
            **({"made_with": {"overrides": [o for o in extra if is_science_key(o.split("=", 1)[0].lstrip("+~"))],
                              "methods": sorted(changed)}} if changed else {})}
+    if made := exp.get("made_with"):  # a table of other science than the file's: named by it, never over the default
+        exp["output_stem"] = f"{exp.get('output_stem', exp['table'])}.{override_slug(made['overrides'])}"
     todo = [spec for part, spec in planned if part.pretrain or only_rows is None or part.row in only_rows]
     first = planned[0][1].cfg
     return Plan(exp, todo, picks, Path(first.paths.runs), Path(first.paths.results))
@@ -673,7 +700,7 @@ def _submit(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int]) -> int
             print(f"[reproduce] {t.queued} cells are still queued or running; run the same command again once they "
                   f"end (lr grids: their stage 2), then `make report-table-N SCALE={args.scale}` writes the table")
             return 0
-        return 0 if args.dry_run else report(p, args.scale, seeds, [])
+        return 0 if args.dry_run else report(args.full_plan() if args.only_rows else p, args.scale, seeds, [])
     if args.force and not args.dry_run:
         for c in [*t.pending, *t.stale]:  # a requeued job must resume, never wipe: clear the run dirs now instead
             shutil.rmtree(c.run_dir, ignore_errors=True)
@@ -681,7 +708,7 @@ def _submit(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int]) -> int
         failed = submit(t.pending, launcher, p.exp["table"], args.scale, dry_run=args.dry_run, stop=stop)
     if args.dry_run or (launcher.name == "slurm" and not launcher.get("wait")):
         return 0
-    return report(p, args.scale, seeds, failed)
+    return report(args.full_plan() if args.only_rows else p, args.scale, seeds, failed)
 
 
 def _local(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int], plan_again) -> int:
@@ -706,9 +733,9 @@ def _local(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int], plan_ag
         res = run_local(pending, exp["metric"], force=args.force,
                         needs=lambda name, exp=exp: needs(exp, name, args.scale))
         failed += res.failed
-        if res.interrupted or not p.waiting:
+        if res.interrupted or not (p.waiting or length_check(p.exp, args.scale)):
             break
-        p = plan_again()  # stage 1 has run: the picks add the rows' other seeds
+        p = plan_again()  # a stage has run: the picks add the rows' other seeds, the verdicts the length check
         new = [c for c in p.cells if c.name not in attempted]
         if not new:
             break
@@ -716,7 +743,7 @@ def _local(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int], plan_ag
             return 2
         if not (pending := [c for c in t.pending if c.name not in attempted]):
             break
-    code = report(p, args.scale, seeds, failed)
+    code = report(args.full_plan() if args.only_rows else p, args.scale, seeds, failed)
     if res.interrupted:
         print(f"[reproduce] stopped: {len(res.failed)} cell(s) interrupted or failed, {len(res.not_started)} not "
               "started. Finished cells are kept; rerun the same command to finish the missing ones (interrupted "
@@ -732,12 +759,13 @@ def _say_made(p: Plan) -> None:
 
 
 def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
-    def plan_now(read_records: bool = True) -> Plan:
-        return plan(exp, args.scale, seeds, list(args.overrides), args.launcher, args.only_rows, read_records)
+    def plan_now(read_records: bool = True, full: bool = False) -> Plan:
+        """A plan of the cells to train (`full`: also the other rows' picks and variants, which the table reads)."""
+        return plan(exp, args.scale, seeds, list(args.overrides), args.launcher, args.only_rows, read_records,
+                    full=full or args.only_rows is None)
 
+    args.full_plan = lambda: plan_now(full=True)
     p = plan_now(read_records=not args.force)  # --force: stage 1 of an lr grid runs again before anything picks
-    if made := p.exp.get("made_with"):  # a table of other science than the file's: named by it, never over the default
-        p.exp["output_stem"] = f"{p.exp.get('output_stem', p.exp['table'])}.{override_slug(made['overrides'])}"
     if args.status:  # queued / running / failed / finished per cell (launch.status_lines)
         from .launch import status_lines
 
@@ -746,7 +774,7 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
         return 0
     if args.report_only:
         _say_made(p)
-        return report(p, args.scale, seeds, [], force=args.force)
+        return report(args.full_plan() if args.only_rows else p, args.scale, seeds, [], force=args.force)
     if (t := _checked(p, args, p.cells)) is None:
         return 2
     _say_made(p)
@@ -772,8 +800,8 @@ def report(p: Plan, scale: str, seeds: list[int], failed: list[str], force: bool
     md_path, md = renderer_for(p.exp)(p.exp, scale, p.runs_root, p.results_root, seeds)
     before = old.get(md_path)
     if before is not None and not force and _missing(md) > _missing(before.decode(errors="replace")):
-        for f in out.glob(f"{stem}.*"):
-            if f not in old and f.suffix in (".md", ".csv", ".png"):
+        for f in (out / f"{stem}{ext}" for ext in (".md", ".csv", ".png")):
+            if f not in old and f.exists():
                 f.unlink()
         for f, data in old.items():
             f.write_bytes(data)

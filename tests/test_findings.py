@@ -56,3 +56,14 @@ def test_verdicts_follow_the_adjusted_p_and_limits_are_named():
 def test_readme_block_needs_its_markers():
     with pytest.raises(ValueError, match="findings:small:begin"):
         findings.readme_block("# no markers", "small", "x")
+
+
+def test_partial_tables_are_not_findings(tmp_path):
+    """A `--rows` or override table beside the default one (table9_readings.rows-vit_.csv) is left out, never a crash."""
+    import shutil
+
+    (tmp_path / "small").mkdir()
+    src = REPO / "results" / "small" / "table9_readings.csv"
+    shutil.copy(src, tmp_path / "small" / "table9_readings.csv")
+    shutil.copy(src, tmp_path / "small" / "table9_readings.rows-vit_.csv")
+    assert {f.table for f in findings.collect("small", tmp_path)} == {"table9_readings"}

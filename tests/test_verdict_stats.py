@@ -5,6 +5,7 @@ the number formats that must never round a value away."""
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -67,3 +68,18 @@ def test_mde_at_the_corrected_alpha_is_larger_and_formats_keep_digits():
     assert mde(0.33, 10, alpha=0.05 / 8) > mde(0.33, 10) > mde(0.33, 20)
     assert fmt_num(0.0147) == "0.0147" and fmt_num(1.0912) == "1.09" and fmt_num(None) == "–"
     assert fmt_p(0.027) == "0.027" and fmt_p(0.0079) == "0.0079" and fmt_p(3.1e-6) == "3.1e-06"
+
+
+def test_nan_never_wipes_a_family_and_a_declared_row_without_a_test_still_counts():
+    from condattn.reporting.protocol import verdicts
+
+    assert holm([math.nan, 0.001, 0.01]) == [None, pytest.approx(0.002), pytest.approx(0.01)]
+    assert welch_p([1.0, 2.0, math.nan], [3.0, 4.0, 5.0]) == pytest.approx(welch_p([1.0, 2.0], [3.0, 4.0, 5.0]))
+    base = [96.0, 96.2, 95.9, 96.1, 96.0]
+    arms = [("a", [96.9, 97.0, 96.8, 97.1, 96.9], "primary"), ("b", [96.0], "primary"),
+            ("c", [96.1, 96.0, 96.2, 95.9, 96.0], "primary")]
+    out = verdicts(base, arms)
+    assert out["b"].p is None and out["b"].p_adj is None  # one seed: no test ...
+    raw_a = welch_p(base, arms[0][1])
+    assert out["a"].p_adj == pytest.approx(3 * raw_a)  # ... but the family is the 3 declared rows, not 2
+    assert out["a"].mde_corrected == pytest.approx(mde(statistics.stdev(base), 5, alpha=0.05 / 3))

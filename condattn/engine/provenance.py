@@ -76,10 +76,11 @@ def describe(hw: dict) -> str:
 # (a hash of the files' contents, so an uncommitted edit counts too), and a table says where one reading's runs differ.
 # Engine files that only record, report, plan or name runs are left out: editing them changes no number.
 CODE_PARTS = {
-    "conditioning": ("condattn/conditioning",),
+    "conditioning": ("condattn/conditioning", "condattn/diagnostics"),  # diagnostics: table 9's step-0 columns
     "model": ("condattn/models",),
     "task": ("condattn/tasks", "condattn/data"),
-    "engine": ("condattn/engine", "condattn/train.py", "condattn/config.py"),
+    # utils/typed_config.py: the defaults of impl/optim/task keys a recipe leaves unset (weight decay, warm-up, ...)
+    "engine": ("condattn/engine", "condattn/train.py", "condattn/config.py", "condattn/utils/typed_config.py"),
 }
 NOT_RESULT = tuple(f"condattn/engine/{f}" for f in (
     "cost.py", "flops.py", "logging.py", "errors.py", "provenance.py", "summary.py", "twins.py", "identity.py",

@@ -147,7 +147,8 @@ def table_findings(csv_path: Path, scale: str, experiments: Path = REPO / "exper
 def collect(scale: str, results: Path = REPO / "results") -> list[Finding]:
     out = []
     for path in sorted((results / scale).glob("table*.csv")):
-        out += table_findings(path, scale)
+        if "." not in path.stem:  # the default tables only: `<table>.rows-…` and `<table>.<overrides>` are partial
+            out += table_findings(path, scale)
     return out
 
 

@@ -78,6 +78,7 @@ class Target:
     value: float | None
     gain: float | None  # mean over seeds of the metric's gain over the last quarter (sign: better is positive)
     loss_fall: float | None  # mean over seeds of the validation loss's fall over the last quarter, in %
+    final: float | None = None  # the baseline's final mean validation value (the plateau line measures against it)
 
     @property
     def converged(self) -> bool | None:
@@ -106,13 +107,15 @@ def baseline_target(summaries: list[dict], key: str, multiplier: float, higher_i
     """The steps-to-target target and the convergence figure from the baseline's runs' validation curves. The target
     is the baseline's mean validation value at half its training (the last evaluation at or before half its steps),
     a level every row that learns reaches: never its own final mean, which half of its own seeds miss."""
-    halves, gains, falls = [], [], []
+    halves, finals, gains, falls = [], [], [], []
     sign = 1.0 if higher_is_better else -1.0
     for s in summaries:
         c = curve(s, key, multiplier)
         total = int(s.get("steps") or (c[-1][0] if c else 0))
         if half := [v for st, v in c if 0 < st <= total / 2]:
             halves.append(half[-1])
+        if c:
+            finals.append(c[-1][1])
         if (g := last_quarter_change(c, total)) is not None:
             gains.append(sign * g)
         loss = curve(s, "loss")
@@ -120,7 +123,7 @@ def baseline_target(summaries: list[dict], key: str, multiplier: float, higher_i
             start = [v for st, v in loss if st <= 0.75 * total][-1]
             falls.append(-100.0 * d / start if start else 0.0)
     return Target(statistics.fmean(halves) if halves else None, statistics.fmean(gains) if gains else None,
-                  statistics.fmean(falls) if falls else None)
+                  statistics.fmean(falls) if falls else None, statistics.fmean(finals) if finals else None)
 
 
 def steps_column(summaries: list[dict], target: float | None, key: str, multiplier: float,
@@ -141,7 +144,8 @@ def steps_column(summaries: list[dict], target: float | None, key: str, multipli
 def plateau_text(steps: list[int | None], total: int) -> str:
     """A line when the baseline got to its own final level in the first half of training (median over seeds): its
     convergence figure then holds because it plateaued early, not because it learned the task, and the table says
-    so; "" otherwise. `steps`: the baseline's per-seed steps to its target; `total`: its last evaluated step."""
+    so; "" otherwise. `steps`: the baseline's per-seed steps to its final mean validation level (`Target.final`, not
+    the half-training target, which half its seeds reach by half by construction); `total`: its last evaluated step."""
     med = median_steps(steps) if steps else None
     if med is None or not total or med > total / 2:
         return ""
@@ -160,8 +164,11 @@ def verdicts(base: list[float], arms: list[tuple[str, list[float], str]], higher
     out = {}
     for hyp, correct, name in (("primary", holm, "holm"), ("exploratory", benjamini_hochberg, "bh")):
         fam = [(k, v) for k, v, h in arms if h == hyp]
-        adjusted = correct([raw[k] for k, _ in fam])
-        m = max(sum(raw[k] is not None for k, _ in fam), 1)
+        # the family is every declared row: one without a test yet counts as p = 1, so the others are never
+        # corrected for fewer comparisons than were declared
+        adjusted = correct([1.0 if raw[k] is None else raw[k] for k, _ in fam])
+        adjusted = [None if raw[k] is None else a for (k, _), a in zip(fam, adjusted)]
+        m = max(len(fam), 1)
         for (k, v), adj in zip(fam, adjusted):
             n = min(len(v), len(base))
             out[k] = Verdict(diff_ci(base, v), raw[k], adj, permutation_p(base, v), name,

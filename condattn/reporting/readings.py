@@ -174,7 +174,7 @@ def _long_text(r: dict) -> str:
     return f"{lt.ci.text()} (n={len(lc.values)}{change})"
 
 
-def convergence_line(rows: list[dict], task: str) -> str:
+def convergence_line(exp: dict, rows: list[dict], task: str) -> str:
     """The baseline's convergence test: its gain at factor × steps (same seeds) against its MDE at α = 0.05."""
     base = next((x for x in rows if x["task"] == task and x["is_baseline"]), None)
     if base is None or base["long_cell"] is None or len(base["cell"].values) < 2:
@@ -183,7 +183,8 @@ def convergence_line(rows: list[dict], task: str) -> str:
     lc, c = base["long_cell"], base["cell"]
     both = set(lc.seeds) - set(lc.missing)
     one = [v for sd, v in zip([sd for sd in c.seeds if sd not in c.missing], c.values) if sd in both]
-    gain = statistics.fmean(lc.values) - statistics.fmean(one) if one and lc.values else None
+    sign = 1.0 if higher_is_better(exp) else -1.0  # a gain is an improvement: a lower loss for a loss
+    gain = sign * (statistics.fmean(lc.values) - statistics.fmean(one)) if one and lc.values else None
     mde_05 = next((x["test"].mde for x in rows if x["task"] == task and x["test"] and x["test"].mde), None)
     if gain is None or mde_05 is None:
         return f"Convergence ({task}): not tested (no paired seeds or no MDE)."
@@ -268,11 +269,14 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
         for f in ((floors or {}).get(task) or {}).get("floors", []):  # same split, a classical model: not a method
             lines.append(f"| {f['label']} | – | {100 * f['value']:.2f} ({f['split']}) | – |" + " – |" * (len(head) - 4))
         base = next((x for x in rows if x["task"] == task and x["is_baseline"]), None)
-        lines += ["", convergence_line(rows, task)]
+        lines += ["", convergence_line(exp, rows, task)]
         if base and base["target"]:
             lines += ["", base["target"].text()]
             total = max((int(s.get("steps") or 0) for s in base["cell"].summaries), default=0)
-            if plateau := protocol.plateau_text(base["steps"][1], total):
+            to_final = protocol.steps_column(base["cell"].summaries, base["target"].final,
+                                             (exp.get("curve") or {}).get("key", "acc"), multiplier(exp),
+                                             higher_is_better(exp))[1]
+            if plateau := protocol.plateau_text(to_final, total):
                 lines += ["", plateau]
     found = [(f"{r['task']}: {r['reading']}" + (" (exploratory)" if r["hypothesis"] == "exploratory" else ""),
               r["test"]) for r in rows if r["test"] is not None]

@@ -90,11 +90,17 @@ def diff_ci(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> Diff
     return welch_ci(a, b, level)
 
 
+def finite(values: Sequence[float]) -> list[float]:
+    """The finite values (a diverged run's NaN or inf is not a measurement)."""
+    return [float(v) for v in values if math.isfinite(v)]
+
+
 def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """The two-sided p of Welch's t-test for mean(b) ≠ mean(a); None with < 2 values in a group; 1.0 when both groups
-    are constant and equal, 0.0 when constant and different."""
+    """The two-sided p of Welch's t-test for mean(b) ≠ mean(a) over the finite values; None with < 2 in a group; 1.0
+    when both groups are constant and equal, 0.0 when constant and different."""
     from scipy import stats
 
+    a, b = finite(a), finite(b)
     if len(a) < 2 or len(b) < 2:
         return None
     if statistics.pvariance(a) == 0 and statistics.pvariance(b) == 0:
@@ -113,6 +119,7 @@ def permutation_p(a: Sequence[float], b: Sequence[float], max_exact: int = 200_0
 
     import numpy as np
 
+    a, b = finite(a), finite(b)
     if len(a) < 2 or len(b) < 2:
         return None
     pooled = np.asarray([*a, *b], dtype=float)
@@ -134,8 +141,9 @@ def permutation_p(a: Sequence[float], b: Sequence[float], max_exact: int = 200_0
 
 
 def holm(pvalues: Sequence[float | None]) -> list[float | None]:
-    """Holm's step-down adjusted p-values (family-wise error), in the input order; None entries are left out of the
-    family and stay None."""
+    """Holm's step-down adjusted p-values (family-wise error), in the input order; None (or NaN) entries are left out
+    of the family and stay None (callers that declared them count them as p = 1 first: see protocol.verdicts)."""
+    pvalues = [p if p is not None and math.isfinite(p) else None for p in pvalues]
     idx = sorted((i for i, p in enumerate(pvalues) if p is not None), key=lambda i: pvalues[i])  # type: ignore[arg-type,return-value]
     m = len(idx)
     out: list[float | None] = [None] * len(pvalues)
@@ -147,7 +155,8 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
 
 
 def benjamini_hochberg(pvalues: Sequence[float | None]) -> list[float | None]:
-    """Benjamini–Hochberg q-values (false discovery rate), in the input order; None entries are left out."""
+    """Benjamini–Hochberg q-values (false discovery rate), in the input order; None (or NaN) entries are left out."""
+    pvalues = [p if p is not None and math.isfinite(p) else None for p in pvalues]
     idx = sorted((i for i, p in enumerate(pvalues) if p is not None), key=lambda i: pvalues[i])  # type: ignore[arg-type,return-value]
     m = len(idx)
     out: list[float | None] = [None] * len(pvalues)

@@ -278,12 +278,11 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
         base = cells[(row, methods[0])]
         target = baseline_target(base.summaries, key, mult, higher)
         if not higher:  # a loss (table 5), not a percentage: "0.5 points" does not apply, the loss-fall criterion does
-            target = Target(target.value, None, target.loss_fall)
+            target = Target(target.value, None, target.loss_fall, target.final)
         # one pretraining run per method (table 3): every fine-tuning seed shares it, so the method is one unit and
         # no test over fine-tuning seeds can speak for it; the rows are printed, untested
         tests = {} if exp.get("pretrain") else verdicts(
             base.values, [(m, cells[(row, m)].values, "primary") for m in methods[1:]], higher)
-        base_steps: list = []
         for m in methods:
             c, t = cells[(row, m)], tests.get(m)
             steps = steps_column(c.summaries, target.value, key, mult, higher)
@@ -297,8 +296,6 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
             lines.append(f"| {row} | {labels.get(m, m)} | {ms} | {delta} | {p} | {word} | {lr} | {mdes} | {steps[0]} |")
             if t is not None:
                 found.append((f"{row} {labels.get(m, m)}", t))
-            if m == methods[0]:
-                base_steps = steps[1]
         notes += [f"{row}: {target.text()}"]
         entry, metric = (floors or {}).get(row), row_metric(exp, scale, row)
         if entry and entry.get("metric") != metric:  # cached for another metric (split): not this table's floors
@@ -307,7 +304,8 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
         elif verdict := floor_verdict(row, base.values, entry, mult, higher, digits):
             notes.append(verdict)
         total = max((int(s.get("steps") or 0) for s in base.summaries), default=0)
-        if plateau := plateau_text(base_steps, total):
+        to_final = steps_column(base.summaries, target.final, key, mult, higher)[1]
+        if plateau := plateau_text(to_final, total):
             notes.append(f"{row}: {plateau}")
     if exp.get("pretrain"):
         notes.append("The lr grid covers fine-tuning only; each method has one pretraining run, shared by all its "
