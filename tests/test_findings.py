@@ -59,7 +59,7 @@ def test_readme_block_needs_its_markers():
 
 
 def test_partial_tables_are_not_findings(tmp_path):
-    """A `--rows` or override table beside the default one (table9_readings.rows-vit_.csv) is left out, never a crash."""
+    """A `--rows` or override table beside the default one (table9_readings.rows-vit_.csv) is left out."""
     import shutil
 
     (tmp_path / "small").mkdir()
