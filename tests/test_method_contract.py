@@ -32,18 +32,41 @@ def images():
     return torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
 
 
-# method -> (build, inputs, options): every registered method needs one (test_every_registered_method_has_a_case)
+class Bert(torch.nn.Module):
+    """A tiny transformers BERT returning its last hidden state (so every family's output is one tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        import transformers as tf
+
+        torch.manual_seed(0)
+        self.bert = tf.BertModel(tf.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=DEPTH,
+                                               num_attention_heads=2, intermediate_size=64,
+                                               max_position_embeddings=32)).eval()
+
+    def forward(self, ids):
+        return self.bert(ids).last_hidden_state
+
+
+def ids():
+    return torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(3))
+
+
+FAMILIES = {"vit": (vit, images), "bert": (lambda: Bert().eval(), ids)}
+
+# method -> its options here: every registered method needs one (test_every_registered_method_has_a_case)
 CASES = {
-    "none": (vit, images, {}),
-    "spectral": (vit, images, {"lam": 2.0}),
-    "embedded": (vit, images, {}),
-    "spectral+embedded": (vit, images, {"lam": 2.0}),
-    "conditioned_init": (vit, images, {}),
-    "mimetic_init": (vit, images, {}),
-    "qk_norm": (vit, images, {}),
-    "sigma_reparam": (vit, images, {}),
-    "ns_attention": (vit, images, {}),
+    "none": {},
+    "spectral": {"lam": 2.0},
+    "embedded": {},
+    "spectral+embedded": {"lam": 2.0},
+    "conditioned_init": {},
+    "mimetic_init": {},
+    "qk_norm": {},
+    "sigma_reparam": {},
+    "ns_attention": {},
 }
+PAIRS = [(m, f) for m in CASES for f in FAMILIES]
 
 
 def missing_cases(methods, cases) -> list[str]:
@@ -62,10 +85,10 @@ def test_a_method_registered_without_a_case_fails(monkeypatch):
         test_every_registered_method_has_a_case()
 
 
-def _patched(method: str):
-    build, inputs, opts = CASES[method]
+def _patched(method: str, family: str = "vit"):
+    build, inputs = FAMILIES[family]
     model = build()
-    rep = condattn.apply_conditioning(model, method, **opts)
+    rep = condattn.apply_conditioning(model, method, **CASES[method])
     return model, inputs(), rep
 
 
@@ -74,14 +97,13 @@ def _out(model, x):
         return model(x)
 
 
-@pytest.mark.parametrize("method", list(CASES))
-def test_forward_backward_and_the_declared_facts(method):
-    build, inputs, opts = CASES[method]
-    base = build()
+@pytest.mark.parametrize(("method", "family"), PAIRS)
+def test_forward_backward_and_the_declared_facts(method, family):
+    base = FAMILIES[family][0]()
     keys = set(base.state_dict())
-    model, x, rep = _patched(method)
+    model, x, rep = _patched(method, family)
     ms = method_spec(method)
-    spec = condattn.conditioning.conditioning_spec(method=method, **opts)
+    spec = condattn.conditioning.conditioning_spec(method=method, **CASES[method])
     added = set(model.state_dict()) - keys
     assert bool(added) == ms.adds_keys, sorted(added)[:4]
     assert set(model.state_dict()) >= keys
@@ -102,14 +124,14 @@ def test_forward_backward_and_the_declared_facts(method):
             assert p.grad is not None and torch.isfinite(p.grad).all(), name
 
 
-@pytest.mark.parametrize("method", list(CASES))
-def test_remove_restores_the_model_to_the_bit(method):
-    build, inputs, _ = CASES[method]
+@pytest.mark.parametrize(("method", "family"), PAIRS)
+def test_remove_restores_the_model_to_the_bit(method, family):
+    build, inputs = FAMILIES[family]
     base, x = build(), inputs()
     before = {k: v.clone() for k, v in base.state_dict().items()}
     ref = _out(base, x)
-    model, x, rep = _patched(method)
-    spec = condattn.conditioning.conditioning_spec(method=method, **CASES[method][2])
+    model, x, rep = _patched(method, family)
+    spec = condattn.conditioning.conditioning_spec(method=method, **CASES[method])
     if method_spec(method).once(spec.values):
         with pytest.raises(RuntimeError, match="changed the weights themselves"):
             condattn.remove_conditioning(model)
@@ -117,26 +139,26 @@ def test_remove_restores_the_model_to_the_bit(method):
     condattn.remove_conditioning(model)
     after = model.state_dict()
     assert list(after) == list(before) and all(torch.equal(after[k], v) for k, v in before.items())
-    assert type(model.blocks[0].attn.qkv) is torch.nn.Linear
+    assert not any(type(m).__module__.startswith("condattn") for m in model.modules())  # classes swapped back
     assert torch.equal(_out(model, x), ref)
     assert condattn.conditioning_report(model) is None
 
 
-@pytest.mark.parametrize("method", list(CASES))
-def test_state_dict_round_trip(method):
+@pytest.mark.parametrize(("method", "family"), PAIRS)
+def test_state_dict_round_trip(method, family):
     """The patched model's state_dict loads (strict) into a fresh model patched the same way: equal outputs."""
-    model, x, _ = _patched(method)
+    model, x, _ = _patched(method, family)
     with torch.no_grad():  # move every weight, the added ones included, off its init
         for p in model.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    other, _, _ = _patched(method)
+    other, _, _ = _patched(method, family)
     other.load_state_dict(model.state_dict(), strict=True)
     assert torch.equal(_out(other, x), _out(model, x))
 
 
-@pytest.mark.parametrize("method", list(CASES))
-def test_deepcopy_and_pickle(method):
-    model, x, rep = _patched(method)
+@pytest.mark.parametrize(("method", "family"), PAIRS)
+def test_deepcopy_and_pickle(method, family):
+    model, x, rep = _patched(method, family)
     ref = _out(model, x)
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert torch.equal(_out(clone, x), ref)
