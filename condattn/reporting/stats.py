@@ -5,6 +5,7 @@ hypotheses, Benjamini–Hochberg q for exploratory rows); the minimum detectable
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import warnings
@@ -115,8 +116,6 @@ def permutation_p(a: Sequence[float], b: Sequence[float], max_exact: int = 200_0
     """The two-sided permutation p of |mean(b) − mean(a)|: exact over every relabelling of the pooled values while
     there are at most `max_exact` of them (C(10+10, 10) = 184,756), else a seeded Monte Carlo estimate (the observed
     labelling counted). Its smallest possible value is 2/C(na+nb, na) (with 5 per arm: 2/252 = 0.0079)."""
-    import itertools
-
     import numpy as np
 
     a, b = finite(a), finite(b)
@@ -132,12 +131,22 @@ def permutation_p(a: Sequence[float], b: Sequence[float], max_exact: int = 200_0
         return np.abs(sum_b / nb - (total - sum_b) / (n - nb))
 
     if math.comb(n, nb) <= max_exact:
-        idx = np.fromiter(itertools.chain.from_iterable(itertools.combinations(range(n), nb)), dtype=np.int64)
-        sums = pooled[idx.reshape(-1, nb)].sum(1)
+        sums = pooled[_combinations(n, nb)].sum(1)
         return float(np.mean(diffs(sums) >= observed - tol))
     rng = np.random.default_rng(seed)
     sums = np.array([pooled[rng.permutation(n)[:nb]].sum() for _ in range(reps)])
     return float((np.sum(diffs(sums) >= observed - tol) + 1) / (reps + 1))
+
+
+@functools.lru_cache(maxsize=8)
+def _combinations(n: int, k: int):
+    """Every k-subset of range(n) as rows of an index array (shared by every test of the same group sizes)."""
+    import itertools
+
+    import numpy as np
+
+    return np.fromiter(itertools.chain.from_iterable(itertools.combinations(range(n), k)),
+                       dtype=np.int64).reshape(-1, k)
 
 
 def holm(pvalues: Sequence[float | None]) -> list[float | None]:
