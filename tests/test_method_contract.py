@@ -52,21 +52,49 @@ def ids():
     return torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(3))
 
 
-FAMILIES = {"vit": (vit, images), "bert": (lambda: Bert().eval(), ids)}
+class Llama(torch.nn.Module):
+    """A tiny transformers Llama (causal, grouped-query attention) returning its logits."""
+
+    def __init__(self):
+        super().__init__()
+        import transformers as tf
+
+        torch.manual_seed(0)
+        self.lm = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=DEPTH,
+                                                      num_attention_heads=4, num_key_value_heads=2,
+                                                      intermediate_size=64, max_position_embeddings=32)).eval()
+
+    def forward(self, ids):
+        return self.lm(ids, use_cache=False).logits
+
+
+FAMILIES = {"vit": (vit, images), "bert": (lambda: Bert().eval(), ids), "llama": (lambda: Llama().eval(), ids)}
+# (method, family) -> the words of its one-line refusal (tests/test_methods.py holds every refusal of the zoo)
+REFUSES = {("ns_attention", "llama"): "causal"}
 
 # method -> its options here: every registered method needs one (test_every_registered_method_has_a_case)
 CASES = {
     "none": {},
     "spectral": {"lam": 2.0},
-    "embedded": {},
-    "spectral+embedded": {"lam": 2.0},
+    "embedded": {"causal_leak": "accept"},  # (a permission: nothing on the encoders; Llama is a causal decoder)
+    "spectral+embedded": {"lam": 2.0, "causal_leak": "accept"},
     "conditioned_init": {},
     "mimetic_init": {},
     "qk_norm": {},
     "sigma_reparam": {},
     "ns_attention": {},
 }
-PAIRS = [(m, f) for m in CASES for f in FAMILIES]
+PAIRS = [(m, f) for m in CASES for f in FAMILIES if (m, f) not in REFUSES]  # (the refusals: test_refusals)
+
+
+@pytest.mark.parametrize(("method", "family"), list(REFUSES))
+def test_refusals(method, family):
+    model = FAMILIES[family][0]()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=REFUSES[method, family]) as err:
+        condattn.apply_conditioning(model, method, **CASES[method])
+    assert "\n" not in str(err.value) and condattn.conditioning_report(model) is None
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
 def missing_cases(methods, cases) -> list[str]:
