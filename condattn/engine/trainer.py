@@ -41,7 +41,6 @@ def train(cfg: Any, checked: Checked | None = None) -> dict:
     directory's lock is taken (a second process on the same run waits for the first, then finds it finished); a
     directory that records another science config is refused (engine/identity.py), a finished one is returned."""
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per checkpoint file otherwise
-    provenance.at_start()  # the commit and code fingerprint the summary records: what this process loaded
     run_dir = Path(cfg.run.dir)
     checked = (checked or preflight.check_config(cfg)).raise_problems()
     lock = RunLock(run_dir) if launcher_rank() == 0 else None  # the other ranks follow rank 0 through accelerate
@@ -59,7 +58,9 @@ def train(cfg: Any, checked: Checked | None = None) -> dict:
         was_deterministic = torch.are_deterministic_algorithms_enabled()
         deterministic = process_settings(cfg)
         try:
-            return StepLoop(build_run(cfg, run_dir, deterministic, checked)).train()
+            loop = StepLoop(build_run(cfg, run_dir, deterministic, checked))
+            provenance.at_start()  # the commit and code fingerprint the summary records: what this process loaded
+            return loop.train()
         finally:  # a process that trains several cells (reproduce, tests) gets its global setting back
             torch.use_deterministic_algorithms(was_deterministic)
     finally:
