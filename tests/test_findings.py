@@ -67,3 +67,11 @@ def test_partial_tables_are_not_findings(tmp_path):
     shutil.copy(src, tmp_path / "small" / "table9_readings.csv")
     shutil.copy(src, tmp_path / "small" / "table9_readings.rows-vit_.csv")
     assert {f.table for f in findings.collect("small", tmp_path)} == {"table9_readings"}
+
+
+def test_a_table_says_when_cet_ran_with_its_causal_leak_accepted():
+    from condattn.reporting.notes import patch_notes
+
+    note = "causal_leak=accept: CET on a causal decoder, the SVD over the sequence lets a token see later ones"
+    sums = [{"patch": {"notes": [note, "λ = 10"]}}, {"patch": {"notes": [note]}}, {"patch": {}}]
+    assert patch_notes(sums) == ["", f"Patch: {note}"] and patch_notes([{}]) == []

@@ -163,3 +163,10 @@ def tokenizer_notes(summaries: list[dict]) -> list[str]:
     kinds = sorted({str(s.get("data", {}).get("tokenizer", {}).get("kind")) for s in summaries
                     if isinstance(s.get("data", {}).get("tokenizer"), dict)})
     return ["", f"Tokenizer: {'; '.join(kinds)}."] if kinds else []
+
+
+def patch_notes(summaries: list[dict]) -> list[str]:
+    """What a method's patch carried that a reader of its numbers must see (CET's accepted causal leak on a decoder:
+    `conditioning.causal_leak=accept`), once per distinct note, from the runs' patch reports."""
+    seen = sorted({n for s in summaries for n in (s.get("patch") or {}).get("notes", []) if "causal_leak" in n})
+    return [x for n in seen for x in ("", f"Patch: {n}")]

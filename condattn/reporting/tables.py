@@ -15,7 +15,7 @@ from ..runs import RunId, RunRecord
 from .floors import floor_table
 from .floors import load as load_floors
 from .metric import higher_is_better, methods_for, row_metric, row_seeds, rows_for
-from .notes import table_notes, tokenizer_notes
+from .notes import patch_notes, table_notes, tokenizer_notes
 from .protocol import (
     FOOTER,
     Target,
@@ -231,6 +231,7 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell],
             })
     lines += protocol_lines(exp, scale, cells, METHOD_LABELS, 2 if multiplier(exp) == 100 else 3, floors)
     lines += tokenizer_notes([s for c in cells.values() for s in c.summaries])
+    lines += patch_notes([s for c in cells.values() for s in c.summaries])
     lines += ["", provenance_line(exp, scale, cells)]
     return "\n".join(lines) + "\n", csv_rows
 
