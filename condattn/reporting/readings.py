@@ -267,7 +267,9 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
             lines.append("| " + " | ".join(cols) + " |")
             csv_rows.append(_csv_row(exp, scale, r))
         for f in ((floors or {}).get(task) or {}).get("floors", []):  # same split, a classical model: not a method
-            lines.append(f"| {f['label']} | – | {100 * f['value']:.2f} ({f['split']}) | – |" + " – |" * (len(head) - 4))
+            fit = f", fitted in {f['seconds']:.1f} s" if f.get("seconds") is not None else ""
+            lines.append(f"| {f['label']} | – | {100 * f['value']:.2f} ({f['split']}{fit}) | – |"
+                         + " – |" * (len(head) - 4))
         base = next((x for x in rows if x["task"] == task and x["is_baseline"]), None)
         lines += ["", convergence_line(exp, rows, task)]
         if base and base["target"]:
