@@ -76,10 +76,11 @@ def test_compare_cli_table_and_figure(runs, tmp_path, capsys):
     assert lines[0] == ("| group | n | test_acc (×100) | Δ vs t4_listops_none_smoke [95% CI] | "
                         "p: Welch / Holm / permutation | verdict | steps | wall time / run | runs |")
     ci = welch_ci([100 * a for a in A], [100 * b for b in B])
-    p = welch_p([100 * a for a in A], [100 * b for b in B])  # Holm over 2 groups beside the first, one testable
+    # Holm over the 2 groups set beside the first: the one-run group has no test but still counts (as p = 1)
+    p = welch_p([100 * a for a in A], [100 * b for b in B])
     assert lines[2] == "| t4_listops_none_smoke | 3 | 31.00 ± 1.00 | – | – | – | 120 | 30 s | s0 s1 s2 |"
-    assert lines[3] == (f"| t4_listops_embedded_smoke_s* | 3 | 36.33 ± 1.53 | {ci.text()} | {fmt_p(p)} / {fmt_p(p)} / "
-                        "0.100 | better | 120 | 40 s | s0 s1 s2 |")
+    assert lines[3] == (f"| t4_listops_embedded_smoke_s* | 3 | 36.33 ± 1.53 | {ci.text()} | {fmt_p(p)} / "
+                        f"{fmt_p(2 * p)} / 0.100 | better | 120 | 40 s | s0 s1 s2 |")
     assert lines[4] == ("| t4_listops_spectral | 1 | 20.00 ± n/a | -11.00 (no CI: needs ≥ 2 runs per group) | – | – | "
                         "120 | 30 s | s0 (+1 unfinished) |")
     assert "Δ: mean difference to the first group with its 95% CI (Welch t interval)." in out
