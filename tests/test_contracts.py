@@ -393,7 +393,8 @@ def test_compile_fullgraph_inductor_on_vit():
 @pytest.mark.parametrize("padded", [False, True])
 def test_newton_schulz_fallback_under_compile_equals_eager(padded):
     """Under torch.compile the per-sample fallback to the exact SVD is a torch.cond (no host branch): for a diverged
-    sample, a sample with a singular value far below 1 and a non-finite one, the eager numbers bit for bit."""
+    sample, a sample with a singular value far below 1 and a non-finite one, the eager numbers (to one fp32 ulp: on
+    some CPUs LAPACK's SVD of the padded batch differs from eager's in the last bit), non-finite entries in place."""
     from condattn.conditioning.embedded import _exact_where_unconverged, _svd_polar
 
     x = torch.randn(3, 20, 8, generator=torch.Generator().manual_seed(0))
@@ -411,7 +412,8 @@ def test_newton_schulz_fallback_under_compile_equals_eager(padded):
     eager = _exact_where_unconverged(x, keep, sigma, polar)
     compiled = torch.compile(_exact_where_unconverged, fullgraph=True, backend="eager")(x, keep, sigma, polar)
     for e, c in zip(eager, compiled):
-        assert torch.equal(e.nan_to_num(7.0), c.nan_to_num(7.0))
+        assert torch.equal(e.isfinite(), c.isfinite())
+        torch.testing.assert_close(c.nan_to_num(7.0), e.nan_to_num(7.0), rtol=0, atol=2.5e-7)
 
 
 @pytest.mark.slow  # export's first call: about 3 s
