@@ -15,12 +15,17 @@ def test_override_slug_names_the_overrides():
     assert override_slug(["conditioning.lam=0.5", "+task.steps=50"]) == "lam-0.5+steps-50"
 
 
+def committed(tmp_path, text: str):
+    """Table 4's ListOps row as an experiment file, and a committed table4_lra.md holding `text`."""
+    md = tmp_path / "results" / "smoke" / "table4_lra.md"
+    md.parent.mkdir(parents=True)
+    md.write_text(text)
+    return listops_only(tmp_path), md
+
+
 @pytest.mark.slow  # composes the table's cells
 def test_an_override_table_is_written_beside_the_default_one_and_labelled(tmp_path, capsys):
-    path = listops_only(tmp_path)
-    default = tmp_path / "results" / "smoke" / "table4_lra.md"
-    default.parent.mkdir(parents=True)
-    default.write_text("# the committed default table\n")
+    path, default = committed(tmp_path, "# the committed default table\n")
     assert main([str(path), "--scale", "smoke", "--report-only", "conditioning.lam=5", *tiny(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "conditioning.lam=5 changes spectral: the table is written as table4_lra.lam-5.md" in out
@@ -33,10 +38,7 @@ def test_an_override_table_is_written_beside_the_default_one_and_labelled(tmp_pa
 
 @pytest.mark.slow  # composes the table's cells
 def test_a_table_with_more_missing_cells_does_not_replace_the_committed_one(tmp_path, capsys):
-    path = listops_only(tmp_path)
-    md = tmp_path / "results" / "smoke" / "table4_lra.md"
-    md.parent.mkdir(parents=True)
-    md.write_text("# a committed table with every cell\n")
+    path, md = committed(tmp_path, "# a committed table with every cell\n")
     (md.parent / "table4_lra.csv").write_text("table\n")
     other = md.parent / "table4_lra.lam-5.md"  # another table of the same stem's family: never touched
     other.write_text("# λ = 5\n")
