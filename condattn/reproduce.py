@@ -766,6 +766,8 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
 
     args.full_plan = lambda: plan_now(full=True)
     p = plan_now(read_records=not args.force)  # --force: stage 1 of an lr grid runs again before anything picks
+    if not args.force and restore_kept(p, args.scale, args.dry_run):
+        p = plan_now()  # the restored runs decide lr picks and length checks: plan again with them
     if args.status:  # queued / running / failed / finished per cell (launch.status_lines)
         from .launch import status_lines
 
@@ -784,6 +786,38 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
 
 
 # --------------------------------------------------------------------------------------------- the table
+
+
+def kept_root(p: Plan, scale: str) -> Path:
+    """Where the table's finished runs are kept beside it (committed): results/<scale>/runs/."""
+    return p.results_root / scale / "runs"
+
+
+def restore_kept(p: Plan, scale: str, dry_run: bool = False) -> int:
+    """Put back into the runs root every kept run record of this table whose run dir is absent (a fresh clone, a new
+    machine): such a cell counts as finished, as it did where it ran. Returns how many were (or would be) restored."""
+    kept = kept_root(p, scale)
+    if not p.cells or not kept.is_dir():
+        return 0
+    runs = p.cells[0].run_dir.parent
+    todo = [d for d in sorted(kept.glob(f"{p.exp['table']}_*")) if not (runs / d.name).exists()
+            and not (runs / d.name).is_symlink() and RunRecord(d).finished]
+    if dry_run:
+        if todo:
+            print(f"[reproduce] {len(todo)} finished runs kept in {kept} would be restored into {runs}")
+        return 0
+    n = sum(RunRecord(runs / d.name).restore_from(RunRecord(d)) for d in todo)
+    if n:
+        print(f"[reproduce] restored {n} finished runs from their kept records ({kept}) into {runs}; they count as "
+              "finished (no checkpoints: --force retrains them)")
+    return n
+
+
+def keep_finished(p: Plan, scale: str) -> int:
+    """Copy the records of the plan's finished cells (selection, reported and length runs) beside the table, so that
+    committing results/<scale>/ keeps the evidence and a cut session loses no finished run."""
+    root = kept_root(p, scale)
+    return sum(RunRecord(c.run_dir).keep_in(root) for c in p.cells)
 
 
 def _missing(md: str) -> int:
@@ -812,6 +846,9 @@ def report(p: Plan, scale: str, seeds: list[int], failed: list[str], force: bool
     print()
     print(md)
     print(f"[reproduce] wrote {md_path} (+ .csv, .png)")
+    if n := keep_finished(p, scale):
+        print(f"[reproduce] kept the records of {n} finished runs in {kept_root(p, scale)} (summary, config, metrics, "
+              "patch report: commit them with the table)")
     if failed:
         print(f"[reproduce] failed or interrupted cells: {', '.join(failed)}")
     return 1 if failed else 0

@@ -34,6 +34,9 @@ BEST_MODEL = "best_model.pt"
 PATCH_REPORT = "patch_report.json"
 SUBMISSION = "submission.json"
 TOKENIZER = "tokenizer.json"
+# What a finished run keeps beside its table (results/<scale>/runs/<run name>/, committed): the evidence a table is
+# rendered from, without checkpoints, weights or wandb files (about 50 kB a run). The summary is copied last.
+KEPT_FILES = (CONFIG, METRICS, PATCH_REPORT, SUMMARY)
 
 
 @dataclass(frozen=True)
@@ -269,6 +272,33 @@ class RunRecord:
                    "run_name": run_name, "run_dir": str(self.dir), "config": config}
         self.write_summary(summary)
         return summary
+
+    def keep_in(self, root: str | Path) -> bool:
+        """Copy this finished run's KEPT_FILES to `<root>/<run name>/` (a table's committed run records); False when
+        the run is not finished or the same summary is kept there already."""
+        summary = self.summary
+        dest = RunRecord(Path(root) / self.dir.name)
+        if summary is None or dest.read_summary() == summary:
+            return False
+        dest.dir.mkdir(parents=True, exist_ok=True)
+        for name in KEPT_FILES[:-1]:
+            if (self.dir / name).is_file():
+                (dest.dir / name).write_bytes((self.dir / name).read_bytes())
+        dest.write_summary(summary)
+        return True
+
+    def restore_from(self, kept: RunRecord) -> bool:
+        """Make this (absent) run dir the finished run `kept` records (a committed run record); its summary's
+        run_dir names the new place. False when this dir exists or `kept` is not a finished run."""
+        summary = kept.summary
+        if summary is None or self.dir.exists() or self.dir.is_symlink():
+            return False
+        self.dir.mkdir(parents=True)
+        for name in KEPT_FILES[:-1]:
+            if (kept.dir / name).is_file():
+                (self.dir / name).write_bytes((kept.dir / name).read_bytes())
+        self.write_summary({**summary, "run_dir": str(self.dir), "restored_from": str(kept.dir)})
+        return True
 
     def write_submission(self, record: dict) -> None:
         write_json_atomic(self.submission_path, record)

@@ -3,6 +3,7 @@ table finishes only its missing cells; bad input is refused before any cell runs
 
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -142,6 +143,19 @@ def test_reproduce_table4_smoke_end_to_end_interrupted_and_idempotent(tmp_path, 
     assert "| missing |" not in (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()
     assert main([*args, "--report-only", "--force"]) == 0
     assert "| missing |" in (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()
+
+    # 6. a fresh clone (no runs, the committed results): the finished runs kept beside the table are restored, the
+    # table is whole again and nothing trains
+    kept = tmp_path / "results" / "smoke" / "runs"
+    assert {d.name for d in kept.iterdir()} == {*names, lam2[0].name}
+    assert not any((kept / n / "checkpoints").exists() or (kept / n / "best_model.pt").exists() for n in names)
+    shutil.rmtree(tmp_path / "runs")
+    assert main([*args, "--dry-run"]) == 0
+    assert "4 finished runs kept in" in capsys.readouterr().out and not runs.exists()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "restored 4 finished runs" in out and out.count("finished earlier, skipped") == 3
+    assert "| missing |" not in (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()
 
 
 @pytest.mark.slow

@@ -247,3 +247,31 @@ def test_pretrained_weights_go_through_the_record(tmp_path):
         weights_file(str(run))
     write(run / "summary.json", {"status": "finished", "metrics": {}})
     assert weights_file("t_a_none_smoke_s0", tmp_path / "runs") == run / "checkpoints/step_0000004/model.safetensors"
+
+
+# ------------------------------------------------------------------------------------------------ kept records
+
+
+def test_a_finished_run_is_kept_without_weights_and_restored_elsewhere(tmp_path, real_run):
+    (real_run.dir / "best_model.pt").write_bytes(b"weights")
+    (real_run.dir / "checkpoints" / "step_0000002").mkdir(parents=True)
+    kept = tmp_path / "results" / "smoke" / "runs"
+    assert real_run.keep_in(kept)
+    copy = RunRecord(kept / REAL)
+    assert sorted(p.name for p in copy.dir.iterdir()) == sorted(
+        f for f in ("config.yaml", "metrics.jsonl", "patch_report.json", "summary.json") if (real_run.dir / f).exists())
+    assert copy.summary == real_run.summary
+    assert not real_run.keep_in(kept)  # the same summary is kept already: nothing is written again
+
+    fresh = RunRecord(tmp_path / "clone" / "runs" / "smoke" / REAL)  # a fresh clone: no runs, the kept records
+    assert fresh.restore_from(copy) and fresh.finished
+    assert fresh.summary["run_dir"] == str(fresh.dir) and fresh.summary["restored_from"] == str(copy.dir)
+    assert fresh.metrics_rows() == real_run.metrics_rows()
+    assert not fresh.restore_from(copy)  # never over a run dir that exists
+    assert not fresh.latest_checkpoint()  # no weights travel: the run counts as finished, nothing resumes from it
+
+
+def test_an_unfinished_run_is_neither_kept_nor_restored(tmp_path):
+    run = RunRecord(write(tmp_path / "runs" / "r" / "summary.json", {"status": "failed", "error": "x"}).parent)
+    assert not run.keep_in(tmp_path / "kept") and not (tmp_path / "kept").exists()
+    assert not RunRecord(tmp_path / "new").restore_from(run) and not (tmp_path / "new").exists()
