@@ -13,6 +13,7 @@
 #   make reproduce-table-4 SCALE=paper LAUNCHER=slurm DRY_RUN=1   print the SLURM jobs without submitting
 #   make reproduce-table-9 SCALE=small ROWS="vit_*"   train only the matching rows (the table shows every row)
 #   make reproduce-table-9 SCALE=small STALE=1   retrain exactly the cells whose code fingerprint differs from HEAD's
+#   make reproduce-all SCALE=small DRY_RUN=1   every table of a scale: the projected cost (DRY_RUN=1: only that)
 #   make findings SCALE=small             results/small/findings.md and the README's findings block, from the CSVs
 #   make compare RUNS="runs/smoke/table4_lra_listops_none_smoke_s* runs/smoke/table4_lra_listops_embedded_smoke_s*"
 SHELL := /bin/bash
@@ -46,7 +47,7 @@ $(error $(foreach p,$(LOOKALIKES),$(word 1,$(subst :, ,$(p)))=$($(word 1,$(subst
 endif
 endif
 
-.PHONY: install test lint test-unit diagnose bench clean findings
+.PHONY: install test lint test-unit diagnose bench clean findings reproduce-all
 
 install:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -84,6 +85,10 @@ reproduce-table-%:
 	$(BIN)/python -m condattn.reproduce $(firstword $(wildcard experiments/table$*_*.yaml) experiments/table$*.yaml) \
 		--scale $(SCALE) --launcher $(LAUNCHER) $(if $(SEEDS),--seeds "$(SEEDS)") $(if $(FORCE),--force) \
 		$(if $(STALE),--refresh-stale) $(if $(DRY_RUN),--dry-run) $(if $(ROWS),--rows "$(ROWS)") $(ARGS)
+
+# every table that defines SCALE, one after another (resumable); the projected cost first, DRY_RUN=1: only that
+reproduce-all:
+	$(BIN)/python -m condattn.reproduce_all --scale $(SCALE) $(if $(DRY_RUN),--dry-run) $(ARGS)
 
 report-table-%:
 	$(BIN)/python -m condattn.reproduce $(firstword $(wildcard experiments/table$*_*.yaml) experiments/table$*.yaml) \

@@ -828,6 +828,9 @@ def report(p: Plan, scale: str, seeds: list[int], failed: list[str], force: bool
     """Render the table from the runs there are (with the plan's variants and lr picks); 1 when cells failed. A table
     with more `missing` cells than the one already at its path (a fresh clone without runs) does not replace it: the
     old files are put back and the refusal says why (`force`: write it anyway)."""
+    if n := keep_finished(p, scale):  # whether or not the table is written below: a finished run is evidence
+        print(f"[reproduce] kept the records of {n} finished runs in {kept_root(p, scale)} (summary, config, metrics, "
+              "patch report: commit them with the table)")
     out = p.results_root / scale
     stem = p.exp.get("output_stem", p.exp["table"])
     old = {f: f.read_bytes() for f in (out / f"{stem}{ext}" for ext in (".md", ".csv", ".png")) if f.exists()}
@@ -846,9 +849,6 @@ def report(p: Plan, scale: str, seeds: list[int], failed: list[str], force: bool
     print()
     print(md)
     print(f"[reproduce] wrote {md_path} (+ .csv, .png)")
-    if n := keep_finished(p, scale):
-        print(f"[reproduce] kept the records of {n} finished runs in {kept_root(p, scale)} (summary, config, metrics, "
-              "patch report: commit them with the table)")
     if failed:
         print(f"[reproduce] failed or interrupted cells: {', '.join(failed)}")
     return 1 if failed else 0

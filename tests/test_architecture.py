@@ -23,7 +23,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "condattn"
 
 LAYERS: list[list[str]] = [
-    ["condattn.train", "condattn.reproduce", "condattn.launch", "condattn.compare", "condattn.bench",
+    ["condattn.train", "condattn.reproduce", "condattn.reproduce_all", "condattn.launch", "condattn.compare", "condattn.bench",
      "condattn.diagnose", "condattn.reporting"],
     ["condattn.engine", "condattn.config", "condattn.experiment"],
     ["condattn.models", "condattn.data", "condattn.tasks"],

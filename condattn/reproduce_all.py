@@ -1,0 +1,160 @@
+"""`make reproduce-all SCALE=small [DRY_RUN=1]`: every table that defines the scale, in one resumable command.
+
+Before anything trains it prints each table's projected cost on this machine: the cells still to run (finished ones
+and kept records count as done), the seeds the lr picks will add, and at most the length check's runs, each at the
+seconds per step that finished runs of the same model, data and method took (their summaries' wall time; a recipe
+no run has measured yet is counted, not guessed). `--dry-run` prints only that. Then it runs `reproduce` per table,
+in order; a table that fails does not stop the others, and running the command again finishes only what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .reporting import load_experiment
+from .reporting.metric import families, hypothesis, row_seeds
+from .runs import RunId, RunRecord
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def tables(scale: str, root: Path = EXPERIMENTS) -> list[Path]:
+    """The experiment files that define `scale`, in table order."""
+    files = sorted(root.glob("table*.yaml"), key=lambda f: int(re.match(r"table(\d+)", f.name).group(1)))
+    return [f for f in files if scale in (load_experiment(f).get("scales") or {})]
+
+
+def recipe(cfg) -> tuple[str, str, str]:
+    """What a step's time depends on here: the model, the data and the method (a run's resolved config)."""
+    get = lambda part, key: str((cfg.get(part) or {}).get(key))  # noqa: E731
+    return get("model", "name"), get("data", "name"), get("conditioning", "method")
+
+
+def measured(dirs: list[Path]) -> dict[tuple[str, str, str], float]:
+    """Seconds per training step (wall time, evaluations included) by recipe, the median over the finished runs under
+    `dirs` (run roots and kept records); (model, data, "*"): over every method, for a method not measured yet."""
+    seen: dict[tuple[str, str, str], list[float]] = {}
+    for d in dirs:
+        for f in d.glob("*/summary.json") if d.is_dir() else []:
+            s = RunRecord(f.parent).summary
+            if s and s.get("wall_time_s") and s.get("steps") and isinstance(s.get("config"), dict):
+                model, data, method = recipe(s["config"])
+                for key in ((model, data, method), (model, data, "*")):
+                    seen.setdefault(key, []).append(float(s["wall_time_s"]) / int(s["steps"]))
+    return {k: sorted(v)[len(v) // 2] for k, v in seen.items()}
+
+
+@dataclass
+class Projection:
+    """A table's cells still to train and their projected seconds (None: no finished run of the recipe measures it)."""
+
+    table: str
+    cells: int = 0
+    finished: int = 0
+    now: list[float | None] = field(default_factory=list)  # planned now: stage 1, or every cell without an lr grid
+    after_picks: list[float | None] = field(default_factory=list)  # the seeds the lr picks will add
+    length: list[float | None] = field(default_factory=list)  # at most: the length check's runs not planned yet
+
+    @staticmethod
+    def hours(xs: list[float | None]) -> str:
+        known = [x for x in xs if x is not None]
+        unmeasured = f", {len(xs) - len(known)} unmeasured" if len(known) < len(xs) else ""
+        return f"{len(xs)} runs ({sum(known) / 3600:.1f} h{unmeasured})"
+
+    def line(self) -> str:
+        parts = [f"{self.hours(self.now)} now"]
+        if self.after_picks:
+            parts.append(f"{self.hours(self.after_picks)} after the lr picks")
+        if self.length:
+            parts.append(f"at most {self.hours(self.length)} for the length check")
+        return f"  {self.table}: {self.cells} cells planned, {self.finished} finished; to train: {' + '.join(parts)}"
+
+    @property
+    def seconds(self) -> float:
+        return sum(x for x in [*self.now, *self.after_picks, *self.length] if x is not None)
+
+    @property
+    def unmeasured(self) -> int:
+        return sum(x is None for x in [*self.now, *self.after_picks, *self.length])
+
+
+def project(p, scale: str, seeds: list[int], step_s: dict) -> Projection:
+    """The projection of one table's plan (`reproduce.plan`, records read)."""
+    from .reproduce import length_check
+
+    out = Projection(p.exp["table"], cells=len(p.cells))
+
+    def cost(cfg, factor: int = 1) -> float | None:
+        model, data, method = recipe(cfg)
+        s = step_s.get((model, data, method), step_s.get((model, data, "*")))
+        return None if s is None else s * factor * int(cfg.task.steps)
+
+    first: dict[str, object] = {}  # each row's first planned cell's config: its recipe and steps
+    for c in p.cells:
+        run = RunId.parse(c.name, p.exp["table"], p.exp["rows"], p.exp["methods"], scale)
+        first.setdefault(run.row if run else c.name, c.cfg)
+        if RunRecord(c.run_dir).finished:
+            out.finished += 1
+        else:
+            out.now.append(cost(c.cfg))
+    for key in p.waiting:  # "<row>" or "<row>/<method>"
+        row = key.split("/")[0]
+        out.after_picks += [cost(first[row]) if row in first else None] * len(row_seeds(p.exp, scale, row, seeds))
+    if (check := length_check(p.exp, scale)) and not p.exp.get("longer"):
+        factor, n = check
+        for fam in families(p.exp, scale).values():
+            rows = [fam[0], *(rm for rm in fam[1:] if hypothesis(p.exp, rm[0]) == "primary")]
+            for row, _ in rows:
+                out.length += [cost(first[row], factor) if row in first else None] * n
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .reproduce import main as reproduce
+    from .reproduce import plan, restore_kept
+
+    ap = argparse.ArgumentParser(prog="python -m condattn.reproduce_all", description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", default="small")
+    ap.add_argument("--dry-run", action="store_true", help="print the projected cost only; train nothing")
+    ap.add_argument("--experiments", type=Path, default=EXPERIMENTS, help="the folder of the experiment files")
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every cell of every table")
+    args = ap.parse_args(argv)
+    files = tables(args.scale, args.experiments)
+    if not files:
+        ap.error(f"no experiment under {args.experiments} defines --scale {args.scale!r}")
+    plans = []
+    for f in files:
+        exp = load_experiment(f)
+        seeds = list(exp["scales"][args.scale].get("seeds", [0]))
+        p = plan(exp, args.scale, seeds, list(args.overrides))
+        if not args.dry_run and restore_kept(p, args.scale):
+            p = plan(exp, args.scale, seeds, list(args.overrides))
+        plans.append((f, p, seeds))
+    roots = {d for _, p, _ in plans if p.cells
+             for d in (p.cells[0].run_dir.parent, p.results_root / args.scale / "runs")}
+    step_s = measured(sorted(roots))
+    proj = [project(p, args.scale, seeds, step_s) for _, p, seeds in plans]
+    print(f"[reproduce-all] scale {args.scale}: {len(files)} tables; projected cost on this machine, one run after "
+          "another (seconds per step measured by finished runs of the same model, data and method):")
+    print("\n".join(x.line() for x in proj))
+    total, unmeasured = sum(x.seconds for x in proj), sum(x.unmeasured for x in proj)
+    print(f"[reproduce-all] total ≈ {total / 3600:.1f} h" + (f", plus {unmeasured} runs of recipes no finished run has "
+                                                             "measured yet" if unmeasured else ""))
+    if args.dry_run:
+        return 0
+    failed = []
+    for f, _, _ in plans:
+        print(f"[reproduce-all] {f.name}", flush=True)
+        if (code := reproduce([str(f), "--scale", args.scale, *args.overrides])) != 0:
+            failed.append(f"{f.name} (exit {code})")
+    print("[reproduce-all] done" + (f"; not complete: {', '.join(failed)} (run the same command again to finish what "
+                                    "is missing)" if failed else ": every table written"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
