@@ -246,6 +246,25 @@ def test_sca_lambda_10_makes_attention_one_hot(images):
         assert layer["entropy"] < 1e-3 and layer["maxprob"] > 0.999
 
 
+def test_self_logit_unit_is_the_head_norm_of_the_attention_input_and_predicts_sca_saturation(images):
+    """‖x_h‖²/√d_h of each attention input, read by the probe, equals the value recomputed from the block's norm1
+    output; λ² times it is the self-logit λI adds, so λ = 10 (~566 at d_h = 64) saturates and λ = 0.1 does not."""
+    m = vit()
+    seen = []
+    h = m.blocks[0].norm1.register_forward_hook(lambda mod, a, out: seen.append(out.detach().double()))
+    r = attention_entropy(m, vit_forward, images)
+    h.remove()
+    heads, d_h = m.blocks[0].attn.num_heads, m.blocks[0].attn.head_dim
+    want = seen[0].reshape(-1, heads, d_h).pow(2).sum(-1).mean() / d_h ** 0.5
+    assert r[0]["self_logit_unit"] == pytest.approx(float(want), rel=1e-9)
+    assert r[0]["self_logit_unit"] == pytest.approx(d_h ** 0.5, rel=0.05)  # LayerNorm at init: ‖x_h‖² ≈ d_h
+    for lam, saturated in ((10.0, True), (0.1, False)):
+        c = vit()
+        condattn.apply_conditioning(c, "spectral", lam=lam)
+        ent = attention_entropy(c, vit_forward, images)[0]["entropy"]
+        assert (ent < 0.1) is saturated and (lam ** 2 * r[0]["self_logit_unit"] > 10) is saturated
+
+
 # ---------------------------------------------------------------- Jacobian
 
 

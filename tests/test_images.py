@@ -281,7 +281,7 @@ def test_ablation_table_from_run_summaries(tmp_path):
         lam = spec["lam"]
         step0 = {"entropy/mean": 2.8 / (1 + lam), "entropy/l0": 2.8 / (1 + lam), "maxprob/mean": 0.1 + 0.1 * i,
                  "gradnorm_wq/mean": 1e-2 / (1 + lam**2), "gradnorm_wk/mean": 1e-2, "gradnorm_wv/mean": 0.3,
-                 "kappa_wq/mean": 1.0 + 1.0 / (1 + lam)}
+                 "kappa_wq/mean": 1.0 + 1.0 / (1 + lam), "self_logit_unit/mean": 4.0}
         summary = {"status": "finished", "run_dir": str(d), "metrics": {"final_val_acc": 0.5 + 0.01 * i}, "steps": 50,
                    "wall_time_s": 5.0, "diagnostics": {"step0": step0}, "data": {"stand_in": True},
                    "config": {"model": {"img_size": 32, "patch_size": 8}}}
@@ -289,7 +289,8 @@ def test_ablation_table_from_run_summaries(tmp_path):
         (d / "metrics.jsonl").write_text(json.dumps({"step": 50, "split": "val", "acc": 0.5, "top5": 0.9}) + "\n")
     md_path, md = write_table(exp, "smoke", runs, tmp_path / "results", [0])
     assert md_path == tmp_path / "results" / "smoke" / "table8_sca_lambda.md"
-    assert "| 0 | 50.00 (n=1) | 90.00 |" in md and "| 10 | 55.00 (n=1) |" in md and "| 20 | missing |" in md
+    assert "| 0 | 0 | 50.00 (n=1) | 90.00 |" in md and "| 10 | 400 | 57.00 (n=1) |" in md
+    assert "| 0.25 | 0.25 | 52.00 (n=1) |" in md and "| 20 | – | missing |" in md  # λ²·4: 0.0625·4; λ = 20 no run
     assert "ln 17 = 2.833" in md and "offline stand-in data" in md
     assert (tmp_path / "results" / "smoke" / "table8_sca_lambda.png").stat().st_size > 0
-    assert (tmp_path / "results" / "smoke" / "table8_sca_lambda.csv").read_text().count("\n") == 8
+    assert (tmp_path / "results" / "smoke" / "table8_sca_lambda.csv").read_text().count("\n") == 10

@@ -78,6 +78,9 @@ class AttentionProbe:
         self.has_cls = self.token_site is not None and self.token_site.num_prefix_tokens > 0
         self.self_hits, self.self_count = [0.0] * n, [0.0] * n
         self.cls_self, self.cls_count = [0.0] * n, [0] * n
+        # the attention input's per-head squared norm ‖x_h‖² (mean over tokens and heads): a fixed λI on W_Q and W_K
+        # adds λ²‖x_h‖²/√d_h to a token's logit on itself, the scale at which SCA's λ starts to saturate the softmax
+        self.xh_norm2, self.xh_count = [0.0] * n, [0] * n
         self.reader = [""] * n
         self.absent: list[str | None] = [None] * n  # why a site has no values (set on enter or by a bad capture)
         self._handles: list = []
@@ -91,7 +94,19 @@ class AttentionProbe:
                 self.absent[i] = got
             else:
                 self._handles += got
+            if site.attends_over == "tokens":
+                self._handles.append(site.module.register_forward_pre_hook(
+                    lambda mod, args, kwargs, i=i: self._input_norm(i, args, kwargs), with_kwargs=True))
         return self
+
+    def _input_norm(self, i: int, args: tuple, kwargs: dict) -> None:
+        """Accumulate ‖x_h‖² of the site's input tokens (..., N, D), D = heads × head_dim; other inputs are skipped."""
+        x = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
+        site = self.sites[i]
+        if isinstance(x, torch.Tensor) and x.dim() >= 3 and x.shape[-1] == site.num_heads * site.head_dim:
+            x = x.detach().double().reshape(-1, site.num_heads, site.head_dim)
+            self.xh_norm2[i] += float(x.pow(2).sum(-1).mean(-1).sum())
+            self.xh_count[i] += x.shape[0]
 
     def __exit__(self, *exc) -> None:
         for h in reversed(self._handles):  # reversed: attribute switches shared by sites restore in order
@@ -138,7 +153,7 @@ class AttentionProbe:
 
     def results(self) -> list[dict]:
         """Per layer: {"layer", "name", "entropy", "maxprob", "entropy_uniform", "entropy_heads": [...],
-        "maxprob_heads": [...], "self_argmax", "cls_self", "reader", "absent"}; means over samples and valid queries
+        "maxprob_heads": [...], "self_argmax", "cls_self", "self_logit_unit", "reader", "absent"}; means over samples and valid queries
         (heads averaged for the layer values). entropy_uniform = mean log(#keys a query may attend to: causal and
         padding masks applied), the entropy of uniform attention. An absent site has None values and the reason."""
         out = []
@@ -162,6 +177,9 @@ class AttentionProbe:
                     else None,
                     # the class token's attention to itself, mean over heads and samples (None: no class token)
                     "cls_self": self.cls_self[i] / self.cls_count[i] if self.cls_count[i] and not absent else None,
+                    # ‖x_h‖²/√d_h of the site's input (mean over tokens and heads): λI's self-logit per unit λ²
+                    "self_logit_unit": self.xh_norm2[i] / self.xh_count[i] / site.head_dim ** 0.5
+                    if self.xh_count[i] else None,
                     "reader": self.reader[i],  # how the probabilities were read (readers.py)
                     "absent": absent,  # None, or why this site has no values
                 }

@@ -10,6 +10,8 @@ Flat keys (one value per layer i / block j, then the mean over layers/blocks und
     entropy_uniform/l{i}                                  the entropy of uniform attention (mean log #keys)
     self_argmax/l{i}                                      share of queries whose attention argmax is themselves
     cls_self/l{i}                                         the class token's attention to itself (models with one)
+    self_logit_unit/l{i}                                  ‖x_h‖²/√d_h of the attention input (mean over tokens,
+                                                          heads): the self-logit a fixed λI on W_Q, W_K adds per λ²
     feature_spread                                        spread of the final pooled feature across the batch
     gradnorm_wq/l{i}, gradnorm_wk/l{i}, gradnorm_wv/l{i}  (grad_diagnostics) ‖∇W‖_F
     gradnorm_embed                                        (grad_diagnostics) ‖∇‖_F of the patch / token embedding
@@ -61,6 +63,7 @@ def flat_metrics(nested: dict) -> dict[str, float]:
     _series(flat, "entropy_uniform", "l", [a["entropy_uniform"] for a in att])
     _series(flat, "self_argmax", "l", [a.get("self_argmax") for a in att])
     _series(flat, "cls_self", "l", [a.get("cls_self") for a in att])
+    _series(flat, "self_logit_unit", "l", [a.get("self_logit_unit") for a in att])
     spread = nested.get("features", {}).get("feature_spread")
     if spread is not None:
         flat["feature_spread"] = float(spread)

@@ -74,6 +74,7 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | 
             "acc": _stats(c.values),
             "top5": _stats([100.0 * v for v in top5 if v is not None]),
             "diag": {key: _stats([d.get(key) for d in d0]) for _, key in DIAG_COLUMNS},
+            "unit": _stats([d.get("self_logit_unit/mean") for d in d0]),
             "steps": sorted(set(c.steps)),
             "wall": statistics.fmean(c.wall) if c.wall else None,
             "tokens": next((t for t in (_tokens(s) for s in sums) if t), None),
@@ -82,14 +83,19 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | 
 
 
 def render(exp: dict, scale: str, rows: list[dict], cells: dict) -> tuple[str, list[dict]]:
-    head = ["λ", "val top-1 (%)", "val top-5 (%)"] + [f"step 0: {h}" for h, _ in DIAG_COLUMNS] + ["steps", "wall / run"]
+    head = ["λ", "λ²‖x_h‖²/√d_h", "val top-1 (%)", "val top-5 (%)"] + [f"step 0: {h}" for h, _ in DIAG_COLUMNS] + \
+        ["steps", "wall / run"]
     lines = [
         f"# {exp['table']}: {exp.get('title', '')}",
         "",
         f"Paper: {exp.get('paper_provenance', '')}. Ours: mean ± std over seeds (n per row in the CSV); top-1/top-5 "
         "at the end of training; step-0 columns are measured at initialisation on the fixed diagnostics batch "
         "(entropy of the exact softmax of (W_Q + λI)/(W_K + λI) projections, nats) and after the first backward "
-        "(Frobenius norms of the W_Q/W_K/W_V gradients). λ = 0 is the unconditioned baseline.",
+        "(Frobenius norms of the W_Q/W_K/W_V gradients). λ = 0 is the unconditioned baseline. λ²‖x_h‖²/√d_h expresses λ "
+        "against the model's own scale: the logit a fixed λI on W_Q and W_K adds to a token's score on itself, with "
+        "‖x_h‖² the squared norm of a head's slice of the attention input at step 0 (mean over tokens, heads and "
+        "layers, measured in each row's runs). Beside logits of order 1 (the baseline's), values above a few mean "
+        "the softmax starts to pick each token itself: saturation.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -100,7 +106,8 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict) -> tuple[str, l
         acc = _fmt(r["acc"], n, 2) + (f" (n={n})" if n else "")
         if r["missing"] and n:
             acc += f", missing seeds {r['missing']}"
-        cols = [f"{r['lam']:g}", acc, _fmt(r["top5"], n, 2)]
+        cols = [f"{r['lam']:g}", "–" if r["unit"] is None else f"{r['lam'] ** 2 * r['unit'][0]:.3g}", acc,
+                _fmt(r["top5"], n, 2)]
         for _, key in DIAG_COLUMNS:
             sci = key.startswith("gradnorm") or key.startswith("kappa")
             cols.append(_fmt(r["diag"][key], n, 3, sci=sci))
@@ -109,7 +116,8 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict) -> tuple[str, l
         row = {"table": exp["table"], "scale": scale, "row": r["row"], "lam": r["lam"], "n": n,
                "missing_seeds": " ".join(map(str, r["missing"])),
                "top1_mean": r["acc"][0] if r["acc"] else "", "top1_std": r["acc"][1] if r["acc"] else "",
-               "top5_mean": r["top5"][0] if r["top5"] else ""}
+               "top5_mean": r["top5"][0] if r["top5"] else "",
+               "lam2_xh2_over_sqrt_dh": r["lam"] ** 2 * r["unit"][0] if r["unit"] else ""}
         for _, key in DIAG_COLUMNS:
             row[f"step0_{key}"] = r["diag"][key][0] if r["diag"][key] else ""
         csv_rows.append(row)
