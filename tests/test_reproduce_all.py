@@ -10,9 +10,10 @@ from condattn.reproduce_all import Projection, main, measured, tables
 
 
 @pytest.mark.unit
-def test_every_table_defines_the_small_scale_and_the_order_is_the_tables():
-    names = [f.name for f in tables("small")]
-    assert names[0].startswith("table1_") and names[-1].startswith("table9_") and len(names) == 9
+def test_every_table_but_detection_defines_the_small_scale_and_the_order_is_the_tables():
+    names = [f.name.split("_")[0] for f in tables("small")]
+    assert names == ["table1", "table3", "table4", "table5", "table6", "table8", "table9"]
+    assert len(tables("smoke")) == 9  # detection (tables 2, 7): smoke and paper only, its tables say why
 
 
 @pytest.mark.unit
