@@ -440,6 +440,8 @@ def test_detection_table_renders_papers_numbers(tmp_path):
     base = next(line for line in md.splitlines() if "| xcit_small_12_p16 | baseline |" in line)
     assert "missing" in base and "CET paper 44.9 · SCA paper 44.9" in base
     assert "offline stand-in" in md and path.with_suffix(".csv").exists()
+    written = path.read_text()  # the scale's note (why detection has no small scale) is printed once
+    assert written.count("Note (smoke)") == 1 and "No small scale" in written
 
 
 # ---------------------------------------------------------------- end to end

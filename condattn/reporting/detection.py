@@ -6,7 +6,7 @@ the papers' tables), with `paper_sources: {source: label}`. The source of a meth
 that proposed it (`cet` for CET, `sca` for SCA); a baseline row shows every source's baseline (table 7: the DETR
 paper's reference). Written by `reproduce` through the experiment's `renderer: condattn.reporting.detection:write_table`
 (same signature as reporting.tables.write_table): results/<scale>/<table>.{md,csv,png}. An optional
-`notes: {<scale>: text}` is printed under the table at that scale.
+`notes: {<scale>: text}` is printed under the table at that scale (save_outputs, notes.table_notes), once.
 """
 
 from __future__ import annotations
@@ -99,8 +99,7 @@ def render(exp: dict, scale: str, cells: dict, values: dict) -> tuple[str, list[
             cols += [",".join(map(str, sorted(set(c.steps)))) or "–",
                      f"{mean_std(c.wall)[0]:.0f} s" if c.wall else "–"]
             lines.append("| " + " | ".join(cols) + " |")
-    note = (exp.get("notes") or {}).get(scale)
-    lines += ["", *([f"Note ({scale}): {note.strip()}", ""] if note else []), provenance_line(exp, scale, cells)]
+    lines += ["", provenance_line(exp, scale, cells)]  # the scale's note follows (save_outputs: notes.table_notes)
     return "\n".join(lines) + "\n", csv_rows
 
 
