@@ -23,8 +23,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "condattn"
 
 LAYERS: list[list[str]] = [
-    ["condattn.train", "condattn.reproduce", "condattn.reproduce_all", "condattn.launch", "condattn.compare", "condattn.bench",
-     "condattn.diagnose", "condattn.reporting"],
+    ["condattn.train", "condattn.reproduce", "condattn.reproduce_all", "condattn.launch", "condattn.compare",
+     "condattn.bench", "condattn.diagnose", "condattn.reporting"],
     ["condattn.engine", "condattn.config", "condattn.experiment"],
     ["condattn.models", "condattn.data", "condattn.tasks"],
     ["condattn.runs", "condattn.utils"],

@@ -4,6 +4,7 @@ report (MDE, steps-to-target, the convergence figure) against hand computations;
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -345,11 +346,31 @@ def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_report
             finish(spec, {"final_test_acc": curve[-1][1] + 0.05, "test_acc": 0.0}, curve, steps=400)
     _, md = write_table(exp, "small", tmp_path / "runs", tmp_path / "results", [0, 1, 2])
     assert "mean ± std over seeds of final_test_acc × 100" in md
-    assert "| listops | baseline | 36.00 ± 1.00 (n=3) | (baseline) | – | – | ×1 (1e-03) | – | 200 |" in md
+    assert "| listops | baseline | 36.00 ± 1.00 (n=3) | (baseline) | – | – | – | ×1 (1e-03) | – | 200 |" in md
     assert "| listops | SCA | 46.00 ± 1.00 (n=3) | +10.00 [" in md
-    assert "/ 0.100 | better | ×2 (2e-03, bound) | 3.04 / 3.04 |" in md  # 3 seeds: the permutation p's floor
+    assert "/ 0.100 | better | – | ×2 (2e-03, bound) | 3.04 / 3.04 |" in md  # 3 seeds: the permutation p's floor
     assert "listops: Baseline's last quarter" in md and "listops: Plateau: the baseline reaches" in md
     assert "better than the baseline: listops SCA" in md
+
+    # the length check (tables 1 and 5 as table 9): the baseline and SCA again at 2× steps on seeds 0-1; SCA's
+    # +10 shrinks to +0.5 there, which no test on 2 seeds separates: the verdict change is said, and the baseline's
+    # convergence is its gain at 2× on the same seeds against its MDE
+    exp["scales"]["small"]["length_check"] = {"factor": 2, "seeds": 2}
+    longer = {}
+    for method, at2 in (("none", 0.40), ("spectral", 0.405)):
+        for seed in range(2):
+            name = f"table4_lra_listops_{method}_small_s{seed}"
+            longer[name] = "2x"
+            finish(type("S", (), {"run_dir": runs / f"{name}-2x"}), {"final_test_acc": at2 + 0.01 * seed},
+                   steps=800)
+    exp["longer"] = {"factor": 2, "variants": longer}
+    path, md = write_table(exp, "small", tmp_path / "runs", tmp_path / "results", [0, 1, 2])
+    assert "| (baseline) | – | – | 40.50 ± 0.71 (n=2) | ×1 (1e-03) |" in md
+    assert "| better | +0.50 [" in md and "(n=2; verdict there: no difference detected" in md
+    assert "Convergence (listops): at 2× its steps the baseline gains +5.00 points over the same 2 seeds at 1×, " \
+           "NOT under its MDE" in md
+    rows = {r["method"]: r for r in csv.DictReader(open(path.with_suffix(".csv")))}
+    assert rows["spectral"]["diff_2x"] == "0.5000" and rows["none"]["n_2x"] == "2"
 
 
 def test_floor_verdict_names_the_best_floor_and_the_gap():

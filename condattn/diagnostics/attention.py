@@ -153,9 +153,10 @@ class AttentionProbe:
 
     def results(self) -> list[dict]:
         """Per layer: {"layer", "name", "entropy", "maxprob", "entropy_uniform", "entropy_heads": [...],
-        "maxprob_heads": [...], "self_argmax", "cls_self", "self_logit_unit", "reader", "absent"}; means over samples and valid queries
-        (heads averaged for the layer values). entropy_uniform = mean log(#keys a query may attend to: causal and
-        padding masks applied), the entropy of uniform attention. An absent site has None values and the reason."""
+        "maxprob_heads": [...], "self_argmax", "cls_self", "self_logit_unit", "reader", "absent"}; means over samples
+        and valid queries (heads averaged for the layer values). entropy_uniform = mean log(#keys a query may attend
+        to: causal and padding masks applied), the entropy of uniform attention. An absent site has None values and the
+        reason."""
         out = []
         for i, site in enumerate(self.sites):
             c = self.count[i]

@@ -91,8 +91,8 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict) -> tuple[str, l
         f"Paper: {exp.get('paper_provenance', '')}. Ours: mean ± std over seeds (n per row in the CSV); top-1/top-5 "
         "at the end of training; step-0 columns are measured at initialisation on the fixed diagnostics batch "
         "(entropy of the exact softmax of (W_Q + λI)/(W_K + λI) projections, nats) and after the first backward "
-        "(Frobenius norms of the W_Q/W_K/W_V gradients). λ = 0 is the unconditioned baseline. λ²‖x_h‖²/√d_h expresses λ "
-        "against the model's own scale: the logit a fixed λI on W_Q and W_K adds to a token's score on itself, with "
+        "(Frobenius norms of the W_Q/W_K/W_V gradients). λ = 0 is the unconditioned baseline. λ²‖x_h‖²/√d_h expresses "
+        "λ against the model's own scale: the logit a fixed λI on W_Q and W_K adds to a token's score on itself, with "
         "‖x_h‖² the squared norm of a head's slice of the attention input at step 0 (mean over tokens, heads and "
         "layers, measured in each row's runs). Beside logits of order 1 (the baseline's), values above a few mean "
         "the softmax starts to pick each token itself: saturation.",

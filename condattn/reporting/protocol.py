@@ -15,6 +15,7 @@ from .stats import (
     Verdict,
     benjamini_hochberg,
     diff_ci,
+    fmt_num,
     holm,
     last_quarter_change,
     mde,
@@ -101,6 +102,39 @@ class Target:
         return (f"Baseline's last quarter (a figure, not the convergence test: under a cosine schedule a small "
                 f"last-quarter gain is forced at any length): {', '.join(parts)} (mean over seeds); the heuristic "
                 f"({' or '.join(rule)}) {verdict}.")
+
+
+def length_text(is_baseline: bool, long_cell, long_test: Verdict | None, test: Verdict | None, digits: int = 2) -> str:
+    """The "Δ at 2× steps" column: the baseline's value at 2×, or a row's Δ with its interval and n, saying where the
+    verdict there differs from the one at 1×; "–" without runs at 2×."""
+    if long_cell is None:
+        return "–"
+    if is_baseline:
+        return long_cell.text()
+    if long_test is None or long_test.ci is None:
+        return f"– (n={len(long_cell.values)})"
+    change = "" if test is None or long_test.word == test.word else f"; verdict there: {long_test.word}"
+    return f"{long_test.ci.text(digits)} (n={len(long_cell.values)}{change})"
+
+
+def length_convergence(name: str, base_cell, long_cell, mde_05: float | None, higher: bool,
+                       unit: str = "points", digits: int = 2) -> str:
+    """The convergence test: the baseline's gain at 2× its steps over the same seeds at 1×, against its MDE at α = 0.05
+    (cells: TableCell-like, `seeds`, `missing`, `values` in seed order)."""
+    if base_cell is None or long_cell is None or len(base_cell.values) < 2:
+        return (f"Convergence ({name}): not tested yet: the baseline has no run at 2× its steps (the length check "
+                "runs once the baseline and the primary rows have finished).")
+    both = set(long_cell.seeds) - set(long_cell.missing)
+    one = [v for sd, v in zip([sd for sd in base_cell.seeds if sd not in base_cell.missing], base_cell.values)
+           if sd in both]
+    sign = 1.0 if higher else -1.0  # a gain is an improvement: a lower loss for a loss
+    gain = sign * (statistics.fmean(long_cell.values) - statistics.fmean(one)) if one and long_cell.values else None
+    if gain is None or mde_05 is None:
+        return f"Convergence ({name}): not tested (no paired seeds or no MDE)."
+    ok = gain < mde_05
+    return (f"Convergence ({name}): at 2× its steps the baseline gains {gain:+.{digits}f} {unit} over the same "
+            f"{len(one)} seeds at 1×, {'under' if ok else 'NOT under'} its MDE {fmt_num(mde_05)}: "
+            f"{'converged' if ok else 'still learning; verdicts at 1× steps may change with length'}.")
 
 
 def baseline_target(summaries: list[dict], key: str, multiplier: float, higher_is_better: bool = True) -> Target:

@@ -19,7 +19,6 @@ import statistics
 import sys
 from pathlib import Path
 
-from ..runs import RunId, RunRecord
 from . import protocol
 from .floors import SCALES as FLOOR_SCALES
 from .floors import load as load_floors
@@ -28,6 +27,7 @@ from .stats import Verdict, fmt_num, fmt_p
 from .tables import (
     TableCell,
     collect,
+    longer_cell,
     multiplier,
     provenance_line,
     renderer_cli,
@@ -83,28 +83,12 @@ def row_cells(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) ->
 
 
 def longer_cells(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -> dict[str, TableCell]:
-    """The runs at factor × steps (reproduce's length check) of each row that has them, {row: TableCell}: only the
-    seeds whose run at factor × steps is planned (`exp["longer"]["variants"]`, by the name of the run at 1×)."""
-    variants = (exp.get("longer") or {}).get("variants") or {}
+    """The runs at factor × steps (reproduce's length check) of each row that has them, {row: TableCell}."""
     out = {}
     for row in rows_for(exp, scale):
         (method,) = methods_for(exp, row)
-        metric = row_metric(exp, scale, row)
-        ids = [RunId(exp["table"], row, method, scale, sd) for sd in seeds]
-        ids = [i for i in ids if i.name in variants]
-        if not ids:
-            continue
-        cell = TableCell(row, method, [i.seed for i in ids])
-        for i in ids:
-            s = RunRecord.of(runs_root, i, variants).summary
-            if s is None or metric not in s["metrics"]:
-                cell.missing.append(i.seed)
-                continue
-            cell.values.append(multiplier(exp) * float(s["metrics"][metric]))
-            cell.steps.append(int(s["steps"]))
-            cell.wall.append(float(s["wall_time_s"]))
-            cell.summaries.append(s)
-        out[row] = cell
+        if (cell := longer_cell(exp, scale, runs_root, row, method, seeds)) is not None:
+            out[row] = cell
     return out
 
 
@@ -162,36 +146,15 @@ def _p_text(t: Verdict | None) -> str:
 
 
 def _long_text(r: dict) -> str:
-    """Δ at factor × steps with its interval and n, and whether the verdict changes there."""
-    lc, lt = r["long_cell"], r["long"]
-    if lc is None:
-        return "–"
-    if r["is_baseline"]:
-        return f"{lc.text()}"
-    if lt is None or lt.ci is None:
-        return f"– (n={len(lc.values)})"
-    change = "" if r["test"] is None or lt.word == r["test"].word else f"; verdict there: {lt.word}"
-    return f"{lt.ci.text()} (n={len(lc.values)}{change})"
+    return protocol.length_text(r["is_baseline"], r["long_cell"], r["long"], r["test"])
 
 
 def convergence_line(exp: dict, rows: list[dict], task: str) -> str:
     """The baseline's convergence test: its gain at factor × steps (same seeds) against its MDE at α = 0.05."""
     base = next((x for x in rows if x["task"] == task and x["is_baseline"]), None)
-    if base is None or base["long_cell"] is None or len(base["cell"].values) < 2:
-        return (f"Convergence ({task}): not tested yet: the baseline has no run at 2× its steps (the length check "
-                "runs once the baseline and the primary rows have finished).")
-    lc, c = base["long_cell"], base["cell"]
-    both = set(lc.seeds) - set(lc.missing)
-    one = [v for sd, v in zip([sd for sd in c.seeds if sd not in c.missing], c.values) if sd in both]
-    sign = 1.0 if higher_is_better(exp) else -1.0  # a gain is an improvement: a lower loss for a loss
-    gain = sign * (statistics.fmean(lc.values) - statistics.fmean(one)) if one and lc.values else None
     mde_05 = next((x["test"].mde for x in rows if x["task"] == task and x["test"] and x["test"].mde), None)
-    if gain is None or mde_05 is None:
-        return f"Convergence ({task}): not tested (no paired seeds or no MDE)."
-    ok = gain < mde_05
-    return (f"Convergence ({task}): at 2× its steps the baseline gains {gain:+.2f} points over the same "
-            f"{len(one)} seeds at 1×, {'under' if ok else 'NOT under'} its MDE {fmt_num(mde_05)}: "
-            f"{'converged' if ok else 'still learning; verdicts at 1× steps may change with length'}.")
+    return protocol.length_convergence(task, base and base["cell"], base and base["long_cell"], mde_05,
+                                       higher_is_better(exp))
 
 
 def _csv_row(exp: dict, scale: str, r: dict) -> dict:

@@ -21,6 +21,8 @@ from .protocol import (
     Target,
     baseline_target,
     grid_text,
+    length_convergence,
+    length_text,
     lr_text,
     pick_key,
     plateau_text,
@@ -103,6 +105,36 @@ def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | Non
     return cells
 
 
+def longer_cell(exp: dict, scale: str, runs_root: str | Path, row: str, method: str,
+                seeds: list[int]) -> TableCell | None:
+    """The runs at factor × steps (reproduce's length check) of a row × method: the seeds whose longer run is planned
+    (`exp["longer"]["variants"]`, by the name of the run at 1×); None when it has none."""
+    variants = (exp.get("longer") or {}).get("variants") or {}
+    ids = [i for i in (RunId(exp["table"], row, method, scale, sd) for sd in seeds) if i.name in variants]
+    if not ids:
+        return None
+    metric, cell = row_metric(exp, scale, row), TableCell(row, method, [i.seed for i in ids])
+    for i in ids:
+        s = RunRecord.of(runs_root, i, variants).summary
+        if s is None or metric not in s["metrics"]:
+            cell.missing.append(i.seed)
+            continue
+        cell.values.append(multiplier(exp) * float(s["metrics"][metric]))
+        cell.steps.append(int(s["steps"]))
+        cell.wall.append(float(s["wall_time_s"]))
+        cell.summaries.append(s)
+    return cell
+
+
+def longer(exp: dict, scale: str, runs_root: str | Path, cells: dict[tuple, TableCell]) -> dict[tuple, TableCell]:
+    """{(row, method): the cell's runs at factor × steps} for the cells that have them."""
+    out = {}
+    for (row, method), c in cells.items():
+        if (cell := longer_cell(exp, scale, runs_root, row, method, c.seeds)) is not None:
+            out[(row, method)] = cell
+    return out
+
+
 def paper_row(exp: dict, row: str) -> str:
     """The paper row whose numbers a row is shown beside: `paper_row:` when the row names one (e.g. table 1's medium
     CIFAR-10 rows show the ImageNet row of the same family, for orientation), else the row itself."""
@@ -180,8 +212,9 @@ def table_start(exp: dict, intro: str, head: list[str]) -> list[str]:
 
 
 def render(exp: dict, scale: str, cells: dict[tuple, TableCell],
-           floors: dict | None = None) -> tuple[str, list[dict]]:
-    """Markdown text and CSV rows for one table at one scale (`floors`: the cached floors, {row: entry})."""
+           floors: dict | None = None, long: dict[tuple, TableCell] | None = None) -> tuple[str, list[dict]]:
+    """Markdown text and CSV rows for one table at one scale (`floors`: the cached floors, {row: entry}; `long`: the
+    cells' runs at 2× steps, {(row, method): TableCell})."""
     methods = exp["methods"]
     head = ["row", *paper_columns(exp).values()]
     head += [f"ours: {method_label(exp, m)}" for m in methods] + ["steps", "wall time / run"]
@@ -200,7 +233,9 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell],
         lines.append("| " + " | ".join(cols) + " |")
         tests = verdicts(cells[(row, base)].values, [(c.method, c.values, "primary") for c in ours[1:]],
                          higher_is_better(exp, row))
+        long_tests = length_verdicts(exp, row, [c.method for c in ours], long or {})
         for c in ours:
+            lc, lt = (long or {}).get((row, c.method)), long_tests.get(c.method)
             pk = PAPER_KEYS.get(c.method)
             ms = mean_std(c.values) if c.values else None
             t = tests.get(c.method)
@@ -228,8 +263,15 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell],
                 "mde_corrected": f"{t.mde_corrected:.4f}" if t and t.mde_corrected is not None else "",
                 "lr": lr_text(exp, pick_key(exp, row, c.method)),
                 "lr_grid_scores": grid_text(exp, pick_key(exp, row, c.method)),
+                "n_2x": len(lc.values) if lc else "",
+                "values_2x": " ".join(f"{v:.4f}" for v in lc.values) if lc else "",
+                "diff_2x": f"{lt.ci.diff:.4f}" if lt and lt.ci else "",
+                "diff_2x_ci95_low": f"{lt.ci.low:.4f}" if lt and lt.ci else "",
+                "diff_2x_ci95_high": f"{lt.ci.high:.4f}" if lt and lt.ci else "",
+                "p_adjusted_2x": f"{lt.p_adj:.6g}" if lt and lt.p_adj is not None else "",
+                "verdict_2x": lt.word if lt else "",
             })
-    lines += protocol_lines(exp, scale, cells, METHOD_LABELS, 2 if multiplier(exp) == 100 else 3, floors)
+    lines += protocol_lines(exp, scale, cells, METHOD_LABELS, 2 if multiplier(exp) == 100 else 3, floors, long)
     lines += tokenizer_notes([s for c in cells.values() for s in c.summaries])
     lines += patch_notes([s for c in cells.values() for s in c.summaries])
     lines += ["", provenance_line(exp, scale, cells)]
@@ -253,8 +295,17 @@ def floor_verdict(row: str, base: list[float], entry: dict | None, mult: float, 
             f"{value:.{digits}f} on {best['split']}, a gap of {abs(value - mean):.{digits}f} in its favour.")
 
 
+def length_verdicts(exp: dict, row: str, methods: list[str], long: dict[tuple, TableCell]) -> dict:
+    """The row's tests at 2× steps (the methods with runs there against the baseline's), {method: Verdict}."""
+    if (row, methods[0]) not in long or exp.get("pretrain"):
+        return {}
+    return verdicts(long[(row, methods[0])].values,
+                    [(m, long[(row, m)].values, "primary") for m in methods[1:] if (row, m) in long],
+                    higher_is_better(exp, row))
+
+
 def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], digits: int = 2,
-                   floors: dict | None = None) -> list[str]:
+                   floors: dict | None = None, long: dict[tuple, TableCell] | None = None) -> list[str]:
     """The fair protocol's block under a table whose scale has an lr grid (tables 1, 3, 4, 5 at small): per row, one
     line per method with its held-out metric (mean ± std), Δ to the row's baseline (the first method) with its 95%
     interval, the lr it picked, the MDE and steps-to-target; then the baseline's convergence figure (and the plateau
@@ -266,7 +317,7 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
     higher = higher_is_better(exp)
     mult = multiplier(exp)
     head = ["row", "method", f"{row_metric(exp, scale)} (mean ± std)", "Δ vs baseline [95% CI]",
-            "p: Welch / Holm / permutation", "verdict", "lr (pick)", "MDE: α 0.05 / corrected",
+            "p: Welch / Holm / permutation", "verdict", "Δ at 2× steps", "lr (pick)", "MDE: α 0.05 / corrected",
             "steps to baseline's half-training val"]
     lines = ["", f"**The protocol** (each method picks its lr; {'higher' if higher else 'lower'} is better; every "
                  "method is a primary hypothesis, one family per row)", "",
@@ -284,6 +335,7 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
         # no test over fine-tuning seeds can speak for it; the rows are printed, untested
         tests = {} if exp.get("pretrain") else verdicts(
             base.values, [(m, cells[(row, m)].values, "primary") for m in methods[1:]], higher)
+        long_tests = length_verdicts(exp, row, methods, long or {})
         for m in methods:
             c, t = cells[(row, m)], tests.get(m)
             steps = steps_column(c.summaries, target.value, key, mult, higher)
@@ -294,10 +346,16 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
             lr = lr_text(exp, pick_key(exp, row, m))
             word = t.word if t else ("not tested (one pretraining run: n = 1 unit)"
                                      if exp.get("pretrain") and m != methods[0] else "–")
-            lines.append(f"| {row} | {labels.get(m, m)} | {ms} | {delta} | {p} | {word} | {lr} | {mdes} | {steps[0]} |")
+            at2 = length_text(m == methods[0], (long or {}).get((row, m)), long_tests.get(m), t, digits)
+            lines.append(f"| {row} | {labels.get(m, m)} | {ms} | {delta} | {p} | {word} | {at2} | {lr} | {mdes} | "
+                         f"{steps[0]} |")
             if t is not None:
                 found.append((f"{row} {labels.get(m, m)}", t))
         notes += [f"{row}: {target.text()}"]
+        if not exp.get("pretrain") and (exp["scales"].get(scale) or {}).get("length_check"):
+            mde_05 = next((t.mde for t in tests.values() if t.mde), None)
+            notes.append(length_convergence(row, base, (long or {}).get((row, methods[0])), mde_05, higher,
+                                            "points" if mult == 100 else "", digits))
         entry, metric = (floors or {}).get(row), row_metric(exp, scale, row)
         if entry and entry.get("metric") != metric:  # cached for another metric (split): not this table's floors
             notes.append(f"{row}: its cached floors are for {entry.get('metric')}, not {metric}: rerun `python -m "
@@ -393,7 +451,8 @@ def save_outputs(exp: dict, scale: str, results_root: str | Path, md: str, csv_r
 def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,
                 seeds: list[int] | None = None) -> tuple[Path, str]:
     cells = collect(exp, scale, runs_root, seeds)
-    md, csv_rows = render(exp, scale, cells, load_floors(results_root, scale, exp["table"]))
+    md, csv_rows = render(exp, scale, cells, load_floors(results_root, scale, exp["table"]),
+                          longer(exp, scale, runs_root, cells))
     return save_outputs(exp, scale, results_root, md, csv_rows, lambda png: plot_curves(exp, scale, cells, png),
                         "validation curves")
 
