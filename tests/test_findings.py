@@ -75,3 +75,22 @@ def test_a_table_says_when_cet_ran_with_its_causal_leak_accepted():
     note = "causal_leak=accept: CET on a causal decoder, the SVD over the sequence lets a token see later ones"
     sums = [{"patch": {"notes": [note, "λ = 10"]}}, {"patch": {"notes": [note]}}, {"patch": {}}]
     assert patch_notes(sums) == ["", f"Patch: {note}"] and patch_notes([{}]) == []
+
+
+def test_a_verdict_that_changes_at_twice_the_steps_is_a_limit(tmp_path):
+    """The length check's verdict beside the one at 1× steps: where they differ, the finding says so."""
+    src = REPO / "results" / "small" / "table9_readings.csv"
+    rows = list(csv.DictReader(src.open(newline="")))
+    for r in rows:
+        r["verdict_2x"], r["diff_2x"] = "", ""
+    init = next(r for r in rows if r["row"] == "vit_cond_init")
+    init["verdict_2x"], init["diff_2x"] = "no difference detected (MDE 0.9)", "0.1000"
+    (tmp_path / "small").mkdir()
+    with (tmp_path / "small" / "table9_readings.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    found = {f.row: f for f in findings.collect("small", tmp_path) if f.family == "vit"}
+    assert found["vit_cond_init"].verdict == "better"
+    assert "at 2× steps: no difference detected (MDE 0.9) (Δ +0.10)" in found["vit_cond_init"].limits
+    assert not any(x.startswith("at 2× steps") for x in found["vit_mimetic"].limits)

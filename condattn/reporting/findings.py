@@ -105,6 +105,11 @@ def _limits(exp: dict, scale: str, fam: str, recs: dict, base_rec: dict, rec: di
     section = md.split(f"**{fam}**", 1)[1].split("\n**", 1)[0] if f"**{fam}**" in md else ""
     if f"{fam}: Plateau" in md or "Plateau:" in section:
         out.append("baseline on an early plateau")
+    if (at2 := rec.get("verdict_2x")) and at2.split(" (")[0] != (rec.get("verdict") or "").split(" (")[0]:
+        out.append(f"at 2× steps: {at2} (Δ {float(rec['diff_2x']):+.2f})" if rec.get("diff_2x") else
+                   f"at 2× steps: {at2}")
+    if f"Convergence ({fam}):" in md and "NOT under its MDE" in md.split(f"Convergence ({fam}):", 1)[1].split("\n")[0]:
+        out.append("baseline not converged (its 2× run gains more than the MDE)")
     commits = set((rec.get("commit") or "").split())
     if len(commits) > 1:
         out.append(f"runs from {len(commits)} commits")
@@ -132,7 +137,7 @@ def table_findings(csv_path: Path, scale: str, experiments: Path = REPO / "exper
         tests = verdicts(base, arms, higher_is_better(exp, members[0][0]))
         for m, vals, hyp in arms:
             t, rec = tests[m], by_key[m]
-            limits = _limits(exp, scale, fam, by_key, base_rec, rec, floors, md)
+            limits = _limits(exp, scale, fam, by_key, base_rec, {**rec, "verdict": t.word}, floors, md)
             if exp.get("pretrain"):  # one pretraining run per method: one unit, no test over fine-tuning seeds
                 t = replace(t, p=None, p_adj=None)
                 limits.append("one pretraining run per method (n = 1 unit): not tested")
