@@ -765,8 +765,11 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
                     full=full or args.only_rows is None)
 
     args.full_plan = lambda: plan_now(full=True)
-    p = plan_now(read_records=not args.force)  # --force: stage 1 of an lr grid runs again before anything picks
-    if not args.force and restore_kept(p, args.scale, args.dry_run):
+    # --force retrains: stage 1 of an lr grid runs again before anything picks (with --report-only it only means
+    # "write the table anyway", and the picks are read from the runs as always)
+    retrain = args.force and not args.report_only
+    p = plan_now(read_records=not retrain)
+    if not retrain and restore_kept(p, args.scale, args.dry_run):
         p = plan_now()  # the restored runs decide lr picks and length checks: plan again with them
     if args.status:  # queued / running / failed / finished per cell (launch.status_lines)
         from .launch import status_lines

@@ -260,6 +260,10 @@ def test_reproduce_runs_both_stages_locally_and_reuses_them(tmp_path, capsys):
     base = min(by_lr)
     best = max(by_lr, key=lambda x: (sum(by_lr[x]), x == base))
     assert {lr[r] for r in runs if r.endswith(("_s0", "_s1")) or "_s0-" in r or "_s1-" in r} == {best}
+    # --report-only --force (FORCE=1 on make report-table-N) only writes the table anyway: the picks are still read
+    assert main([*args, "--report-only", "--force"]) == 0
+    md = (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()
+    assert "grid unfinished" not in md and f"({best:.0e}" in md
 
 
 def test_one_renderer_cli_uses_the_experiments_renderer_and_refuses_an_lr_grid(tmp_path, capsys):
