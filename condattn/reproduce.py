@@ -769,7 +769,7 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
     # "write the table anyway", and the picks are read from the runs as always)
     retrain = args.force and not args.report_only
     p = plan_now(read_records=not retrain)
-    if not retrain and restore_kept(p, args.scale, args.dry_run):
+    if not retrain and not args.status and restore_kept(p, args.scale, args.dry_run):
         p = plan_now()  # the restored runs decide lr picks and length checks: plan again with them
     if args.status:  # queued / running / failed / finished per cell (launch.status_lines)
         from .launch import status_lines
@@ -797,22 +797,35 @@ def kept_root(p: Plan, scale: str) -> Path:
 
 
 def restore_kept(p: Plan, scale: str, dry_run: bool = False) -> int:
-    """Put back into the runs root every kept run record of this table whose run dir is absent (a fresh clone, a new
-    machine): such a cell counts as finished, as it did where it ran. Returns how many were (or would be) restored."""
+    """Put back into the runs root the kept record of each planned cell whose run dir is absent (a fresh clone, a new
+    machine): such a cell counts as finished, as it did where it ran. Never a cell being trained (its lock) or set
+    aside by --refresh-stale (a `.stale-N` beside it), and never a pretraining run that a fine-tuning cell still to
+    train would start from (records carry no weights). Returns how many were (or would be) restored."""
     kept = kept_root(p, scale)
     if not p.cells or not kept.is_dir():
         return 0
-    runs = p.cells[0].run_dir.parent
-    todo = [d for d in sorted(kept.glob(f"{p.exp['table']}_*")) if not (runs / d.name).exists()
-            and not (runs / d.name).is_symlink() and RunRecord(d).finished]
+
+    def restorable(c: RunSpec) -> bool:
+        rec = RunRecord(kept / c.name)
+        own = RunRecord(c.run_dir)
+        return rec.finished and not own.finished and not any(c.run_dir.parent.glob(f"{c.name}.stale-*")) and \
+            not (c.run_dir.exists() and not (own.read_summary() or {}).get("restored_from"))
+
+    todo = [c for c in p.cells if restorable(c)]
     if dry_run:
         if todo:
-            print(f"[reproduce] {len(todo)} finished runs kept in {kept} would be restored into {runs}")
+            print(f"[reproduce] {len(todo)} finished runs kept in {kept} would be restored into "
+                  f"{p.cells[0].run_dir.parent} (they are listed below as cells to train)")
         return 0
-    n = sum(RunRecord(runs / d.name).restore_from(RunRecord(d)) for d in todo)
+    feeds = {c.name for c in p.cells if "_pretrain_" in c.name} if p.exp.get("pretrain") else set()
+    n = sum(RunRecord(c.run_dir).restore_from(RunRecord(kept / c.name)) for c in todo if c.name not in feeds)
+    for c in todo:  # a pretraining run: only once every fine-tuning cell that starts from it is finished
+        users = [u for u in p.cells if needs(p.exp, u.name, scale) == c.name]
+        if c.name in feeds and users and all(RunRecord(u.run_dir).finished for u in users):
+            n += RunRecord(c.run_dir).restore_from(RunRecord(kept / c.name))
     if n:
-        print(f"[reproduce] restored {n} finished runs from their kept records ({kept}) into {runs}; they count as "
-              "finished (no checkpoints: --force retrains them)")
+        print(f"[reproduce] restored {n} finished runs from their kept records ({kept}) into "
+              f"{p.cells[0].run_dir.parent}; they count as finished (no checkpoints: --force retrains them)")
     return n
 
 

@@ -2,8 +2,9 @@
 
 Before anything trains it prints each table's projected cost on this machine: the cells still to run (finished ones
 and kept records count as done), the seeds the lr picks will add, and at most the length check's runs, each at the
-seconds per step that finished runs of the same model, data and method took (their summaries' wall time; a recipe
-no run has measured yet is counted, not guessed). `--dry-run` prints only that. Then it runs `reproduce` per table,
+seconds per step that finished runs of the same model, data and method took (their summaries' wall time, wherever
+they ran; a method not measured yet takes its model and data's; a recipe no run has measured is counted, not
+guessed). `--dry-run` prints only that. Then it runs `reproduce` per table,
 in order; a table that fails does not stop the others, and running the command again finishes only what is missing.
 """
 
@@ -82,34 +83,47 @@ class Projection:
         return sum(x is None for x in [*self.now, *self.after_picks, *self.length])
 
 
-def project(p, scale: str, seeds: list[int], step_s: dict) -> Projection:
-    """The projection of one table's plan (`reproduce.plan`, records read)."""
+def project(p, scale: str, seeds: list[int], step_s: dict, kept: Path | None = None) -> Projection:
+    """The projection of one table's plan (`reproduce.plan`, records read); a cell whose record is kept under `kept`
+    (a fresh clone) counts as finished."""
     from .reproduce import length_check
 
     out = Projection(p.exp["table"], cells=len(p.cells))
 
     def cost(cfg, factor: int = 1) -> float | None:
+        if cfg is None:
+            return None
         model, data, method = recipe(cfg)
         s = step_s.get((model, data, method), step_s.get((model, data, "*")))
         return None if s is None else s * factor * int(cfg.task.steps)
 
-    first: dict[str, object] = {}  # each row's first planned cell's config: its recipe and steps
+    first: dict[tuple[str, str], object] = {}  # each (row, method)'s first planned cell config: recipe and steps
     for c in p.cells:
         run = RunId.parse(c.name, p.exp["table"], p.exp["rows"], p.exp["methods"], scale)
-        first.setdefault(run.row if run else c.name, c.cfg)
-        if RunRecord(c.run_dir).finished:
+        if run is not None:
+            first.setdefault((run.row, run.method), c.cfg)
+        if RunRecord(c.run_dir).finished or (kept is not None and RunRecord(kept / c.name).finished):
             out.finished += 1
         else:
             out.now.append(cost(c.cfg))
-    for key in p.waiting:  # "<row>" or "<row>/<method>"
-        row = key.split("/")[0]
-        out.after_picks += [cost(first[row]) if row in first else None] * len(row_seeds(p.exp, scale, row, seeds))
-    if (check := length_check(p.exp, scale)) and not p.exp.get("longer"):
+
+    def row_method(key: str) -> tuple[str, str]:  # a pick key: "<row>/<method>", or a reading's "<row>"
+        row, _, method = key.partition("/")
+        return row, method or p.exp["rows"][row].get("method") or p.exp["methods"][0]
+
+    for key in p.waiting:
+        row, method = row_method(key)
+        out.after_picks += [cost(first.get((row, method)))] * len(row_seeds(p.exp, scale, row, seeds))
+    if check := length_check(p.exp, scale):
         factor, n = check
+        planned = set((p.exp.get("longer") or {}).get("variants") or {})
         for fam in families(p.exp, scale).values():
-            rows = [fam[0], *(rm for rm in fam[1:] if hypothesis(p.exp, rm[0]) == "primary")]
-            for row, _ in rows:
-                out.length += [cost(first[row], factor) if row in first else None] * n
+            base = RunId(p.exp["table"], *fam[0], scale, 0).name.rsplit("_s", 1)[0]
+            if any(name.rsplit("_s", 1)[0] == base for name in planned):
+                continue  # this family's length runs are planned: they are among the cells above
+            for row, method in [fam[0], *(rm for rm in fam[1:] if hypothesis(p.exp, rm[0]) == "primary")]:
+                k = min(n, len(row_seeds(p.exp, scale, row, seeds)))
+                out.length += [cost(first.get((row, method)), factor)] * k
     return out
 
 
@@ -137,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     roots = {d for _, p, _ in plans if p.cells
              for d in (p.cells[0].run_dir.parent, p.results_root / args.scale / "runs")}
     step_s = measured(sorted(roots))
-    proj = [project(p, args.scale, seeds, step_s) for _, p, seeds in plans]
+    proj = [project(p, args.scale, seeds, step_s, p.results_root / args.scale / "runs") for _, p, seeds in plans]
     print(f"[reproduce-all] scale {args.scale}: {len(files)} tables; projected cost on this machine, one run after "
           "another (seconds per step measured by finished runs of the same model, data and method):")
     print("\n".join(x.line() for x in proj))
@@ -151,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[reproduce-all] {f.name}", flush=True)
         if (code := reproduce([str(f), "--scale", args.scale, *args.overrides])) != 0:
             failed.append(f"{f.name} (exit {code})")
+        if code == 3:  # stopped (Ctrl-C, SIGTERM): the running cell checkpointed; the other tables wait too
+            print("[reproduce-all] stopped; run the same command again to go on")
+            return 3
     print("[reproduce-all] done" + (f"; not complete: {', '.join(failed)} (run the same command again to finish what "
                                     "is missing)" if failed else ": every table written"))
     return 1 if failed else 0

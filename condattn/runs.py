@@ -275,36 +275,65 @@ class RunRecord:
 
     def keep_in(self, root: str | Path) -> bool:
         """Copy this finished run's KEPT_FILES to `<root>/<run name>/` (a table's committed run records); False when
-        the run is not finished or the same summary is kept there already."""
+        the run is not finished, is itself a restored record, or the record kept there is the same run or a later one
+        (its `finished_at`), so a clone never writes back what it restored nor replaces a newer record."""
         summary = self.summary
+        if summary is None or summary.get("restored_from"):
+            return False
         dest = RunRecord(Path(root) / self.dir.name)
-        if summary is None or dest.read_summary() == summary:
+        kept = dest.summary
+        if kept is not None and (same_run(kept, summary) or str(kept.get("finished_at") or "") >=
+                                 str(summary.get("finished_at") or "")):
             return False
         dest.dir.mkdir(parents=True, exist_ok=True)
         for name in KEPT_FILES[:-1]:
             if (self.dir / name).is_file():
                 (dest.dir / name).write_bytes((self.dir / name).read_bytes())
+            else:
+                (dest.dir / name).unlink(missing_ok=True)
         dest.write_summary(summary)
         return True
 
     def restore_from(self, kept: RunRecord) -> bool:
-        """Make this (absent) run dir the finished run `kept` records (a committed run record); its summary's
-        run_dir names the new place. False when this dir exists or `kept` is not a finished run."""
+        """Make this run dir the finished run `kept` records (a committed run record); its summary's run_dir names the
+        new place and `restored_from` the record. Done only while no process trains the dir (its RunLock) and when the
+        dir is absent, or holds an earlier restore of another record (a newer record came with a pull). False
+        otherwise, and when `kept` is not a finished run."""
         summary = kept.summary
-        if summary is None or self.dir.exists() or self.dir.is_symlink():
+        if summary is None or self.dir.is_symlink():
             return False
-        self.dir.mkdir(parents=True)
-        for name in KEPT_FILES[:-1]:
-            if (kept.dir / name).is_file():
-                (self.dir / name).write_bytes((kept.dir / name).read_bytes())
-        self.write_summary({**summary, "run_dir": str(self.dir), "restored_from": str(kept.dir)})
-        return True
+        lock = RunLock(self.dir)
+        if not lock.try_acquire():
+            return False
+        try:
+            if self.dir.exists():
+                mine = self.read_summary() or {}
+                if not mine.get("restored_from") or same_run(mine, summary):
+                    return False
+                import shutil
+
+                shutil.rmtree(self.dir)
+            self.dir.mkdir(parents=True)
+            for name in KEPT_FILES[:-1]:
+                if (kept.dir / name).is_file():
+                    (self.dir / name).write_bytes((kept.dir / name).read_bytes())
+            self.write_summary({**summary, "run_dir": str(self.dir), "restored_from": str(kept.dir)})
+            return True
+        finally:
+            lock.release()
 
     def write_submission(self, record: dict) -> None:
         write_json_atomic(self.submission_path, record)
 
     def write_patch_report(self, report: dict) -> None:
         write_json_atomic(self.patch_report_path, report)
+
+
+def same_run(a: dict, b: dict) -> bool:
+    """Whether two summaries record the same run, wherever it lies (`run_dir`, `restored_from` aside)."""
+    def strip(s: dict) -> dict:
+        return {k: v for k, v in s.items() if k not in ("run_dir", "restored_from")}
+    return strip(a) == strip(b)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

@@ -151,10 +151,10 @@ def test_reproduce_table4_smoke_end_to_end_interrupted_and_idempotent(tmp_path, 
     assert not any((kept / n / "checkpoints").exists() or (kept / n / "best_model.pt").exists() for n in names)
     shutil.rmtree(tmp_path / "runs")
     assert main([*args, "--dry-run"]) == 0
-    assert "4 finished runs kept in" in capsys.readouterr().out and not runs.exists()
+    assert "3 finished runs kept in" in capsys.readouterr().out and not runs.exists()  # the plan's cells only
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "restored 4 finished runs" in out and out.count("finished earlier, skipped") == 3
+    assert "restored 3 finished runs" in out and out.count("finished earlier, skipped") == 3
     assert "| missing |" not in (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()
 
 
@@ -287,3 +287,37 @@ def test_a_rows_run_writes_beside_the_table_and_results_follow_condattn_results(
     assert not (tmp_path / "res" / "smoke" / "table4_lra.md").exists()
     assert main(common) == 0
     assert (tmp_path / "res" / "smoke" / "table4_lra.md").is_file()
+
+
+def test_restore_kept_never_restores_weights_a_cell_still_needs_nor_a_run_set_aside(tmp_path):
+    """Records carry no weights: a pretraining run is restored only once every fine-tuning cell that starts from it is
+    finished; a run --refresh-stale set aside (its `.stale-N`) is being retrained and stays absent."""
+    from omegaconf import OmegaConf
+
+    from condattn.launch import RunSpec
+    from condattn.reproduce import Plan, restore_kept
+    from condattn.runs import RunRecord
+
+    exp = {"table": "t3", "rows": {"sst2": {}}, "methods": ["none"], "pretrain": {"seed": 0}}
+    names = ["t3_pretrain_none_small_s0", "t3_sst2_none_small_s0", "t3_sst2_none_small_s1"]
+    runs, kept = tmp_path / "runs" / "small", tmp_path / "results" / "small" / "runs"
+    cells = [RunSpec(n, [], OmegaConf.create({"run": {"dir": str(runs / n)}})) for n in names]
+    plan = Plan(exp, cells, {}, tmp_path / "runs", tmp_path / "results")
+
+    def keep(name: str) -> None:
+        (kept / name).mkdir(parents=True)
+        RunRecord(kept / name).write_summary({"status": "finished", "metrics": {"acc": 1.0}, "run_dir": "elsewhere"})
+
+    keep(names[0])
+    keep(names[1])
+    assert restore_kept(plan, "small") == 1  # the fine-tune s0; s1 will train from the pretraining run's weights
+    assert RunRecord(runs / names[1]).finished and not (runs / names[0]).exists()
+    keep(names[2])
+    assert restore_kept(plan, "small") == 2  # s1, then the pretraining run nothing needs any more
+    assert RunRecord(runs / names[0]).finished
+
+    s2 = "t3_sst2_none_small_s2"
+    other = RunSpec(s2, [], OmegaConf.create({"run": {"dir": str(runs / s2)}}))
+    keep(other.name)
+    (runs / f"{other.name}.stale-1").mkdir()
+    assert restore_kept(Plan(exp, [other], {}, tmp_path / "runs", tmp_path / "results"), "small") == 0

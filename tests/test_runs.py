@@ -275,3 +275,26 @@ def test_an_unfinished_run_is_neither_kept_nor_restored(tmp_path):
     run = RunRecord(write(tmp_path / "runs" / "r" / "summary.json", {"status": "failed", "error": "x"}).parent)
     assert not run.keep_in(tmp_path / "kept") and not (tmp_path / "kept").exists()
     assert not RunRecord(tmp_path / "new").restore_from(run) and not (tmp_path / "new").exists()
+
+
+def test_a_restored_run_is_never_kept_again_and_a_newer_record_is_never_replaced(tmp_path, real_run):
+    from condattn.runs import RunLock
+
+    kept = tmp_path / "kept"
+    assert real_run.keep_in(kept)
+    clone = RunRecord(tmp_path / "clone" / REAL)
+    assert clone.restore_from(RunRecord(kept / REAL))
+    assert not clone.keep_in(kept)  # the clone's copy (another run_dir, restored_from) is not written back
+    assert RunRecord(kept / REAL).summary == real_run.summary
+
+    newer = {**real_run.summary, "finished_at": "2999-01-01T00:00:00", "metrics": {"test_acc": 0.99}}
+    RunRecord(kept / REAL).write_summary(newer)  # a pull brings a later run of the cell
+    assert not real_run.keep_in(kept)  # the older local run does not replace it
+    assert RunRecord(kept / REAL).summary["metrics"] == {"test_acc": 0.99}
+    lock = RunLock(clone.dir)
+    assert lock.try_acquire()
+    assert not clone.restore_from(RunRecord(kept / REAL))  # a process holds the dir: left alone
+    lock.release()
+    assert clone.restore_from(RunRecord(kept / REAL))  # an earlier restore gives way to the newer record
+    assert clone.summary["metrics"] == {"test_acc": 0.99}
+    assert not real_run.restore_from(RunRecord(kept / REAL))  # a run trained here is never replaced

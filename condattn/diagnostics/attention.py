@@ -94,7 +94,7 @@ class AttentionProbe:
                 self.absent[i] = got
             else:
                 self._handles += got
-            if site.attends_over == "tokens":
+            if site.attends_over == "tokens" and site.group != "decoder_cross":  # cross: no token meets itself
                 self._handles.append(site.module.register_forward_pre_hook(
                     lambda mod, args, kwargs, i=i: self._input_norm(i, args, kwargs), with_kwargs=True))
         return self
@@ -102,8 +102,11 @@ class AttentionProbe:
     def _input_norm(self, i: int, args: tuple, kwargs: dict) -> None:
         """Accumulate ‖x_h‖² of the site's input tokens (..., N, D), D = heads × head_dim; other inputs are skipped."""
         x = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
+        pos = kwargs.get("position_embeddings", kwargs.get("object_queries"))  # DETR: q, k see x + positions
+        if isinstance(x, torch.Tensor) and isinstance(pos, torch.Tensor) and pos.shape == x.shape:
+            x = x + pos
         site = self.sites[i]
-        if isinstance(x, torch.Tensor) and x.dim() >= 3 and x.shape[-1] == site.num_heads * site.head_dim:
+        if isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[-1] == site.num_heads * site.head_dim:
             x = x.detach().double().reshape(-1, site.num_heads, site.head_dim)
             self.xh_norm2[i] += float(x.pow(2).sum(-1).mean(-1).sum())
             self.xh_count[i] += x.shape[0]

@@ -57,6 +57,14 @@ def _tokens(summary: dict) -> int | None:
     return (int(img) // int(patch)) ** 2 + 1  # + CLS (timm ViT/DeiT)
 
 
+def _plain_lambda(summary: dict) -> bool:
+    """Whether λ²‖x_h‖²/√d_h is the self-logit λI adds in this run: λI over the full block (each head sees its own
+    slice), λ absolute, on W_Q and W_K, a fixed identity (not the SVD correction)."""
+    c = (summary.get("config") or {}).get("conditioning") or {}
+    return c.get("identity", "full") == "full" and c.get("lam_unit", "abs") == "abs" and \
+        c.get("correction", "identity") == "identity" and {"q", "k"} <= set(c.get("targets", ["q", "k", "v"]))
+
+
 def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None) -> tuple[list, dict]:
     cells = collect(exp, scale, runs_root, seeds)
     method = exp["methods"][0]
@@ -74,7 +82,7 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | 
             "acc": _stats(c.values),
             "top5": _stats([100.0 * v for v in top5 if v is not None]),
             "diag": {key: _stats([d.get(key) for d in d0]) for _, key in DIAG_COLUMNS},
-            "unit": _stats([d.get("self_logit_unit/mean") for d in d0]),
+            "unit": _stats([d.get("self_logit_unit/mean") for d in d0]) if all(map(_plain_lambda, sums)) else None,
             "steps": sorted(set(c.steps)),
             "wall": statistics.fmean(c.wall) if c.wall else None,
             "tokens": next((t for t in (_tokens(s) for s in sums) if t), None),

@@ -113,7 +113,8 @@ def length_text(is_baseline: bool, long_cell, long_test: Verdict | None, test: V
         return long_cell.text()
     if long_test is None or long_test.ci is None:
         return f"– (n={len(long_cell.values)})"
-    change = "" if test is None or long_test.word == test.word else f"; verdict there: {long_test.word}"
+    same = test is None or long_test.word.split(" (")[0] == test.word.split(" (")[0]  # the word, not its MDE
+    change = "" if same else f"; verdict there: {long_test.word}"
     return f"{long_test.ci.text(digits)} (n={len(long_cell.values)}{change})"
 
 
@@ -121,19 +122,23 @@ def length_convergence(name: str, base_cell, long_cell, mde_05: float | None, hi
                        unit: str = "points", digits: int = 2) -> str:
     """The convergence test: the baseline's gain at 2× its steps over the same seeds at 1×, against its MDE at α = 0.05
     (cells: TableCell-like, `seeds`, `missing`, `values` in seed order)."""
-    if base_cell is None or long_cell is None or len(base_cell.values) < 2:
+    if base_cell is None or long_cell is None:
         return (f"Convergence ({name}): not tested yet: the baseline has no run at 2× its steps (the length check "
                 "runs once the baseline and the primary rows have finished).")
-    both = set(long_cell.seeds) - set(long_cell.missing)
-    one = [v for sd, v in zip([sd for sd in base_cell.seeds if sd not in base_cell.missing], base_cell.values)
-           if sd in both]
+
+    def by_seed(c) -> dict[int, float]:
+        return dict(zip([sd for sd in c.seeds if sd not in c.missing], c.values))
+
+    one, two = by_seed(base_cell), by_seed(long_cell)
+    paired = sorted(set(one) & set(two))  # the same seeds on both sides, whatever failed on either
     sign = 1.0 if higher else -1.0  # a gain is an improvement: a lower loss for a loss
-    gain = sign * (statistics.fmean(long_cell.values) - statistics.fmean(one)) if one and long_cell.values else None
+    gain = sign * statistics.fmean(two[sd] - one[sd] for sd in paired) if len(paired) >= 2 else None
     if gain is None or mde_05 is None:
-        return f"Convergence ({name}): not tested (no paired seeds or no MDE)."
+        return f"Convergence ({name}): not tested (fewer than 2 seeds finished at both lengths, or no MDE)."
     ok = gain < mde_05
-    return (f"Convergence ({name}): at 2× its steps the baseline gains {gain:+.{digits}f} {unit} over the same "
-            f"{len(one)} seeds at 1×, {'under' if ok else 'NOT under'} its MDE {fmt_num(mde_05)}: "
+    units = f" {unit}" if unit else ""
+    return (f"Convergence ({name}): at 2× its steps the baseline gains {gain:+.{digits}f}{units} over the same "
+            f"{len(paired)} seeds at 1×, {'under' if ok else 'NOT under'} its MDE {fmt_num(mde_05)}: "
             f"{'converged' if ok else 'still learning; verdicts at 1× steps may change with length'}.")
 
 

@@ -106,8 +106,8 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -
         b = fam[0][0]
         arms = [(r, cells[r].values, hypothesis(exp, r)) for r, _ in fam[1:]]
         tests.update(protocol.verdicts(cells[b].values, arms, higher))
-        if b in long:
-            arms = [(r, long[r].values, hypothesis(exp, r)) for r, _ in fam[1:] if r in long]
+        if b in long:  # the family as declared: a row without runs at 2× counts as p = 1
+            arms = [(r, long[r].values if r in long else [], hypothesis(exp, r)) for r, _ in fam[1:]]
             long_tests.update(protocol.verdicts(long[b].values, arms, higher))
     out = []
     for row, c in cells.items():

@@ -299,8 +299,9 @@ def length_verdicts(exp: dict, row: str, methods: list[str], long: dict[tuple, T
     """The row's tests at 2× steps (the methods with runs there against the baseline's), {method: Verdict}."""
     if (row, methods[0]) not in long or exp.get("pretrain"):
         return {}
+    # the family as declared: a method without runs at 2× counts as p = 1 (Holm never corrects for fewer)
     return verdicts(long[(row, methods[0])].values,
-                    [(m, long[(row, m)].values, "primary") for m in methods[1:] if (row, m) in long],
+                    [(m, long[(row, m)].values if (row, m) in long else [], "primary") for m in methods[1:]],
                     higher_is_better(exp, row))
 
 
