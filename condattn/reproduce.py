@@ -520,7 +520,8 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
         raise ConfigError(_refusal(errors, n).lstrip(" "))
     _check_shared_dirs([spec for _, spec in planned])
     variants = {name: v for name, v in shown.items() if v}
-    exp = {**exp, **({"variants": variants} if variants else {}),
+    exp = {**exp, "planned_cells": [spec.name for _, spec in planned],  # what the table costs: every run it trains
+           **({"variants": variants} if variants else {}),
            **({"lr_picks": {row: p.as_dict() for row, p in picks.items()}} if grid else {}),
            **({"longer": {"factor": length_check(exp, scale)[0], "variants": longer}} if longer else {}),
            **({"made_with": {"overrides": [o for o in extra if is_science_key(o.split("=", 1)[0].lstrip("+~"))],

@@ -305,6 +305,10 @@ def test_cost_line_projects_the_whole_table_from_each_tasks_median():
     # 3 rows × (5 reported + 6 selection) runs, and each baseline 5 seeds at 2× its steps
     assert "33 runs" in line and "20 run-lengths of the length check" in line
     assert f"{(120 * 11 * 2 + 200 * 11 + 120 * 10 + 200 * 10) / 2 / 3600:.1f} h" in line
+    # every run the table trained (selection and length runs too), measured
+    done = [{"wall_time_s": 3600.0}] * 9
+    assert "Trained so far for this table: 9 runs (selection, reported and length runs), 9.00 h of run wall time " \
+           "summed, 4.5 h on two processes." in cost_line(exp, "small", rows, done)
     rows.append({"task": "text", "cell": cell([], [0, 1, 2, 3, 4]), "is_baseline": True, "test": None})
     assert "unknown until text has a finished run" in cost_line(exp, "small", rows)
     assert "whole table" not in cost_line(exp, "medium", rows[:1])  # one GPU, not two CPU processes

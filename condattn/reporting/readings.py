@@ -19,6 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from ..runs import RunRecord
 from . import protocol
 from .floors import SCALES as FLOOR_SCALES
 from .floors import load as load_floors
@@ -199,8 +200,9 @@ def _csv_row(exp: dict, scale: str, r: dict) -> dict:
 
 
 def render(exp: dict, scale: str, rows: list[dict], cells: dict,
-           floors: dict | None = None) -> tuple[str, list[dict]]:
-    """`floors`: {task: cached floors entry} (reporting/floors.py), printed as rows under each task's readings."""
+           floors: dict | None = None, done: list[dict] | None = None) -> tuple[str, list[dict]]:
+    """`floors`: {task: cached floors entry} (reporting/floors.py), printed as rows under each task's readings;
+    `done`: the summaries of every run the table trained (the cost line)."""
     head = [*HEAD, *(f"step 0: {h}" for h in STEP0)]
     intro = ("Each row is one reading of a method (experiments/table9_readings.yaml names its options and declares it "
              "primary or exploratory before running). Final accuracy: mean ± std over the reported seeds of each "
@@ -245,7 +247,7 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
                 lines += ["", plateau]
     found = [(f"{r['task']}: {r['reading']}" + (" (exploratory)" if r["hypothesis"] == "exploratory" else ""),
               r["test"]) for r in rows if r["test"] is not None]
-    lines += ["", protocol.verdict_line(found), "", protocol.FOOTER, "", cost_line(exp, scale, rows), "",
+    lines += ["", protocol.verdict_line(found), "", protocol.FOOTER, "", cost_line(exp, scale, rows, done), "",
               code_line(rows), "", provenance_line(exp, scale, cells)]
     return "\n".join(lines) + "\n", csv_rows
 
@@ -279,19 +281,34 @@ def code_line(rows: list[dict]) -> str:
                    "Within every reading its runs ran the same code.")
 
 
-def cost_line(exp: dict, scale: str, rows: list[dict]) -> str:
-    """The measured training time of the runs shown and, at the CPU scales, what the whole table costs at those
-    per-task medians: every row runs its reported seeds plus its selection seeds at each multiplier of the starting
-    lr grid (an extension of the grid costs more), and the length check its runs at factor × steps, on two processes
-    of one thread (2 cores). A task with no finished run yet makes the projection unknown."""
+def trained(exp: dict, scale: str, runs_root: str | Path) -> list[dict]:
+    """The summaries of every finished run the table's plan trains (`exp["planned_cells"]`: selection, reported and
+    length runs, grid extensions included)."""
+    return [s for name in exp.get("planned_cells") or []
+            if (s := RunRecord(Path(runs_root) / scale / name).summary) is not None]
+
+
+def cost_line(exp: dict, scale: str, rows: list[dict], done: list[dict] | None = None) -> str:
+    """The measured training time of the runs shown, and of every run the table has trained so far (`done`:
+    `trained()`), and, at the CPU scales, what the whole table costs at the per-task medians: every row runs its
+    reported seeds plus its selection seeds at each multiplier of the starting lr grid (an extension of the grid costs
+    more), and the length check its runs at factor × steps, on two processes of one thread (2 cores). A task with no
+    finished run yet makes the projection unknown."""
     walls = [w for r in rows for w in r["cell"].wall]
     if not walls:
         return ""
+    if done:
+        spent = sum(float(s.get("wall_time_s") or 0.0) for s in done)
+        so_far = (f" Trained so far for this table: {len(done)} runs (selection, reported and length runs), "
+                  f"{spent / 3600:.2f} h of run wall time summed, {spent / 2 / 3600:.1f} h on two processes.")
+    else:
+        so_far = ""
     medians = {t: statistics.median(ws) for t in dict.fromkeys(r["task"] for r in rows)
                if (ws := [w for r in rows if r["task"] == t for w in r["cell"].wall])}
     per_task = ", ".join(f"{t} {m:.0f} s" for t, m in medians.items())
     line = (f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time summed "
             f"(median per run: {per_task}).")
+    line += so_far
     if scale not in ("smoke", "small"):
         return line
     at = exp["scales"].get(scale) or {}
@@ -360,7 +377,7 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
     seeds = list(seeds if seeds is not None else exp["scales"][scale]["seeds"])
     rows, cells = table_rows(exp, scale, runs_root, seeds)
     floors = load_floors(results_root, scale, exp["table"]) if scale in FLOOR_SCALES else {}
-    md, csv_rows = render(exp, scale, rows, cells, floors)
+    md, csv_rows = render(exp, scale, rows, cells, floors, trained(exp, scale, runs_root))
     return save_outputs(exp, scale, results_root, md, csv_rows,
                         lambda png: plot(rows, png, f"{exp['table']}, scale={scale}"),
                         "final accuracy per reading, beside the baseline", floors=False)
