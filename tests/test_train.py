@@ -298,3 +298,16 @@ def test_resumed_epoch_starts_at_its_batch_without_loading_the_skipped_samples()
             full = list(s)
             s.set_epoch(3, skip=5)
             assert list(s) == full[5 * 4:] and len(s) == len(full)
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_of_a_method_that_adds_parameters_resumes(tmp_path, cache):
+    """σReparam adds σ parameters to W_Q/W_K/W_V: its checkpoints hold them, and the preflight's architecture check
+    (the model on the meta device) patches the model as the trainer does, so the run resumes instead of being refused
+    as another architecture."""
+    with pytest.raises(TrainingInterrupted):
+        train(compose(mini(tmp_path, cache, "conditioning=sigma_reparam", "debug.interrupt_at_step=2")))
+    cfg = compose(mini(tmp_path, cache, "conditioning=sigma_reparam"))
+    assert preflight(cfg) == []
+    s = train(cfg)
+    assert s["steps"] == 4 and s["launch"]["resumed_at_steps"] == [2]

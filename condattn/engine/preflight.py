@@ -66,9 +66,13 @@ def batch_split(cfg: Any, world: int) -> tuple[int, int, int]:
 
 
 def _model_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
-    """The state_dict shapes of the model the config builds, on the meta device (no memory, no weights)."""
+    """The state_dict shapes of the model the config trains, on the meta device (no memory, no weights): built, then
+    patched by its conditioning method, since a method may add parameters (σReparam's σ, QK-norm's norms) that its
+    checkpoints hold."""
     import torch
 
+    from ..conditioning import apply_conditioning
+    from ..conditioning.spec import conditioning_spec
     from ..models import build_model
 
     mcfg = OmegaConf.to_container(cfg.model, resolve=True)
@@ -76,6 +80,8 @@ def _model_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
         mcfg["pretrained"] = False
     with torch.device("meta"):
         model = build_model(mcfg)
+        if cfg.get("conditioning") is not None:
+            apply_conditioning(model, conditioning_spec(cfg.conditioning))
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
@@ -370,6 +376,6 @@ def run_dir_problems(cfg: Any) -> list[str]:
         return []
     try:
         why = architecture_mismatch(ckpt, _model_shapes(cfg))
-    except Exception:  # a builder that cannot build on the meta device: the trainer checks with real weights
+    except Exception:  # a builder or a patch that cannot run on the meta device: the trainer checks with real weights
         why = None
     return [why] if why else []
