@@ -285,12 +285,7 @@ class RunRecord:
         if kept is not None and (same_run(kept, summary) or str(kept.get("finished_at") or "") >=
                                  str(summary.get("finished_at") or "")):
             return False
-        dest.dir.mkdir(parents=True, exist_ok=True)
-        for name in KEPT_FILES[:-1]:
-            if (self.dir / name).is_file():
-                (dest.dir / name).write_bytes((self.dir / name).read_bytes())
-            else:
-                (dest.dir / name).unlink(missing_ok=True)
+        _copy_kept(self.dir, dest.dir)
         dest.write_summary(summary)
         return True
 
@@ -313,10 +308,7 @@ class RunRecord:
                 import shutil
 
                 shutil.rmtree(self.dir)
-            self.dir.mkdir(parents=True)
-            for name in KEPT_FILES[:-1]:
-                if (kept.dir / name).is_file():
-                    (self.dir / name).write_bytes((kept.dir / name).read_bytes())
+            _copy_kept(kept.dir, self.dir)
             self.write_summary({**summary, "run_dir": str(self.dir), "restored_from": str(kept.dir)})
             return True
         finally:
@@ -327,6 +319,17 @@ class RunRecord:
 
     def write_patch_report(self, report: dict) -> None:
         write_json_atomic(self.patch_report_path, report)
+
+
+def _copy_kept(src: Path, dst: Path) -> None:
+    """KEPT_FILES but the summary (written last by the caller) from one run dir to another; one `src` lacks is
+    removed from `dst`."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in KEPT_FILES[:-1]:
+        if (src / name).is_file():
+            (dst / name).write_bytes((src / name).read_bytes())
+        else:
+            (dst / name).unlink(missing_ok=True)
 
 
 def same_run(a: dict, b: dict) -> bool:
