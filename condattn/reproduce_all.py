@@ -56,6 +56,7 @@ class Projection:
     table: str
     cells: int = 0
     finished: int = 0
+    reused: int = 0  # of the finished: another table's runs of the same science config and code (twins)
     now: list[float | None] = field(default_factory=list)  # planned now: stage 1, or every cell without an lr grid
     after_picks: list[float | None] = field(default_factory=list)  # the seeds the lr picks will add
     length: list[float | None] = field(default_factory=list)  # at most: the length check's runs not planned yet
@@ -72,7 +73,9 @@ class Projection:
             parts.append(f"{self.hours(self.after_picks)} after the lr picks")
         if self.length:
             parts.append(f"at most {self.hours(self.length)} for the length check")
-        return f"  {self.table}: {self.cells} cells planned, {self.finished} finished; to train: {' + '.join(parts)}"
+        reused = f" ({self.reused} as another table's twin runs)" if self.reused else ""
+        return (f"  {self.table}: {self.cells} cells planned, {self.finished} finished{reused}; "
+                f"to train: {' + '.join(parts)}")
 
     @property
     def seconds(self) -> float:
@@ -85,7 +88,10 @@ class Projection:
 
 def project(p, scale: str, seeds: list[int], step_s: dict, kept: Path | None = None) -> Projection:
     """The projection of one table's plan (`reproduce.plan`, records read); a cell whose record is kept under `kept`
-    (a fresh clone) counts as finished."""
+    (a fresh clone) counts as finished, and so does one that `reproduce` will link to a finished twin (the same
+    science config, made by this code, under another table's name: engine/twins.py)."""
+    from .engine.provenance import code_fingerprint
+    from .engine.twins import TwinIndex
     from .reproduce import length_check
 
     out = Projection(p.exp["table"], cells=len(p.cells))
@@ -97,6 +103,8 @@ def project(p, scale: str, seeds: list[int], step_s: dict, kept: Path | None = N
         s = step_s.get((model, data, method), step_s.get((model, data, "*")))
         return None if s is None else s * factor * int(cfg.task.steps)
 
+    code = code_fingerprint()
+    twins = [TwinIndex(d) for d in {c.run_dir.parent for c in p.cells[:1]} | ({kept} if kept else set())]
     first: dict[tuple[str, str], object] = {}  # each (row, method)'s first planned cell config: recipe and steps
     for c in p.cells:
         run = RunId.parse(c.name, p.exp["table"], p.exp["rows"], p.exp["methods"], scale)
@@ -104,6 +112,9 @@ def project(p, scale: str, seeds: list[int], step_s: dict, kept: Path | None = N
             first.setdefault((run.row, run.method), c.cfg)
         if RunRecord(c.run_dir).finished or (kept is not None and RunRecord(kept / c.name).finished):
             out.finished += 1
+        elif not c.run_dir.exists() and any(t.find(c.cfg, c.run_dir, code) for t in twins):
+            out.finished += 1
+            out.reused += 1
         else:
             out.now.append(cost(c.cfg))
 

@@ -4,6 +4,7 @@ seconds per step of finished runs of the same recipe; a recipe nobody has measur
 import shutil
 
 import pytest
+import yaml
 from test_reproduce import listops_only, tiny
 
 from condattn.reproduce_all import Projection, main, measured, tables
@@ -39,11 +40,16 @@ def test_dry_run_projects_from_the_finished_runs_and_the_real_run_finishes_what_
 
     shutil.rmtree(runs / "table4_lra_listops_embedded_smoke_s0")
     shutil.rmtree(tmp_path / "results" / "smoke" / "runs" / "table4_lra_listops_embedded_smoke_s0")
+    twin = yaml.safe_load((tmp_path / "exps" / exp.name).read_text())  # another table of the same cells
+    (tmp_path / "exps" / "table41_twin.yaml").write_text(yaml.safe_dump({**twin, "table": "table41_twin"}))
     capsys.readouterr()
     assert main([*args, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "table4_lra: 3 cells planned, 2 finished; to train: 1 runs (0.0 h) now" in out  # embedded: measured as
     assert "unmeasured" not in out and not (runs / "table4_lra_listops_embedded_smoke_s0").exists()  # its kin
+    # the twin table's cells of finished runs are linked, not trained: the projection counts them as finished
+    assert "table41_twin: 3 cells planned, 2 finished (2 as another table's twin runs); to train: 1 runs" in out
+    (tmp_path / "exps" / "table41_twin.yaml").unlink()
 
     assert main(args) == 0
     out = capsys.readouterr().out
