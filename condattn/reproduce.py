@@ -475,9 +475,11 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
     nothing). With an lr grid, a row's other seeds are planned once its stage-1 runs have ended (`read_records`
     False, as under --force: none has). The cells of rows outside `only_rows` are planned too when `full` (their
     variants and picks name the runs the table shows) but never returned to train; a plan that only trains
-    (`full=False`) skips them. ConfigError: the overrides that do not compose
+    (`full=False`) skips them, unless the scale has a length check: its verdicts read every primary row's runs, so a
+    `--rows` process trains its rows' length runs too. ConfigError: the overrides that do not compose
     (one message each), an optim.lr override beside an lr grid, cells that would share a run dir."""
     grid = lr_grid(exp, scale)
+    full = full or bool(grid and length_check(exp, scale) and read_records)
     if grid and (bad := [o for o in extra if o.split("=", 1)[0].lstrip("+~") == "optim.lr"]):
         raise ConfigError(f"{bad[0]} conflicts with scales.{scale}.lr_grid, which sets every row's lr (multiples of "
                           "its optim.lr): drop the override, or change the row's optim.lr in the experiment")

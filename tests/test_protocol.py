@@ -154,6 +154,18 @@ def test_plan_lr_grid_selection_seeds_extend_at_an_edge_then_report_other_seeds(
     only = plan(exp, "small", [0, 1, 2], extra, only_rows=["vit_sca10"])
     assert {c.cfg.run.row for c in only.cells} == {"vit_sca10"} and len(only.exp["lr_picks"]) == 3
 
+    # the length check: SCA is worse, so it runs again at 2× steps on 2 seeds; a --rows process of SCA alone (a plan
+    # that only trains) plans those runs, since the verdict reads the baseline's runs too (it once planned none)
+    exp["scales"]["small"]["length_check"] = {"factor": 2, "seeds": 2}
+    for c in stage2:
+        acc = {"vit_baseline": 0.9, "vit_sca10": 0.5}.get(c.cfg.run.row, 0.4) + 0.01 * int(c.cfg.seed)
+        finish(c, {"final_val_acc": acc, "final_test_acc": acc, "val_acc": acc, "test_acc": acc})
+    steps = next(int(c.cfg.task.steps) for c in stage2 if c.cfg.run.row == "vit_sca10")
+    sca_only = plan(exp, "small", [0, 1, 2], extra, only_rows=["vit_sca10"], full=False)
+    at2 = [c for c in sca_only.cells if int(c.cfg.task.steps) == 2 * steps]
+    assert [(c.cfg.run.row, int(c.cfg.seed)) for c in at2] == [("vit_sca10", 0), ("vit_sca10", 1)]
+    assert {c.cfg.run.row for c in sca_only.cells} == {"vit_sca10"}
+
 
 def test_selection_seeds_are_required_distinct_and_never_reported(tmp_path):
     exp = grid_exp(("vit_baseline",))
