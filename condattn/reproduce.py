@@ -730,24 +730,29 @@ def _local(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int], plan_ag
     attempted: set[str] = set()
     failed: list[str] = []
     pending = t.pending
+    res = None
     while True:
         attempted |= {c.name for c in pending}
         exp = p.exp
-        res = run_local(pending, exp["metric"], force=args.force,
-                        needs=lambda name, exp=exp: needs(exp, name, args.scale))
-        failed += res.failed
-        if res.interrupted or not (p.waiting or length_check(p.exp, args.scale)):
+        if pending or res is None:  # the first stage always says what it trained, "0 of 0" included
+            res = run_local(pending, exp["metric"], force=args.force,
+                            needs=lambda name, exp=exp: needs(exp, name, args.scale))
+            failed += res.failed
+            if res.interrupted:
+                break
+        if not (p.waiting or length_check(p.exp, args.scale)):
             break
-        p = plan_again()  # a stage has run: the picks add the rows' other seeds, the verdicts the length check
-        new = [c for c in p.cells if c.name not in attempted]
-        if not new:
+        # a stage has ended (trained now, finished earlier or linked to another table's twin runs): the picks add the
+        # rows' other seeds, the verdicts the length check; stop once a plan adds no cell
+        planned = {c.name for c in p.cells}
+        p = plan_again()
+        if not (new := [c for c in p.cells if c.name not in planned]):
             break
         if (t := _checked(p, args, new)) is None:
             return 2
-        if not (pending := [c for c in t.pending if c.name not in attempted]):
-            break
+        pending = [c for c in t.pending if c.name not in attempted]
     code = report(args.full_plan() if args.only_rows else p, args.scale, seeds, failed)
-    if res.interrupted:
+    if res is not None and res.interrupted:
         print(f"[reproduce] stopped: {len(res.failed)} cell(s) interrupted or failed, {len(res.not_started)} not "
               "started. Finished cells are kept; rerun the same command to finish the missing ones (interrupted "
               "cells resume from their checkpoint).")

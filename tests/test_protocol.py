@@ -440,3 +440,33 @@ def test_the_length_check_prints_delta_at_twice_the_steps_and_judges_convergence
     assert "converged" in md
     csv = md_path.with_suffix(".csv").read_text().splitlines()
     assert "diff_2x" in csv[0] and "verdict_2x" in csv[0]
+
+
+def test_local_plans_on_when_a_stage_needs_no_training(monkeypatch):
+    """A stage whose new cells are all finished already (finished earlier, or linked to another table's twin runs)
+    does not end the command: planning goes on and trains what the next stage adds (table 1 small, linked to table
+    9's runs, stopped after its grid's extension and never planned its reported seeds)."""
+    import argparse
+    from types import SimpleNamespace as NS
+
+    import condattn.launch as launch
+    import condattn.reproduce as rp
+
+    stage1, extension, reported = [NS(name="s100"), NS(name="s101")], [NS(name="s100-x4")], [NS(name="s0")]
+    plans = iter([NS(exp={"metric": "acc"}, cells=stage1 + extension, waiting=["row"]),  # the extension: linked
+                  NS(exp={"metric": "acc"}, cells=stage1 + extension + reported, waiting=[]),
+                  NS(exp={"metric": "acc"}, cells=stage1 + extension + reported, waiting=[])])
+    trained: list[str] = []
+
+    def run_local(pending, metric, force, needs):
+        trained.extend(c.name for c in pending)
+        return NS(failed=[], interrupted=False, not_started=[])
+
+    monkeypatch.setattr(launch, "run_local", run_local)
+    monkeypatch.setattr(rp, "_checked", lambda p, args, specs: NS(pending=[c for c in specs if c in reported]))
+    monkeypatch.setattr(rp, "length_check", lambda exp, scale: False)
+    monkeypatch.setattr(rp, "report", lambda *a, **k: 0)
+    args = argparse.Namespace(dry_run=False, force=False, scale="small", only_rows=None)
+    first = NS(exp={"metric": "acc"}, cells=stage1, waiting=["row"])
+    assert rp._local(first, args, NS(pending=stage1), [0], lambda: next(plans)) == 0
+    assert trained == ["s100", "s101", "s0"]
