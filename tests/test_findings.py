@@ -50,7 +50,9 @@ def test_verdicts_follow_the_adjusted_p_and_limits_are_named():
         assert f.correction == ("holm" if f.hypothesis == "primary" else "bh")
     sca = next(f for f in found if f.family == "vit" and f.row == "vit_sca10")
     assert sca.verdict == "worse" and sca.hypothesis == "primary"
-    assert any("n < 10" in x for x in sca.limits)
+    assert not any("n < 10" in x or "old protocol" in x for x in sca.limits)  # made under the protocol, 10 seeds
+    qk = next(f for f in found if f.family == "vit" and f.row == "vit_qk_norm")  # worse at 1×, not at 2× steps
+    assert qk.verdict == "worse" and any(x.startswith("at 2× steps: no difference detected") for x in qk.limits)
 
 
 def test_readme_block_needs_its_markers():
@@ -83,14 +85,14 @@ def test_a_verdict_that_changes_at_twice_the_steps_is_a_limit(tmp_path):
     rows = list(csv.DictReader(src.open(newline="")))
     for r in rows:
         r["verdict_2x"], r["diff_2x"] = "", ""
-    init = next(r for r in rows if r["row"] == "vit_cond_init")
-    init["verdict_2x"], init["diff_2x"] = "no difference detected (MDE 0.9)", "0.1000"
+    cet = next(r for r in rows if r["row"] == "vit_cet")
+    cet["verdict_2x"], cet["diff_2x"] = "no difference detected (MDE 0.9)", "-0.1000"
     (tmp_path / "small").mkdir()
     with (tmp_path / "small" / "table9_readings.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     found = {f.row: f for f in findings.collect("small", tmp_path) if f.family == "vit"}
-    assert found["vit_cond_init"].verdict == "better"
-    assert "at 2× steps: no difference detected (MDE 0.9) (Δ +0.10)" in found["vit_cond_init"].limits
+    assert found["vit_cet"].verdict == "worse"
+    assert "at 2× steps: no difference detected (MDE 0.9) (Δ -0.10)" in found["vit_cet"].limits
     assert not any(x.startswith("at 2× steps") for x in found["vit_mimetic"].limits)
