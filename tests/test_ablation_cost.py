@@ -1,0 +1,27 @@
+"""Table 8's cost line and convergence figure (condattn.reporting.ablation), from run records."""
+
+from __future__ import annotations
+
+import json
+
+from condattn.reporting.ablation import _last_quarter_gain, cost_and_convergence
+
+
+def test_last_quarter_gain_reads_each_runs_validation_curve(tmp_path):
+    for name, accs in {"a": [0.5, 0.8, 0.9, 0.95], "b": [0.5, 0.7, 0.9, 0.91]}.items():
+        (tmp_path / name).mkdir()
+        rows = [{"step": 100 * (i + 1), "split": "val", "acc": a, "loss": 1.0} for i, a in enumerate(accs)]
+        rows.append({"step": 0, "split": "diag", "entropy/mean": 2.8})
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sums = [{"run_name": "a", "steps": 400}, {"run_name": "b", "steps": 400}, {"run_name": "gone", "steps": 400}]
+    # last value minus the value at step 300 (3/4 of 400): +5 and +1 points; the run without a curve is left out
+    assert abs(_last_quarter_gain(tmp_path, sums) - 3.0) < 1e-9
+    assert _last_quarter_gain(tmp_path, [{"run_name": "gone", "steps": 400}]) is None
+
+
+def test_cost_line_and_convergence_figure():
+    rows = [{"lam": 0.0, "walls": [100.0, 140.0], "gain": 0.47}, {"lam": 10.0, "walls": [120.0], "gain": 5.0}]
+    cost, conv = cost_and_convergence(rows)
+    assert "3 runs" in cost and "0.10 h of run wall time summed (median per run 120 s)" in cost
+    assert "+0.47 points" in conv and "λ = 0" in conv
+    assert cost_and_convergence([{"lam": 1.0, "walls": [], "gain": None}]) == []
