@@ -13,10 +13,10 @@ def test_last_quarter_gain_reads_each_runs_validation_curve(tmp_path):
         rows = [{"step": 100 * (i + 1), "split": "val", "acc": a, "loss": 1.0} for i, a in enumerate(accs)]
         rows.append({"step": 0, "split": "diag", "entropy/mean": 2.8})
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    sums = [{"run_name": "a", "steps": 400}, {"run_name": "b", "steps": 400}, {"run_name": "gone", "steps": 400}]
+    sums = [{"run_dir": str(tmp_path / n), "steps": 400} for n in ("a", "b", "gone")]
     # last value minus the value at step 300 (3/4 of 400): +5 and +1 points; the run without a curve is left out
-    assert abs(_last_quarter_gain(tmp_path, sums) - 3.0) < 1e-9
-    assert _last_quarter_gain(tmp_path, [{"run_name": "gone", "steps": 400}]) is None
+    assert abs(_last_quarter_gain(sums) - 3.0) < 1e-9
+    assert _last_quarter_gain([{"run_dir": str(tmp_path / "gone"), "steps": 400}]) is None
 
 
 def test_cost_line_and_convergence_figure():

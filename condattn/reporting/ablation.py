@@ -8,13 +8,13 @@ and, for top-5, the last validation row of `metrics.jsonl`. Rows are the experim
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
 from pathlib import Path
 
 from ..runs import RunRecord
+from .protocol import curve
 from .stats import last_quarter_change
 from .tables import collect, provenance_line, renderer_cli, save_outputs
 
@@ -67,18 +67,11 @@ def _plain_lambda(summary: dict) -> bool:
         c.get("correction", "identity") == "identity" and {"q", "k"} <= set(c.get("targets", ["q", "k", "v"]))
 
 
-def _last_quarter_gain(root: Path, summaries: list[dict]) -> float | None:
-    """Mean over runs of the validation top-1 gained over the last quarter of training (points), from each run's
-    metrics.jsonl; None when no run has a curve."""
-    gains = []
-    for s in summaries:
-        path = root / str(s.get("run_name", "")) / "metrics.jsonl"
-        if not path.is_file():
-            continue
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        curve = [(r["step"], 100.0 * r["acc"]) for r in rows if r.get("split") == "val" and "acc" in r]
-        if (g := last_quarter_change(curve, int(s.get("steps") or 0))) is not None:
-            gains.append(g)
+def _last_quarter_gain(summaries: list[dict]) -> float | None:
+    """Mean over runs of the validation top-1 gained over the last quarter of training (points); None when no run
+    has a curve."""
+    gains = [g for s in summaries
+             if (g := last_quarter_change(curve(s, "acc", 100.0), int(s.get("steps") or 0))) is not None]
     return statistics.fmean(gains) if gains else None
 
 
@@ -121,7 +114,7 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | 
             "wall": statistics.fmean(c.wall) if c.wall else None,
             "tokens": next((t for t in (_tokens(s) for s in sums) if t), None),
             "walls": list(c.wall),
-            "gain": _last_quarter_gain(Path(runs_root) / scale, sums),
+            "gain": _last_quarter_gain(sums),
         })
     return out, cells
 
