@@ -203,6 +203,10 @@ def test_curves_renderer_on_fake_runs(tmp_path):
     assert "not logged" in jac  # SCA's run had diagnostics.jacobian off
     assert "SCA seed 1: failed: non-finite training loss (nan)" in md
     assert "SCA n=1" in md and "baseline n=2" in md
+    # the task metric beside the κ values (a method that did not learn has the κ of an untrained model)
+    assert "final_val_acc × 100 at the end of these runs" in md
+    acc = next(ln for ln in md.splitlines() if ln.startswith("final_val_acc × 100"))
+    assert "baseline 50.00 ± 0.00 (n=2); SCA 50.00" in acc and "CET 50.00 ± 0.00 (n=2)" in acc, acc
     # xcit: missing cells are reported as missing, with why
     xcit = md[md.index("## xcit"):]
     assert "| κ(X), embedded tokens (first block input) | 80 | 999 | missing | missing | missing | missing |" in xcit

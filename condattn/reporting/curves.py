@@ -154,6 +154,13 @@ def table_data(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | 
     return cells, data
 
 
+def _metric_line(exp: dict, row: str, methods: list[str], cells: dict) -> str:
+    """The runs' task metric beside their κ: a method whose runs did not learn has κ values of an untrained model."""
+    parts = [f"{METHOD_LABELS.get(m, m)} {cells[(row, m)].text()}" for m in methods]
+    return (f"{exp['metric']} × 100 at the end of these runs (mean ± std over seeds; read beside the chance line "
+            f"below: a method near chance has κ values of a model that has not learned): {'; '.join(parts)}.")
+
+
 def _claims(exp: dict) -> list[str]:
     claims = exp.get("paper_claims") or {}
     names = {"cet": "CET paper (Conditioned Embedded Tokens, ICCV 2025)",
@@ -225,6 +232,7 @@ def render(exp: dict, scale: str, cells: dict, data: dict) -> tuple[str, list[di
         n = [f"{METHOD_LABELS.get(m, m)} n={len(data[(row, m)]['series'])}" for m in methods]
         lines += ["", f"Finished seeds: {', '.join(n)}. "
                   + _jacobian_note([s for m in methods for s in data[(row, m)]["series"]]) + "."]
+        lines.append(_metric_line(exp, row, methods, cells))
         missing = [(m, seed, why) for m in methods for seed, why in data[(row, m)]["missing"]]
         if missing:
             lines.append("Missing runs (not in the means): " + "; ".join(
