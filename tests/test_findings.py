@@ -17,11 +17,11 @@ SCALES = [d.name for d in sorted((REPO / "results").iterdir()) if (d / "findings
 
 @pytest.mark.parametrize("scale", SCALES)
 def test_readme_block_and_findings_file_agree_with_the_committed_csvs(scale):
-    found = findings.collect(scale)
+    found, described = findings.collect(scale), findings.collect_descriptive(scale)
     readme = (REPO / "README.md").read_text()
-    want = findings.readme_block(readme, scale, findings.summary(scale, found))
+    want = findings.readme_block(readme, scale, findings.summary(scale, found, described))
     assert readme == want, f"README's findings block is stale: run `make findings SCALE={scale}` and commit"
-    assert (REPO / "results" / scale / "findings.md").read_text() == findings.render(scale, found), \
+    assert (REPO / "results" / scale / "findings.md").read_text() == findings.render(scale, found, described), \
         f"results/{scale}/findings.md is stale: run `make findings SCALE={scale}` and commit"
 
 
@@ -96,3 +96,44 @@ def test_a_verdict_that_changes_at_twice_the_steps_is_a_limit(tmp_path):
     assert found["vit_cet"].verdict == "worse"
     assert "at 2× steps: no difference detected (MDE 0.9) (Δ -0.10)" in found["vit_cet"].limits
     assert not any(x.startswith("at 2× steps") for x in found["vit_mimetic"].limits)
+
+
+def test_descriptive_tables_say_what_they_show_and_test_nothing(tmp_path):
+    """Table 6 (κ per quantity) and table 8 (the λ sweep) give lines read off their CSVs, never a verdict row."""
+    (tmp_path / "small").mkdir()
+    six = tmp_path / "small" / "table6_condition_numbers.csv"
+    fields = ["table", "scale", "row", "method", "quantity", "stage", "mean", "values"]
+    rows = [  # κ(X): CET lowers it (as claimed); κ(J): SCA raises it (against the claim); SCA at chance
+        ("vit", "none", "kappa_x/b0", "80"), ("vit", "embedded", "kappa_x/b0", "2"),
+        ("vit", "none", "kappa_jacobian/l0", "10"), ("vit", "spectral", "kappa_jacobian/l0", "1000"),
+        ("vit", "none", "final_val_acc", "96.3"), ("vit", "spectral", "final_val_acc", "10"),
+    ]
+    with six.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows({"table": six.stem, "scale": "small", "row": g, "method": m, "quantity": q, "stage": "final",
+                     "mean": v, "values": v} for g, m, q, v in rows)
+    eight = tmp_path / "small" / "table8_sca_lambda.csv"
+    eight.write_text("table,scale,row,lam,n,top1_mean,top1_std,step0_entropy/mean\n"
+                     "table8_sca_lambda,small,lam0,0.0,3,96.0,1.0,2.83\n"
+                     "table8_sca_lambda,small,lam1,1.0,3,96.5,0.5,1.45\n"
+                     "table8_sca_lambda,small,lam10,10.0,3,70.0,3.0,0.13\n")
+    assert findings.collect("small", tmp_path) == []
+    said = findings.collect_descriptive("small", tmp_path)
+    kappa = said["table6_condition_numbers"]
+    assert kappa[0].startswith("final means move the way the papers claim in 1 of 2 (row, quantity) checks; not in: "
+                               "SCA κ(J)")
+    assert "vit baseline 96.3, SCA 10.0" in kappa[1]
+    sweep = said["table8_sca_lambda"]
+    assert "λ = 10: 70.0 ± 3.0 (n=3)" in sweep[0] and sweep[1].startswith("highest mean at λ = 1 (96.5); λ = 0 gives")
+    assert "λ = 10: 0.130" in sweep[2]
+    block = findings.summary("small", [], said)
+    assert "**table6_condition_numbers** (descriptive, no test)" in block and "**table8_sca_lambda**" in block
+
+
+def test_a_table_under_the_protocol_without_tests_is_not_called_old_protocol():
+    """Table 3 prints no test (one pretraining unit) but picks its lr on selection seeds: no 'old protocol' limit."""
+    found = findings.table_findings(REPO / "results" / "small" / "table3_glue.csv", "small")
+    assert found and all(f.verdict == "not tested" for f in found)
+    assert not any("old protocol" in x for f in found for x in f.limits)
+    assert all(any("one pretraining run per method" in x for x in f.limits) for f in found)

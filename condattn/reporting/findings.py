@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import statistics
 import sys
 from dataclasses import dataclass, field, replace
@@ -84,7 +85,8 @@ def _paper_claim(exp: dict, row: str, method: str) -> str:
 def _limits(exp: dict, scale: str, fam: str, recs: dict, base_rec: dict, rec: dict, floors: dict,
             md: str) -> list[str]:
     out = []
-    if "p_adjusted" not in rec:
+    if "p_adjusted" not in rec and not re.search(r"\(s\d+=", rec.get("lr_grid_scores") or ""):
+        # the protocol's CSVs carry adjusted p's, or (untested tables) the grid scores per selection seed
         out.append("old protocol (lr picked by one reported seed, ×0.5–×2)")
     lr = rec.get("lr") or ""
     if "bound" in lr or "grid edge" in lr:
@@ -116,8 +118,78 @@ def _limits(exp: dict, scale: str, fam: str, recs: dict, base_rec: dict, rec: di
     return out
 
 
+def _is_descriptive(rows: list[dict]) -> bool:
+    """Table 6 (diagnostics per quantity) and table 8 (a λ sweep) describe; they test nothing against a baseline."""
+    return bool(rows) and ("quantity" in rows[0] or "lam" in rows[0])
+
+
+def descriptive_findings(csv_path: Path, scale: str) -> list[str]:
+    """What a descriptive table shows, in a few lines computed from its CSV (no test: directions and levels)."""
+    rows = _read(csv_path)
+    if not _is_descriptive(rows):
+        return []
+    if "quantity" in rows[0]:
+        return _condition_number_lines(rows)
+    return _lambda_sweep_lines(rows)
+
+
+def _condition_number_lines(rows: list[dict]) -> list[str]:
+    from .curves import CLAIM_CHECKS, LABELS
+
+    final = {(r["row"], r["method"], r["quantity"]): r for r in rows if r["stage"] == "final" and r["mean"]}
+    groups = list(dict.fromkeys(r["row"] for r in rows))
+    base = rows[0]["method"]
+    acc_key = next((r["quantity"] for r in rows if r["quantity"] not in LABELS), None)
+    details, agree, against = [], 0, []
+    for method, key, claim in CLAIM_CHECKS:
+        parts = []
+        for g in groups:
+            b, c = final.get((g, base, key)), final.get((g, method, key))
+            if b is None or c is None:
+                continue
+            bv, cv = float(b["mean"]), float(c["mean"])
+            got = "lower" if cv < bv else "higher" if cv > bv else "equal"
+            parts.append(f"{g} {bv:.3g} → {cv:.3g} ({got}{'' if got == claim else ', not ' + claim})")
+            if got == claim:
+                agree += 1
+            else:
+                against.append(f"{METHOD_LABELS.get(method, method)} {LABELS[key]}, {g} ({bv:.3g} → {cv:.3g})")
+        if parts:
+            details.append(f"{METHOD_LABELS.get(method, method)}: {LABELS[key]}, claimed {claim}: {'; '.join(parts)}")
+    lines = [f"final means move the way the papers claim in {agree} of {agree + len(against)} (row, quantity) checks"
+             + (f"; not in: {'; '.join(against)}" if against else "")]
+    if acc_key:
+        accs = ["; ".join(f"{g} " + ", ".join(f"{METHOD_LABELS.get(m, m)} {float(r['mean']):.1f}"
+                                             for (gg, m, q), r in final.items() if gg == g and q == acc_key)
+                          for g in groups)]
+        lines.append(f"{acc_key} × 100 at the end, beside the κ values (a method near chance has the κ values of a "
+                     f"model that has not learned): {accs[0]}")
+    return lines + details
+
+
+def _lambda_sweep_lines(rows: list[dict]) -> list[str]:
+    pts = sorted(((float(r["lam"]), float(r["top1_mean"]), float(r.get("top1_std") or 0), r.get("n", ""),
+                   r.get("step0_entropy/mean")) for r in rows if r.get("top1_mean")), key=lambda t: t[0])
+    if not pts:
+        return []
+    best = max(pts, key=lambda t: t[1])
+    zero = next((t for t in pts if t[0] == 0), pts[0])
+    lines = ["top-1 by λ (mean ± std, n seeds): " + "; ".join(f"λ = {lam:g}: {m:.1f} ± {sd:.1f} (n={n})"
+                                                             for lam, m, sd, n, _ in pts),
+             f"highest mean at λ = {best[0]:g} ({best[1]:.1f})" + (
+                 " = no λI at all" if best[0] == 0 else f"; λ = {zero[0]:g} gives {zero[1]:.1f}")
+             + " (means read off, not tested)"]
+    ent = [(lam, float(e)) for lam, _, _, _, e in pts if e]
+    if ent:
+        lines.append("step-0 attention entropy (nats, mean over layers): "
+                     + "; ".join(f"λ = {lam:g}: {e:.3f}" for lam, e in ent))
+    return lines
+
+
 def table_findings(csv_path: Path, scale: str, experiments: Path = REPO / "experiments") -> list[Finding]:
-    """The findings of one committed table CSV (empty when it has no per-seed values)."""
+    """The findings of one committed table CSV (empty when it has no per-seed values or only describes)."""
+    if _is_descriptive(_read(csv_path)):
+        return []
     rows = [{**r, "row": r.get("row") or r.get("column")} for r in _read(csv_path) if r.get("values")]
     if not rows:
         return []
@@ -149,15 +221,22 @@ def table_findings(csv_path: Path, scale: str, experiments: Path = REPO / "exper
     return out
 
 
+def _default_tables(scale: str, results: Path) -> list[Path]:
+    # the default tables only: `<table>.rows-…` and `<table>.<overrides>` are partial
+    return [p for p in sorted((results / scale).glob("table*.csv")) if "." not in p.stem]
+
+
 def collect(scale: str, results: Path = REPO / "results") -> list[Finding]:
-    out = []
-    for path in sorted((results / scale).glob("table*.csv")):
-        if "." not in path.stem:  # the default tables only: `<table>.rows-…` and `<table>.<overrides>` are partial
-            out += table_findings(path, scale)
-    return out
+    return [f for path in _default_tables(scale, results) for f in table_findings(path, scale)]
 
 
-def render(scale: str, found: list[Finding]) -> str:
+def collect_descriptive(scale: str, results: Path = REPO / "results") -> dict[str, list[str]]:
+    """{table: lines} of the tables that describe (κ over training, the λ sweep) rather than test."""
+    out = {p.stem: descriptive_findings(p, scale) for p in _default_tables(scale, results)}
+    return {t: lines for t, lines in out.items() if lines}
+
+
+def render(scale: str, found: list[Finding], described: dict[str, list[str]] | None = None) -> str:
     lines = [f"# Findings at scale {scale}", "",
              f"Generated by `make findings SCALE={scale}` from the committed tables in `results/{scale}/`; never "
              "edited by hand. Each comparison is recomputed from the per-seed values in the table's CSV with the "
@@ -175,14 +254,16 @@ def render(scale: str, found: list[Finding]) -> str:
             lines.append(f"| {f.family} | {f.what} | {f.hypothesis} | {f.claim} | {f.ci} | {adj} | {f.verdict} | "
                          f"{f.n} | {'; '.join(f.limits) or '–'} |")
         lines.append("")
-    lines += ["## Summary", "", summary(scale, found)]
+    for table, said in (described or {}).items():
+        lines += [f"## {table} ([{table}.md]({table}.md)): descriptive, no test", "", *[f"- {x}" for x in said], ""]
+    lines += ["## Summary", "", summary(scale, found, described)]
     return "\n".join(lines) + "\n"
 
 
-def summary(scale: str, found: list[Finding]) -> str:
+def summary(scale: str, found: list[Finding], described: dict[str, list[str]] | None = None) -> str:
     """The README's findings block: per table and family, which rows differ from the baseline (adjusted p < 0.05),
-    how many do not, and the limits every row of the family shares."""
-    if not found:
+    how many do not, and the limits every row of the family shares; then one line per descriptive table."""
+    if not found and not described:
         return f"No table at scale {scale} has per-seed values yet."
     out = []
     for table in dict.fromkeys(f.table for f in found):
@@ -205,6 +286,10 @@ def summary(scale: str, found: list[Finding]) -> str:
             shared = [lim for lim in fs[0].limits if all(lim in f.limits for f in fs)]
             out.append(f"- **{table}, {fam}** ({len(fs[0].base)} baseline seeds): {'; '.join(said) or 'no test'}."
                        + (f" Limits: {'; '.join(shared)}." if shared else ""))
+    for table, said in (described or {}).items():
+        out.append(f"- **{table}** (descriptive, no test): {said[0]}"
+                   + (f"; {said[1]}" if len(said) > 1 else "") + (f" (+{len(said) - 2} more in findings.md)"
+                                                                   if len(said) > 2 else "") + ".")
     return "\n".join(out)
 
 
@@ -219,10 +304,10 @@ def readme_block(readme: str, scale: str, text: str) -> str:
 
 
 def write(scale: str, results: Path = REPO / "results", readme: Path = REPO / "README.md") -> Path:
-    found = collect(scale, results)
+    found, described = collect(scale, results), collect_descriptive(scale, results)
     out = results / scale / "findings.md"
-    out.write_text(render(scale, found))
-    readme.write_text(readme_block(readme.read_text(), scale, summary(scale, found)))
+    out.write_text(render(scale, found, described))
+    readme.write_text(readme_block(readme.read_text(), scale, summary(scale, found, described)))
     return out
 
 
