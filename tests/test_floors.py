@@ -106,9 +106,9 @@ def test_renderers_print_the_cached_floors_under_small_tables(tmp_path):
     assert "floor: logistic regression (bag of tokens)" in md.split("**listops**")[1]
     exp1 = load_experiment(root / "experiments" / "table1_imagenet.yaml")
     _, md = tables.write_table(exp1, "small", tmp_path / "runs", tmp_path, seeds=[0])
-    # small table 1 is its ViT row (its retuned recipe, reported on test), floors on the same test split
+    # small table 1: its ViT, XCiT and Swin rows share one split (reported on test), so one block of floors
     assert md.count("floor: MLP, one hidden layer of 256 (pixels)") == 1
-    assert "| vit_base | floor: kNN, k = 3 (pixels) | 92.40 | test |" in md
+    assert "| vit_base, xcit_medium, swin_base | floor: kNN, k = 3 (pixels) | 92.40 | test |" in md
     assert "vit_base: the baseline" not in md  # no runs, no verdict
     _, md = tables.write_table(exp1, "paper", tmp_path / "runs", tmp_path, seeds=[0])
     assert "floor:" not in md
@@ -150,3 +150,21 @@ def test_kneser_ney_any_order_is_a_distribution_and_the_best_order_is_picked_on_
 
 def test_floor_table_prints_fitting_time():
     assert floors.fit_time({"seconds": 2.04}) == "2.0 s" and floors.fit_time({}) == "–"
+
+
+def test_rows_on_the_same_split_share_one_cached_fit(tmp_path, monkeypatch):
+    """A row added later on a split another row's floors were fitted on reads those floors: one fit, one value."""
+    import copy
+
+    monkeypatch.setattr(floors, "_COMPUTED", {})
+    first = floors.table_floors(VIT_SMOKE, "smoke", tmp_path, log=lambda *_: None)["vit"]
+    twin = copy.deepcopy(VIT_SMOKE)
+    twin["rows"]["vit_again"] = copy.deepcopy(twin["rows"]["vit"])
+
+    def refuse(*a, **k):
+        raise AssertionError("refitted floors on a split whose floors are cached")
+
+    monkeypatch.setattr(floors, "_COMPUTED", {})
+    monkeypatch.setattr(floors, "compute", refuse)
+    both = floors.table_floors(twin, "smoke", tmp_path, log=lambda *_: None)
+    assert both["vit_again"]["cached"] and both["vit_again"]["floors"] == first["floors"]
