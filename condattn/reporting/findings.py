@@ -6,7 +6,9 @@
 exploratory rows, an exact permutation p) and writes `results/<scale>/findings.md`: for each claim of each paper (the
 experiment files' paper numbers) and each rival method, our Δ, interval, adjusted p, verdict, n, scale, and the limits
 that apply (a baseline below its floor, an lr pick at the bound or made by the old one-seed protocol, a plateau, too
-few seeds, runs from several commits). It then rewrites the README's findings block (between the markers
+few seeds, runs from several commits). Tables that describe rather than test (table 6's κ over training, table 8's
+λ sweep) get a few lines read off their CSVs instead (claimed directions, final accuracy, the sweep), never a
+verdict. It then rewrites the README's findings block (between the markers
 `<!-- findings:<scale>:begin -->` and `<!-- findings:<scale>:end -->`) with that file's summary.
 tests/test_findings.py fails when the README or the findings file disagree with the committed CSVs.
 """
