@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from condattn.reporting.ablation import _last_quarter_gain, cost_and_convergence
+from condattn.reporting.ablation import last_quarter_gain, cost_and_convergence
 
 
-def test_last_quarter_gain_reads_each_runs_validation_curve(tmp_path):
+def testlast_quarter_gain_reads_each_runs_validation_curve(tmp_path):
     for name, accs in {"a": [0.5, 0.8, 0.9, 0.95], "b": [0.5, 0.7, 0.9, 0.91]}.items():
         (tmp_path / name).mkdir()
         rows = [{"step": 100 * (i + 1), "split": "val", "acc": a, "loss": 1.0} for i, a in enumerate(accs)]
@@ -15,8 +15,8 @@ def test_last_quarter_gain_reads_each_runs_validation_curve(tmp_path):
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     sums = [{"run_dir": str(tmp_path / n), "steps": 400} for n in ("a", "b", "gone")]
     # last value minus the value at step 300 (3/4 of 400): +5 and +1 points; the run without a curve is left out
-    assert abs(_last_quarter_gain(sums) - 3.0) < 1e-9
-    assert _last_quarter_gain([{"run_dir": str(tmp_path / "gone"), "steps": 400}]) is None
+    assert abs(last_quarter_gain(sums) - 3.0) < 1e-9
+    assert last_quarter_gain([{"run_dir": str(tmp_path / "gone"), "steps": 400}]) is None
 
 
 def test_cost_line_and_convergence_figure():

@@ -160,7 +160,7 @@ def _fake_run(runs: Path, name: str, model: str, kx: float, seed_shift: float, s
         rows.append(row)
     rows.append({**rows[-1], "kappa_x/b0": 999.0})  # the end-of-training row repeats the last step: it wins
     rows.insert(1, {"step": 0, "split": "grad", "gradnorm_wq/mean": 1.0})
-    rows.insert(2, {"step": 10, "split": "val", "acc": 0.5})
+    rows[2:2] = [{"step": s, "split": "val", "acc": 0.4 + s / 500} for s in (10, 30, 40, 50)]  # +4 points after step 37.5
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary = {"status": "finished", "run_dir": str(d), "metrics": {"final_val_acc": 0.5}, "steps": steps,
                "wall_time_s": 3.0, "commit": "abc123", "hardware_line": "1 × cpu", "data": {"stand_in": True},
@@ -205,6 +205,9 @@ def test_curves_renderer_on_fake_runs(tmp_path):
     assert "SCA n=1" in md and "baseline n=2" in md
     # the task metric beside the κ values (a method that did not learn has the κ of an untrained model)
     assert "final_val_acc × 100 at the end of these runs" in md
+    # the cost line (wall time of the runs shown) and the baseline's last-quarter figure, per row
+    assert "Training time of the runs shown: 6 runs, " in md and "median per run: vit 3 s; xcit 3 s" in md
+    assert "Convergence figure (vit, baseline): its validation top-1 gains +4.00 points over the last quarter" in md
     acc = next(ln for ln in md.splitlines() if ln.startswith("final_val_acc × 100"))
     assert "baseline 50.00 ± 0.00 (n=2); SCA 50.00" in acc and "CET 50.00 ± 0.00 (n=2)" in acc, acc
     # xcit: missing cells are reported as missing, with why

@@ -67,7 +67,7 @@ def _plain_lambda(summary: dict) -> bool:
         c.get("correction", "identity") == "identity" and {"q", "k"} <= set(c.get("targets", ["q", "k", "v"]))
 
 
-def _last_quarter_gain(summaries: list[dict]) -> float | None:
+def last_quarter_gain(summaries: list[dict]) -> float | None:
     """Mean over runs of the validation top-1 gained over the last quarter of training (points); None when no run
     has a curve."""
     gains = [g for s in summaries
@@ -114,7 +114,7 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | 
             "wall": statistics.fmean(c.wall) if c.wall else None,
             "tokens": next((t for t in (_tokens(s) for s in sums) if t), None),
             "walls": list(c.wall),
-            "gain": _last_quarter_gain(sums),
+            "gain": last_quarter_gain(sums),
         })
     return out, cells
 

@@ -21,6 +21,7 @@ import statistics
 from pathlib import Path
 
 from ..runs import RunId, RunRecord
+from .ablation import last_quarter_gain
 from .tables import METHOD_LABELS, TableCell, collect, provenance_line, save_outputs
 
 # (flat diagnostics key, label) in table order; the figure draws a subset (PANELS)
@@ -209,6 +210,26 @@ def _comparisons(exp: dict, data: dict) -> list[str]:
     return lines
 
 
+def _cost_and_convergence(exp: dict, cells: dict) -> list[str]:
+    """The cost line (measured wall time of the runs shown) and each row's baseline last-quarter gain (a figure)."""
+    walls = [w for c in cells.values() for w in c.wall]
+    out = []
+    if walls:
+        per_row = "; ".join(f"{row} {statistics.median(ws):.0f} s" for row in exp["rows"]
+                            if (ws := [w for (r, _), c in cells.items() if r == row for w in c.wall]))
+        out.append(f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time "
+                   f"summed (median per run: {per_row}), {sum(walls) / 2 / 3600:.2f} h on two processes of one thread.")
+    base = exp["methods"][0]
+    for row in exp["rows"]:
+        cell = cells.get((row, base))
+        gain = last_quarter_gain(cell.summaries) if cell else None
+        if gain is not None:
+            out.append(f"Convergence figure ({row}, {METHOD_LABELS.get(base, base)}): its validation top-1 gains "
+                       f"{gain:+.2f} points over the last quarter of training (mean over seeds): the final κ values are "
+                       "those of a model still gaining that much.")
+    return out
+
+
 def render(exp: dict, scale: str, cells: dict, data: dict) -> tuple[str, list[dict]]:
     methods = exp["methods"]
     lines = [f"# {exp['table']}: {exp.get('title', '')}", "", *_claims(exp), ""]
@@ -264,7 +285,8 @@ def render(exp: dict, scale: str, cells: dict, data: dict) -> tuple[str, list[di
                 "values": " ".join(f"{v:.6g}" for v in c.values), "missing_seeds": " ".join(map(str, c.missing)),
                 "commit": commit,
             })
-    lines += [*_comparisons(exp, data), "", provenance_line(exp, scale, cells)]
+    lines += [*_comparisons(exp, data), "", *_cost_and_convergence(exp, cells), "", provenance_line(exp, scale, cells)]
+
     return "\n".join(lines) + "\n", csv_rows
 
 

@@ -47,7 +47,8 @@ from .metric import row_metric
 
 VERSION = 4  # bump when a floor's definition changes (the cache then recomputes)
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
-TABLES = ("table1_imagenet", "table3_glue", "table4_lra", "table5_tinystories", "table9_readings")
+TABLES = ("table1_imagenet", "table3_glue", "table4_lra", "table5_tinystories", "table6_condition_numbers",
+          "table8_sca_lambda", "table9_readings")
 SCALES = ("smoke", "small")
 C_GRID = (0.1, 1.0, 10.0)
 TEXT_C_GRID = (0.1, 1.0, 10.0, 100.0)  # tf-idf floors: their pick sat at C = 10, the edge of C_GRID
