@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from condattn.reporting.ablation import last_quarter_gain, cost_and_convergence
+from condattn.reporting.ablation import cost_and_convergence, last_quarter_gain
 
 
-def testlast_quarter_gain_reads_each_runs_validation_curve(tmp_path):
+def test_last_quarter_gain_reads_each_runs_validation_curve(tmp_path):
     for name, accs in {"a": [0.5, 0.8, 0.9, 0.95], "b": [0.5, 0.7, 0.9, 0.91]}.items():
         (tmp_path / name).mkdir()
         rows = [{"step": 100 * (i + 1), "split": "val", "acc": a, "loss": 1.0} for i, a in enumerate(accs)]

@@ -99,36 +99,52 @@ def test_a_verdict_that_changes_at_twice_the_steps_is_a_limit(tmp_path):
 
 
 def test_descriptive_tables_say_what_they_show_and_test_nothing(tmp_path):
-    """Table 6 (κ per quantity) and table 8 (the λ sweep) give lines read off their CSVs, never a verdict row."""
+    """Table 6 (κ per quantity) and table 8 (the λ sweep) give lines read off their CSVs, never a verdict row; κ
+    checks of a method whose runs end at chance are left out of the count, and say so."""
     (tmp_path / "small").mkdir()
     six = tmp_path / "small" / "table6_condition_numbers.csv"
-    fields = ["table", "scale", "row", "method", "quantity", "stage", "mean", "values"]
-    rows = [  # κ(X): CET lowers it (as claimed); κ(J): SCA raises it (against the claim); SCA at chance
-        ("vit", "none", "kappa_x/b0", "80"), ("vit", "embedded", "kappa_x/b0", "2"),
-        ("vit", "none", "kappa_jacobian/l0", "10"), ("vit", "spectral", "kappa_jacobian/l0", "1000"),
-        ("vit", "none", "final_val_acc", "96.3"), ("vit", "spectral", "final_val_acc", "10"),
+    fields = ["table", "scale", "row", "method", "quantity", "description", "stage", "mean", "values", "chance"]
+    rows = [  # vit: CET lowers κ(X) (as claimed); SCA ends at chance. xcit: SCA learned and raises κ(J) (not claimed)
+        ("vit", "none", "kappa_x/b0", "80", ""), ("vit", "embedded", "kappa_x/b0", "2", ""),
+        ("vit", "none", "kappa_jacobian/l0", "10", ""), ("vit", "spectral", "kappa_jacobian/l0", "1000", ""),
+        ("vit", "none", "final_val_acc", "96.3", "10"), ("vit", "spectral", "final_val_acc", "10", "10"),
+        ("xcit", "none", "kappa_jacobian/l0", "10", ""), ("xcit", "spectral", "kappa_jacobian/l0", "50", ""),
+        ("xcit", "none", "final_val_acc", "97", "10"), ("xcit", "spectral", "final_val_acc", "90", "10"),
     ]
     with six.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows({"table": six.stem, "scale": "small", "row": g, "method": m, "quantity": q, "stage": "final",
-                     "mean": v, "values": v} for g, m, q, v in rows)
+                     "description": f"{q} × 100" if q == "final_val_acc" else q, "mean": v, "values": v,
+                     "chance": ch} for g, m, q, v, ch in rows)
     eight = tmp_path / "small" / "table8_sca_lambda.csv"
     eight.write_text("table,scale,row,lam,n,top1_mean,top1_std,step0_entropy/mean\n"
                      "table8_sca_lambda,small,lam0,0.0,3,96.0,1.0,2.83\n"
-                     "table8_sca_lambda,small,lam1,1.0,3,96.5,0.5,1.45\n"
-                     "table8_sca_lambda,small,lam10,10.0,3,70.0,3.0,0.13\n")
+                     "table8_sca_lambda,small,lam1,1.0,1,96.5,,1.45\n"
+                     "table8_sca_lambda,small,lam10,10.0,3,70.0,3.0,0.13\n"
+                     "table8_sca_lambda,small,lam20,20.0,0,,,\n")
     assert findings.collect("small", tmp_path) == []
     said = findings.collect_descriptive("small", tmp_path)
     kappa = said["table6_condition_numbers"]
-    assert kappa[0].startswith("final means move the way the papers claim in 1 of 2 (row, quantity) checks; not in: "
-                               "SCA κ(J)")
-    assert "vit baseline 96.3, SCA 10.0" in kappa[1]
+    assert kappa[0].startswith("final means move the way the papers claim in 1 of 2 (row, quantity) checks on runs "
+                               "that learned; not in: SCA κ(J)"), kappa[0]
+    assert "xcit (10 → 50)" in kappa[0] and "1 checks left out: SCA on vit ends at chance" in kappa[0]
+    assert "vit baseline 96.3, SCA 10.0; xcit baseline 97.0, SCA 90.0" in kappa[1]
+    assert any("vit 10 → 1e+03 (higher, not lower, runs at chance)" in x for x in kappa)
     sweep = said["table8_sca_lambda"]
-    assert "λ = 10: 70.0 ± 3.0 (n=3)" in sweep[0] and sweep[1].startswith("highest mean at λ = 1 (96.5); λ = 0 gives")
+    assert "λ = 10: 70.0 ± 3.0 (n=3)" in sweep[0] and "λ = 1: 96.5, n = 1 (no spread)" in sweep[0]
+    assert sweep[0].endswith("no finished run yet at λ = 20")
+    assert sweep[1].startswith("highest mean at λ = 1 (96.5); λ = 0 gives") and "over a partial sweep" in sweep[1]
     assert "λ = 10: 0.130" in sweep[2]
     block = findings.summary("small", [], said)
     assert "**table6_condition_numbers** (descriptive, no test)" in block and "**table8_sca_lambda**" in block
+    # a table 6 CSV without finished runs says nothing (no "0 of 0 checks")
+    with six.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows({"table": six.stem, "scale": "small", "row": g, "method": m, "quantity": q, "stage": "final",
+                     "description": q, "mean": "", "values": "", "chance": ""} for g, m, q, _, _ in rows)
+    assert "table6_condition_numbers" not in findings.collect_descriptive("small", tmp_path)
 
 
 def test_a_table_under_the_protocol_without_tests_is_not_called_old_protocol():

@@ -152,6 +152,7 @@ def test_floor_table_prints_fitting_time():
     assert floors.fit_time({"seconds": 2.04}) == "2.0 s" and floors.fit_time({}) == "–"
 
 
+@pytest.mark.slow  # fits the real floors once (~20 s)
 def test_rows_on_the_same_split_share_one_cached_fit(tmp_path, monkeypatch):
     """A row added later on a split another row's floors were fitted on reads those floors: one fit, one value."""
     import copy

@@ -160,7 +160,7 @@ def _fake_run(runs: Path, name: str, model: str, kx: float, seed_shift: float, s
         rows.append(row)
     rows.append({**rows[-1], "kappa_x/b0": 999.0})  # the end-of-training row repeats the last step: it wins
     rows.insert(1, {"step": 0, "split": "grad", "gradnorm_wq/mean": 1.0})
-    rows[2:2] = [{"step": s, "split": "val", "acc": 0.4 + s / 500} for s in (10, 30, 40, 50)]  # +4 points after step 37.5
+    rows[2:2] = [{"step": s, "split": "val", "acc": 0.4 + s / 500} for s in (10, 30, 40, 50)]  # +4 after step 37.5
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary = {"status": "finished", "run_dir": str(d), "metrics": {"final_val_acc": 0.5}, "steps": steps,
                "wall_time_s": 3.0, "commit": "abc123", "hardware_line": "1 × cpu", "data": {"stand_in": True},

@@ -7,7 +7,11 @@ Reads the "diag" rows of each finished run's `metrics.jsonl` (the trainer's `run
   mean over layers, the same for layer 0, attention entropy (mean over layers) and κ(J) of layer 0; one colour per
   method, its mean over seeds drawn bold, each seed faint;
 - the Markdown table: step-0 and final values per model × method, mean ± std over finished seeds, with the papers'
-  qualitative claims quoted and labelled as theirs, and runs that are missing or failed listed (never dropped).
+  qualitative claims quoted and labelled as theirs, and runs that are missing or failed listed (never dropped);
+  under it each row's final task metric per method (a method at chance has the κ values of an untrained model),
+  the cost line and each row's baseline last-quarter figure;
+- the CSV: one row per (model, method, quantity, stage), plus one `stage=final` row per (model, method) with the
+  task metric and its `chance` (100 / classes, when the runs' config says how many classes).
 
 Same signature as condattn.reporting.write_table, so an experiment selects it with
 `renderer: condattn.reporting.curves:write_table`. Rebuild from existing runs:
@@ -22,7 +26,8 @@ from pathlib import Path
 
 from ..runs import RunId, RunRecord
 from .ablation import last_quarter_gain
-from .tables import METHOD_LABELS, TableCell, collect, provenance_line, save_outputs
+from .metric import row_metric
+from .tables import METHOD_LABELS, TableCell, collect, multiplier, provenance_line, save_outputs
 
 # (flat diagnostics key, label) in table order; the figure draws a subset (PANELS)
 QUANTITIES = [
@@ -65,7 +70,7 @@ PANELS = [
 JACOBIAN_INFO = ("kappa_jacobian_tokens/l0", "kappa_jacobian_tokens_total/l0", "kappa_jacobian_exact/l0",
                  "kappa_jacobian_converged/l0", "kappa_jacobian_xca/l0")
 CSV_FIELDS = ["table", "scale", "row", "model", "method", "label", "quantity", "description", "stage", "steps", "n",
-              "mean", "std", "values", "missing_seeds", "commit"]
+              "mean", "std", "values", "missing_seeds", "commit", "chance"]
 
 
 def _finite(v) -> bool:
@@ -166,11 +171,28 @@ def table_data(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | 
     return cells, data
 
 
-def _metric_line(exp: dict, row: str, methods: list[str], cells: dict) -> str:
+def _metric_label(exp: dict, scale: str, row: str) -> str:
+    """The task metric's name as the cells hold it (the row's summary key, times the table's multiplier)."""
+    return f"{row_metric(exp, scale, row)} × {multiplier(exp):g}"
+
+
+def _chance(cell: TableCell) -> float | None:
+    """100 / classes of the cell's runs (the accuracy of a uniform guess), None when the summaries do not say."""
+    for s in cell.summaries:
+        cfg = s.get("config") or {}
+        n = (cfg.get("model") or {}).get("num_classes") or (cfg.get("data") or {}).get("num_classes")
+        if isinstance(n, int) and n > 1:
+            return 100.0 / n
+    return None
+
+
+def _metric_line(exp: dict, scale: str, row: str, methods: list[str], cells: dict) -> str:
     """The runs' task metric beside their κ: a method whose runs did not learn has κ values of an untrained model."""
     parts = [f"{METHOD_LABELS.get(m, m)} {cells[(row, m)].text()}" for m in methods]
-    return (f"{exp['metric']} × 100 at the end of these runs (mean ± std over seeds; read beside the chance line "
-            f"below: a method near chance has κ values of a model that has not learned): {'; '.join(parts)}.")
+    chance = next((c for m in methods if (c := _chance(cells[(row, m)])) is not None), None)
+    return (f"{_metric_label(exp, scale, row)} at the end of these runs (mean ± std over seeds; a method near chance"
+            + (f", {chance:.2f} here," if chance is not None else "")
+            + f" has the κ values of a model that has not learned): {'; '.join(parts)}.")
 
 
 def _claims(exp: dict) -> list[str]:
@@ -225,8 +247,8 @@ def _cost_and_convergence(exp: dict, cells: dict) -> list[str]:
         gain = last_quarter_gain(cell.summaries) if cell else None
         if gain is not None:
             out.append(f"Convergence figure ({row}, {METHOD_LABELS.get(base, base)}): its validation top-1 gains "
-                       f"{gain:+.2f} points over the last quarter of training (mean over seeds): the final κ values are "
-                       "those of a model still gaining that much.")
+                       f"{gain:+.2f} points over the last quarter of training (mean over seeds): the final κ values "
+                       "are those of a model still gaining that much.")
     return out
 
 
@@ -255,7 +277,7 @@ def render(exp: dict, scale: str, cells: dict, data: dict) -> tuple[str, list[di
         n = [f"{METHOD_LABELS.get(m, m)} n={len(data[(row, m)]['series'])}" for m in methods]
         lines += ["", f"Finished seeds: {', '.join(n)}. "
                   + _jacobian_note([s for m in methods for s in data[(row, m)]["series"]]) + "."]
-        lines.append(_metric_line(exp, row, methods, cells))
+        lines.append(_metric_line(exp, scale, row, methods, cells))
         missing = [(m, seed, why) for m in methods for seed, why in data[(row, m)]["missing"]]
         if missing:
             lines.append("Missing runs (not in the means): " + "; ".join(
@@ -276,9 +298,11 @@ def render(exp: dict, scale: str, cells: dict, data: dict) -> tuple[str, list[di
                         "values": " ".join(f"{v:.6g}" for v in vals), "missing_seeds": " ".join(map(str, c.missing)),
                         "commit": commit,
                     })
-            csv_rows.append({  # the task metric (× 100), so that readers of the CSV see which runs learned
+            chance = _chance(c)
+            csv_rows.append({  # the task metric, so that readers of the CSV (and the findings) see which runs learned
                 "table": exp["table"], "scale": scale, "row": row, "model": data[(row, m)]["model"], "method": m,
-                "label": METHOD_LABELS.get(m, m), "quantity": exp["metric"], "description": f"{exp['metric']} × 100",
+                "label": METHOD_LABELS.get(m, m), "quantity": row_metric(exp, scale, row),
+                "description": _metric_label(exp, scale, row), "chance": f"{chance:.6g}" if chance is not None else "",
                 "stage": "final", "steps": " ".join(map(str, c.steps)), "n": len(c.values),
                 "mean": f"{statistics.fmean(c.values):.6g}" if c.values else "",
                 "std": f"{statistics.stdev(c.values):.6g}" if len(c.values) > 1 else "",

@@ -141,8 +141,10 @@ def _condition_number_lines(rows: list[dict]) -> list[str]:
     final = {(r["row"], r["method"], r["quantity"]): r for r in rows if r["stage"] == "final" and r["mean"]}
     groups = list(dict.fromkeys(r["row"] for r in rows))
     base = rows[0]["method"]
-    acc_key = next((r["quantity"] for r in rows if r["quantity"] not in LABELS), None)
-    details, agree, against = [], 0, []
+    acc = {(g, m): r for (g, m, q), r in final.items() if q not in LABELS}  # the task metric's row per cell
+    # a method whose runs end at most 1.5 × chance has not learned: its κ values say nothing about the claims
+    untrained = {k for k, r in acc.items() if r.get("chance") and float(r["mean"]) <= 1.5 * float(r["chance"])}
+    details, agree, against, skipped = [], 0, [], []
     for method, key, claim in CLAIM_CHECKS:
         parts = []
         for g in groups:
@@ -151,36 +153,50 @@ def _condition_number_lines(rows: list[dict]) -> list[str]:
                 continue
             bv, cv = float(b["mean"]), float(c["mean"])
             got = "lower" if cv < bv else "higher" if cv > bv else "equal"
-            parts.append(f"{g} {bv:.3g} → {cv:.3g} ({got}{'' if got == claim else ', not ' + claim})")
-            if got == claim:
+            parts.append(f"{g} {bv:.3g} → {cv:.3g} ({got}{'' if got == claim else ', not ' + claim}"
+                         + (", runs at chance" if (g, method) in untrained else "") + ")")
+            if (g, method) in untrained:
+                skipped.append((g, method))
+            elif got == claim:
                 agree += 1
             else:
                 against.append(f"{METHOD_LABELS.get(method, method)} {LABELS[key]}, {g} ({bv:.3g} → {cv:.3g})")
         if parts:
             details.append(f"{METHOD_LABELS.get(method, method)}: {LABELS[key]}, claimed {claim}: {'; '.join(parts)}")
-    lines = [f"final means move the way the papers claim in {agree} of {agree + len(against)} (row, quantity) checks"
-             + (f"; not in: {'; '.join(against)}" if against else "")]
-    if acc_key:
-        accs = ["; ".join(f"{g} " + ", ".join(f"{METHOD_LABELS.get(m, m)} {float(r['mean']):.1f}"
-                                             for (gg, m, q), r in final.items() if gg == g and q == acc_key)
-                          for g in groups)]
-        lines.append(f"{acc_key} × 100 at the end, beside the κ values (a method near chance has the κ values of a "
-                     f"model that has not learned): {accs[0]}")
+    if not details:
+        return []
+    head = (f"final means move the way the papers claim in {agree} of {agree + len(against)} (row, quantity) checks "
+            "on runs that learned" + (f"; not in: {'; '.join(against)}" if against else ""))
+    if skipped:
+        cells = ", ".join(f"{METHOD_LABELS.get(m, m)} on {g}" for g, m in dict.fromkeys(skipped))
+        head += f"; {len(skipped)} checks left out: {cells} ends at chance"
+    lines = [head]
+    accs = ["; ".join(f"{g} " + ", ".join(f"{METHOD_LABELS.get(m, m)} {float(r['mean']):.1f}"
+                                         for (gg, m), r in acc.items() if gg == g)
+                      for g in groups if any(gg == g for gg, _ in acc))]
+    if accs[0]:
+        lines.append(f"{next(iter(acc.values()))['description']} at the end, beside the κ values: {accs[0]}")
     return lines + details
 
 
 def _lambda_sweep_lines(rows: list[dict]) -> list[str]:
-    pts = sorted(((float(r["lam"]), float(r["top1_mean"]), float(r.get("top1_std") or 0), r.get("n", ""),
+    pts = sorted(((float(r["lam"]), float(r["top1_mean"]), r.get("top1_std") or "", int(r.get("n") or 0),
                    r.get("step0_entropy/mean")) for r in rows if r.get("top1_mean")), key=lambda t: t[0])
+    missing = sorted(float(r["lam"]) for r in rows if not r.get("top1_mean"))
     if not pts:
         return []
+
+    def cell(m: float, sd: str, n: int) -> str:
+        return f"{m:.1f}, n = 1 (no spread)" if n == 1 or not sd else f"{m:.1f} ± {float(sd):.1f} (n={n})"
+
     best = max(pts, key=lambda t: t[1])
     zero = next((t for t in pts if t[0] == 0), pts[0])
-    lines = ["top-1 by λ (mean ± std, n seeds): " + "; ".join(f"λ = {lam:g}: {m:.1f} ± {sd:.1f} (n={n})"
-                                                             for lam, m, sd, n, _ in pts),
+    lines = ["top-1 by λ (mean ± std, n seeds): " + "; ".join(f"λ = {lam:g}: {cell(m, sd, n)}"
+                                                             for lam, m, sd, n, _ in pts)
+             + (f"; no finished run yet at λ = {', '.join(f'{x:g}' for x in missing)}" if missing else ""),
              f"highest mean at λ = {best[0]:g} ({best[1]:.1f})" + (
                  " = no λI at all" if best[0] == 0 else f"; λ = {zero[0]:g} gives {zero[1]:.1f}")
-             + " (means read off, not tested)"]
+             + " (means read off, not tested" + (", over a partial sweep" if missing else "") + ")"]
     ent = [(lam, float(e)) for lam, _, _, _, e in pts if e]
     if ent:
         lines.append("step-0 attention entropy (nats, mean over layers): "
