@@ -75,14 +75,18 @@ def last_quarter_gain(summaries: list[dict]) -> float | None:
     return statistics.fmean(gains) if gains else None
 
 
+def training_time_line(walls: list[float], median: str | None = None) -> str:
+    """The cost line of a descriptive table: the measured wall time of the runs shown (`median` replaces the overall
+    median per run, e.g. one per row)."""
+    median = median or f"median per run {statistics.median(walls):.0f} s"
+    return (f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time summed "
+            f"({median}), {sum(walls) / 2 / 3600:.2f} h on two processes of one thread.")
+
+
 def cost_and_convergence(rows: list[dict]) -> list[str]:
     """The cost line (measured wall time of the runs shown) and the λ = 0 row's last-quarter gain."""
     walls = [w for r in rows for w in r["walls"]]
-    out = []
-    if walls:
-        out.append(f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time "
-                   f"summed (median per run {statistics.median(walls):.0f} s), {sum(walls) / 2 / 3600:.2f} h on two "
-                   "processes of one thread.")
+    out = [training_time_line(walls)] if walls else []
     base = next((r for r in rows if r["lam"] == 0.0 and r["gain"] is not None), None)
     if base is not None:
         out.append(f"Convergence figure (λ = 0, the unconditioned model): its validation top-1 gains "

@@ -25,7 +25,7 @@ import statistics
 from pathlib import Path
 
 from ..runs import RunId, RunRecord
-from .ablation import last_quarter_gain
+from .ablation import last_quarter_gain, training_time_line
 from .metric import row_metric
 from .tables import METHOD_LABELS, TableCell, collect, multiplier, provenance_line, save_outputs
 
@@ -212,11 +212,10 @@ def _final_mean(data: dict, row: str, method: str, key: str) -> float | None:
 
 def _comparisons(exp: dict, data: dict) -> list[str]:
     """Our final values beside each claim: a direction read off the means, not a statistical test."""
-    checks = CLAIM_CHECKS
     base = exp["methods"][0]
     lines = ["Ours beside the claims (final values, mean over finished seeds; a direction read off the means, not a "
              "significance test):", ""]
-    for method, key, claim in checks:
+    for method, key, claim in CLAIM_CHECKS:
         if method not in exp["methods"] or method == base:
             continue
         parts = []
@@ -239,8 +238,7 @@ def _cost_and_convergence(exp: dict, cells: dict) -> list[str]:
     if walls:
         per_row = "; ".join(f"{row} {statistics.median(ws):.0f} s" for row in exp["rows"]
                             if (ws := [w for (r, _), c in cells.items() if r == row for w in c.wall]))
-        out.append(f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time "
-                   f"summed (median per run: {per_row}), {sum(walls) / 2 / 3600:.2f} h on two processes of one thread.")
+        out.append(training_time_line(walls, f"median per run: {per_row}"))
     base = exp["methods"][0]
     for row in exp["rows"]:
         cell = cells.get((row, base))
