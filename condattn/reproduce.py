@@ -216,6 +216,25 @@ class LrPick:
             return best * 2
         return None
 
+    def flat(self) -> bool:
+        """Every multiplier of the grid (at least 2) has the same finite mean score, so the grid says nothing about
+        the lr: a row at chance, or at the majority class, at every lr of it."""
+        means = [self.mean(m) for m in self.lrs]
+        if len(means) < 2 or any(v is None or not math.isfinite(v) for v in means):
+            return False
+        return math.isclose(max(means), min(means), rel_tol=1e-9, abs_tol=1e-12)  # type: ignore[type-var]
+
+    def next_steps(self, best: float) -> list[float]:
+        """The multipliers to add to the grid once every run of it has ended: one log2 step beyond an edge pick
+        (`next_step`), or, when the grid is flat, one step beyond each edge, as the bound allows. Empty: the pick is
+        final (on a grid flat up to the bound: the multiplier nearest ×1, marked flat)."""
+        if not self.flat():
+            step = self.next_step(best)
+            return [] if step is None else [step]
+        grid = sorted(self.lrs)
+        out = [grid[0] / 2] if grid[0] / 2 >= self.bound[0] - 1e-12 else []
+        return out + ([grid[-1] * 2] if grid[-1] * 2 <= self.bound[1] + 1e-12 else [])
+
     @property
     def at_bound(self) -> bool:
         """The pick is an edge of the grid that the bound stops from growing."""
@@ -226,7 +245,7 @@ class LrPick:
     def as_dict(self) -> dict:
         return {"key": self.key, "base_lr": self.base_lr, "lrs": self.lrs, "seeds": self.seeds,
                 "bound": list(self.bound), "scores": self.scores, "means": {m: self.mean(m) for m in self.lrs},
-                "pick": self.pick, "at_bound": self.at_bound,
+                "pick": self.pick, "at_bound": self.at_bound, "flat": self.pick is not None and self.flat(),
                 "lr": self.lrs.get(self.pick) if self.pick is not None else None}
 
 
@@ -347,11 +366,12 @@ def _reseeded(part: Part, seed: int, table: str, scale: str) -> Part:
 def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list[str], exp: dict, scale: str,
               read_records: bool, shown: dict[str, str],
               renamed: dict[str, str]) -> tuple[list[tuple[Part, RunSpec]], LrPick | None]:
-    """One row's cells under an lr grid. Stage 1: every selection seed at every multiplier of the grid; while the
-    best mean score sits at an edge of the grid, the grid grows one log2 step that way (up to the declared bound) and
-    the new multiplier's runs are planned. Stage 2, once the pick is final: the row's reported seeds at the pick
-    (selection runs are never reported). Adds the variants of the reported runs to `shown`. `renamed`: the pretraining
-    runs' variant names, which the cells' model.init_from follows (table 3)."""
+    """One row's cells under an lr grid. Stage 1: every selection seed at every multiplier of the grid; while the best
+    mean score sits at an edge of the grid, the grid grows one log2 step that way (up to the declared bound) and the new
+    multiplier's runs are planned; a flat grid (every lr the same score) grows one step each way. Stage 2, once the pick
+    is final: the row's reported seeds at the pick (selection runs are never reported). Adds the variants of the
+    reported runs to `shown`. `renamed`: the pretraining runs' variant names, which the cells' model.init_from follows
+    (table 3)."""
     first = group[0]
     try:
         base_lr = float(comp.base([*first.own, *extra]).optim.lr)
@@ -376,7 +396,7 @@ def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list
                 out.append((part, spec))
                 pick.scores[m][part.seed] = grid_score(RunRecord(spec.run_dir), pick.key) if read_records else None
         best = pick.best(higher)
-        todo = [] if best is None or (step := pick.next_step(best)) is None else [step]
+        todo = [] if best is None else pick.next_steps(best)
         if best is not None and not todo:
             pick.pick = best
     if pick.pick is not None:

@@ -80,6 +80,34 @@ def test_lr_pick_by_mean_over_selection_seeds_ties_nearest_unit_and_waits_for_ev
     assert p.at_bound and p.as_dict()["means"][0.5] == pytest.approx(0.9)
 
 
+def test_lr_pick_a_flat_grid_grows_each_way_to_the_bound_then_is_marked_flat():
+    chance = {100: 0.1, 101: 0.1}
+    p = LrPick("r", "val_acc", 1e-3, {m: 1e-3 * m for m in (0.5, 1.0, 2.0)}, [100, 101], (0.125, 8.0),
+               {m: dict(chance) for m in (0.5, 1.0, 2.0)})
+    assert p.flat() and p.best(True) == 1.0 and p.next_steps(1.0) == [0.25, 4.0]  # no information: grow both ways
+    for m in (0.25, 4.0):
+        p.lrs[m], p.scores[m] = 1e-3 * m, {100: 0.1, 101: None}
+    assert not p.flat() and p.best(True) is None  # waits for every run
+    p.scores[4.0][101], p.scores[0.25] = 0.1, {100: 0.3, 101: 0.5}  # ×0.25 learns: the usual edge rule takes over
+    assert not p.flat() and p.next_steps(p.best(True)) == [0.125]
+    p.scores[0.25] = dict(chance)
+    assert p.next_steps(1.0) == [0.125, 8.0]
+    for m in (0.125, 8.0):
+        p.lrs[m], p.scores[m] = 1e-3 * m, dict(chance)
+    assert p.next_steps(1.0) == []  # flat up to the bound: the pick is ×1, marked flat
+    p.pick = 1.0
+    d = p.as_dict()
+    assert d["flat"] and not d["at_bound"]
+    from condattn.reporting.protocol import lr_text
+    assert lr_text({"lr_picks": {"r": d}}, "r") == "×1 (1e-03, flat)"
+    # a grid that differs anywhere is not flat; a failed lr is not a score
+    q = LrPick("r", "val_acc", 1e-3, {0.5: 5e-4, 1.0: 1e-3}, [100, 101], (0.125, 8.0),
+               {0.5: {100: 0.1, 101: 0.1}, 1.0: {100: 0.1, 101: 0.12}})
+    assert not q.flat() and q.next_steps(1.0) == [2.0]
+    q.scores[1.0] = {100: math.nan, 101: 0.1}
+    assert not q.flat()
+
+
 @pytest.mark.slow  # composes about 40 configs (about 30 s on a loaded core)
 def test_plan_lr_grid_selection_seeds_extend_at_an_edge_then_report_other_seeds(tmp_path):
     exp = grid_exp()

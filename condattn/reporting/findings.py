@@ -5,11 +5,11 @@
 (reporting/protocol.py `verdicts`: Welch, Holm over each family's primary rows, a Benjamini–Hochberg q over its
 exploratory rows, an exact permutation p) and writes `results/<scale>/findings.md`: for each claim of each paper (the
 experiment files' paper numbers) and each rival method, our Δ, interval, adjusted p, verdict, n, scale, and the limits
-that apply (a baseline below its floor, an lr pick at the bound or made by the old one-seed protocol, a plateau, too
-few seeds, runs from several commits). Tables that describe rather than test (table 6's κ over training, table 8's
-λ sweep) get a few lines read off their CSVs instead (claimed directions, final accuracy, the sweep), never a
-verdict. It then rewrites the README's findings block (between the markers
-`<!-- findings:<scale>:begin -->` and `<!-- findings:<scale>:end -->`) with that file's summary.
+that apply (a baseline below its floor, an lr pick at the bound, on a flat grid or made by the old one-seed protocol, a
+plateau, too few seeds, runs from several commits). Tables that describe rather than test (table 6's κ over training,
+table 8's λ sweep) get a few lines read off their CSVs instead (claimed directions, final accuracy, the sweep), never a
+verdict. It then rewrites the README's findings block (between the markers `<!-- findings:<scale>:begin -->` and
+`<!-- findings:<scale>:end -->`) with that file's summary.
 tests/test_findings.py fails when the README or the findings file disagree with the committed CSVs.
 """
 
@@ -93,6 +93,8 @@ def _limits(exp: dict, scale: str, fam: str, recs: dict, base_rec: dict, rec: di
     lr = rec.get("lr") or ""
     if "bound" in lr or "grid edge" in lr:
         out.append(f"lr pick at the {'bound' if 'bound' in lr else 'grid edge'}")
+    if "flat" in lr:
+        out.append("lr grid flat (the same score at every lr)")
     n_base = len(_values(base_rec))
     if hypothesis(exp, rec["row"]) == "primary" and min(len(_values(rec)), n_base) < PRIMARY_SEEDS:
         out.append(f"n < {PRIMARY_SEEDS}")

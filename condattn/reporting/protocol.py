@@ -44,14 +44,16 @@ def pick_key(exp: dict, row: str, method: str) -> str:
 
 def lr_text(exp: dict, row: str) -> str:
     """The lr of the pick named `row` (a `pick_key`) as picked: "×1 (1e-03)", "×8 (8e-03, bound)" (the pick sits at
-    the declared bound of the grid's extension, so the row's best lr may lie beyond it), "1e-03 (grid unfinished)",
-    or "–" without a grid."""
+    the declared bound of the grid's extension, so the row's best lr may lie beyond it), "×1 (1e-03, flat)" (every
+    lr of the grid, grown each way to the bound, scored the same), "1e-03 (grid unfinished)", or "–" without a
+    grid."""
     p = (exp.get("lr_picks") or {}).get(row)
     if not p:
         return "–"
     if p["pick"] is None:
         return f"{p['base_lr']:.0e} (grid unfinished)"
-    return f"×{p['pick']:g} ({p['lr']:.0e}{', bound' if p.get('at_bound') else ''})"
+    mark = ", bound" if p.get("at_bound") else ", flat" if p.get("flat") else ""
+    return f"×{p['pick']:g} ({p['lr']:.0e}{mark})"
 
 
 def grid_text(exp: dict, row: str) -> str:
@@ -229,7 +231,10 @@ def verdict_line(found: list[tuple[str, Verdict]]) -> str:
 FOOTER = ("Protocol: each row's peak lr is picked by the mean validation score of the selection seeds (never reported, "
           "never a test score; each seed's grid scores are in the CSV) over a log2 grid of multiples of the row's "
           "optim.lr, grown one step while the pick sits at an edge, up to the declared bound ('bound': the pick sits "
-          "there, so the row's best lr may lie beyond it); the baseline follows the same rule. Then every reported "
+          "there, so the row's best lr may lie beyond it); a grid on which every lr scores the same grows one step "
+          "each way, up to the bound, and if it stays so the pick is the lr nearest ×1, marked 'flat' (the pick "
+          "carries no information: the row scored the same, e.g. chance, at every lr tried); the baseline follows "
+          "the same rule. Then every reported "
           "seed runs at the pick. Tests per row against its task's baseline: Welch's p, adjusted by Holm over the "
           "task's primary rows (declared in the experiment file before running) or as a Benjamini–Hochberg q over "
           "its exploratory rows, and an exact permutation p; the verdict is 'better' or 'worse' only when the "
