@@ -114,3 +114,13 @@ def test_paper_table_prints_the_differences():
     assert not [n for n in table_notes(exp, "smoke", list(exp["rows"])) if "Deliberate differences" in n]
     t1 = load_experiment(str(next(p for p in PAPER if p.stem == "table1_imagenet")))
     assert any("same run twice" in line for line in table_notes(t1, "smoke", list(t1["rows"])))
+
+
+def test_a_note_about_rows_or_scales_prints_only_where_they_apply():
+    exp = copy.deepcopy(load_experiment(str(next(p for p in PAPER if p.stem == "table1_imagenet"))))
+    exp["notes"] = [{"rows": ["vit_base", "deit_base"], "text": "same run\n twice"},
+                    {"scales": ["small"], "text": "left out"}, "always"]
+    smoke = table_notes(exp, "smoke", ["vit_base", "deit_base"])
+    assert smoke[1:3] == ["Note: same run twice", "Note: always"] and not any("left out" in n for n in smoke)
+    small = table_notes(exp, "small", ["vit_base", "swin_base"])
+    assert "Note: left out" in small and "Note: always" in small and not any("same run" in n for n in small)

@@ -75,13 +75,21 @@ def _row_tasks(exp: dict, rows: list[str]) -> dict[str, str]:
 
 
 def table_notes(exp: dict, scale: str, rows: list[str]) -> list[str]:
-    """Markdown lines for under the table: the experiment's `notes:` (a list: at every scale; a mapping: the note of
-    this scale, {scale: text}) and, at paper scale, the deliberate differences of each row's recipe card."""
+    """Markdown lines for under the table: the experiment's `notes:` (a list: at every scale, an entry
+    `{text: ..., rows: [...], scales: [...]}` only when every row it names is in the table and at the scales it
+    names; a mapping: the note of this scale, {scale: text}) and, at paper scale, the deliberate differences of each
+    row's recipe card."""
     notes = exp.get("notes") or []
     if isinstance(notes, dict):
         lines = [f"Note ({scale}): {' '.join(str(notes[scale]).split())}"] if notes.get(scale) else []
     else:
-        lines = [f"Note: {n}" for n in notes]
+        lines = []
+        for n in notes:
+            if isinstance(n, dict):
+                if not set(n.get("rows") or []) <= set(rows) or scale not in n.get("scales", [scale]):
+                    continue  # about rows this scale does not train, or another scale
+                n = n["text"]
+            lines.append(f"Note: {' '.join(str(n).split())}")
     if scale == "paper":
         cards = load_cards()
         by_task: dict[str, list[str]] = {}
