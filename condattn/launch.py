@@ -506,16 +506,28 @@ def run_local(cells: list[RunSpec], metric: str, *, force: bool = False,
               needs: Callable[[str], str | None] = lambda name: None, say: Callable[..., None] = print) -> LocalResult:
     """Train the cells here, one after another (launcher=local). A failed cell is reported and the next one runs; a
     cell whose pretraining run (`needs(name)`) failed here is skipped; a stop request checkpoints the running cell
-    and ends the loop. `force`: start every cell over (resume=never)."""
+    and ends the loop. `force`: start every cell over (resume=never). A cell that another process trains now (its
+    RunLock) moves behind the free ones, unless a later cell needs it: two `reproduce` of one table then share its
+    cells, each training different ones (when only held cells are left, the next one waits for its holder)."""
     from .engine.signals import StopFlag
     from .engine.trainer import TrainingDiverged, TrainingInterrupted, train
+    from .runs import RunLock
 
     out = LocalResult()
     t_all = time.time()
+    queue, i = list(cells), 0
     with StopFlag() as stop:
-        for i, c in enumerate(cells, 1):
+        while queue:
+            c = queue.pop(0)
+            if not force and RunLock(c.run_dir).held_elsewhere() and \
+                    not any(needs(x.name) == c.name for x in queue) and \
+                    any(not RunLock(x.run_dir).held_elsewhere() for x in queue):
+                say(f"[reproduce] {c.name}: another process trains it now; moved to the end", flush=True)
+                queue.append(c)
+                continue
+            i += 1
             if stop.requested:
-                out.interrupted, out.not_started = True, [x.name for x in cells[i - 1:]]
+                out.interrupted, out.not_started = True, [x.name for x in [c, *queue]]
                 say(f"[reproduce] stop requested ({stop.name})")
                 break
             if (first_stage := needs(c.name)) in out.failed:
@@ -537,7 +549,7 @@ def run_local(cells: list[RunSpec], metric: str, *, force: bool = False,
                 say(f"[reproduce] stopped at {c.name}: {why}", flush=True)
                 out.interrupted = True
                 out.failed.append(c.name)
-                out.not_started = [x.name for x in cells[i:]]
+                out.not_started = [x.name for x in queue]
                 break
             except Exception as e:
                 if not isinstance(e, TrainingDiverged):  # its message says it all

@@ -411,7 +411,7 @@ def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list
 
 def length_check(exp: dict, scale: str) -> tuple[int, int] | None:
     """The scale's `length_check: {factor: 2, seeds: 5}`: the baseline and every primary row with a verdict run again
-    at factor × their steps, on their first `seeds` reported seeds, at their lr pick. None without one."""
+    at factor × their steps, on their `seeds` lowest reported seeds, at their lr pick. None without one."""
     spec = (exp["scales"].get(scale) or {}).get("length_check")
     if not spec:
         return None
@@ -460,7 +460,7 @@ def _length_cells(comp: _Composer, exp: dict, scale: str, reported: dict[tuple, 
                          higher_is_better(exp, fam[0][0]))
         for rm in [fam[0], *(rm for rm in primary if found[rm].word in ("better", "worse"))]:
             pick = picks[pick_key(exp, *rm)]
-            for part, spec in (groups[rm] or [])[:n]:
+            for part, spec in sorted(groups[rm] or [], key=lambda pc: pc[0].seed)[:n]:  # the n lowest, any order
                 steps = int(spec.cfg.task.steps)
                 tail = [*([] if pick.pick == 1 else [lr_override(pick.base_lr * pick.pick)]),
                         f"task.steps={factor * steps}", *extra]
@@ -921,8 +921,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--status", action="store_true", help="list each cell as queued, running, failed or finished (run "
                    "records, and squeue/sacct for SLURM jobs); trains nothing")
     p.add_argument("--rows", help='train only these rows, e.g. "listops" or "vit_*,listops_cet*" (shell globs); the '
-                   "table is still written with every row, from the runs there are. Two processes given disjoint "
-                   "rows fill one table side by side")
+                   "table is still written with every row, from the runs there are. Two processes of one command "
+                   "already share its cells (each skips the cell the other trains); --rows splits them by hand")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every cell (e.g. impl.threads=2)")
     args = p.parse_intermixed_args(argv)
 

@@ -399,7 +399,8 @@ class RunLock:
     (beside the run directory, which is only created once the run starts) and says who holds it: pid, host, since.
 
     `acquire` waits for the holder to finish, printing once who it is: two `reproduce` of the same table then train
-    each cell once, the later one finding it finished."""
+    each cell once, the later one finding it finished (and `launch.run_local` leaves a held cell for last, so each
+    takes the next free one meanwhile)."""
 
     def __init__(self, run_dir: str | Path, poll_s: float = 1.0):
         self.run_dir = Path(run_dir)
@@ -431,6 +432,13 @@ class RunLock:
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
                      f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}\n".encode())
         self._fd = fd
+        return True
+
+    def held_elsewhere(self) -> bool:
+        """Whether another process (or another holder in this one) trains the run now; takes nothing."""
+        if self.try_acquire():
+            self.release()
+            return False
         return True
 
     def acquire(self, timeout_s: float | None = None) -> None:

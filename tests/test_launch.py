@@ -312,3 +312,31 @@ def test_status_lists_each_cell_from_records_squeue_and_sacct(tmp_path, capsys, 
     assert "not started" in lines["table4_lra_listops_embedded_smoke_s1"]
     assert "[reproduce] 1 finished, 1 running, 1 queued, 2 failed, 1 not started" in out
     assert not (runs / "table4_lra_listops_embedded_smoke_s1").exists()  # --status trains nothing
+
+
+def test_run_local_leaves_a_cell_another_process_trains_for_last(tmp_path, monkeypatch):
+    """Two `reproduce` of one table share its cells: a cell whose lock another process holds moves behind the free
+    ones (never ahead of a cell that needs it); once only held cells are left, the next one is trained (waits)."""
+    from types import SimpleNamespace as NS
+
+    import condattn.engine.trainer as trainer
+    from condattn.launch import run_local
+    from condattn.runs import RunLock
+
+    cells = [NS(name=n, run_dir=tmp_path / "small" / n, cfg=NS(resume="auto"), checked=None) for n in "abcd"]
+    held = [RunLock(tmp_path / "small" / n) for n in "ac"]
+    assert all(h.try_acquire() for h in held)  # "another process" trains a and c now
+    order: list[str] = []
+
+    def train(cfg, checked):
+        order.append(next(c.name for c in cells if c.cfg is cfg))
+        if order[-1] in "ac":
+            held["ac".index(order[-1])].release()  # (the real train waits for the holder here)
+        return {"metrics": {"acc": 1.0}}
+
+    monkeypatch.setattr(trainer, "train", train)
+    said: list[str] = []
+    out = run_local(cells, "acc", needs=lambda name: "c" if name == "d" else None, say=lambda m, **k: said.append(m))
+    # a is held: it goes behind b; c is held but d needs it, so c is not moved; a comes back after d
+    assert order == ["b", "c", "d", "a"] and out.ran == 4 and not out.failed
+    assert sum("another process trains it now" in m for m in said) == 1
