@@ -349,6 +349,11 @@ def test_cost_line_projects_the_whole_table_from_each_tasks_median():
     done = [{"wall_time_s": 3600.0}] * 9
     assert "Trained so far for this table: 9 runs (selection, reported and length runs), 9.00 h of run wall time " \
            "summed, 4.5 h on two processes." in cost_line(exp, "small", rows, done)
+    # runs another table made (linked twins) are counted apart, not as this table's cost
+    exp["table"] = "table1_imagenet"
+    mixed = [{"wall_time_s": 3600.0, "table": "table1_imagenet"}] * 2 + [{"wall_time_s": 60.0, "table": "table9_x"}]
+    assert "Trained so far for this table: 2 runs (selection, reported and length runs), 2.00 h of run wall time " \
+           "summed, 1.0 h on two processes; 1 more reused from table9_x." in cost_line(exp, "small", rows, mixed)
     rows.append({"task": "text", "cell": cell([], [0, 1, 2, 3, 4]), "is_baseline": True, "test": None})
     assert "unknown until text has a finished run" in cost_line(exp, "small", rows)
     assert "whole table" not in cost_line(exp, "medium", rows[:1])  # one GPU, not two CPU processes
@@ -399,6 +404,10 @@ def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_report
     assert "/ 0.100 | better | – | ×2 (2e-03, bound) | 3.04 / 3.04 |" in md  # 3 seeds: the permutation p's floor
     assert "listops: Baseline's last quarter" in md and "listops: Plateau: the baseline reaches" in md
     assert "better than the baseline: listops SCA" in md
+    assert "Training time of the runs shown: 6 runs" in md  # the cost line
+    exp["planned_cells"] = [f"table4_lra_listops_{m}_small_s{s}" for m in ("none", "spectral") for s in range(3)]
+    _, md = write_table(exp, "small", tmp_path / "runs", tmp_path / "results", [0, 1, 2])
+    assert "Trained so far for this table: 6 runs (selection, reported and length runs)" in md
 
     # the length check (tables 1 and 5 as table 9): the baseline and SCA again at 2× steps on seeds 0-1; SCA's
     # +10 shrinks to +0.5 there, which no test on 2 seeds separates: the verdict change is said, and the baseline's

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..runs import RunRecord
 from .protocol import curve
 from .stats import last_quarter_change
-from .tables import collect, provenance_line, renderer_cli, save_outputs
+from .tables import collect, provenance_line, renderer_cli, save_outputs, training_time_line
 
 # (column header, step-0 diagnostics key) in table order
 DIAG_COLUMNS = [
@@ -73,14 +73,6 @@ def last_quarter_gain(summaries: list[dict]) -> float | None:
     gains = [g for s in summaries
              if (g := last_quarter_change(curve(s, "acc", 100.0), int(s.get("steps") or 0))) is not None]
     return statistics.fmean(gains) if gains else None
-
-
-def training_time_line(walls: list[float], median: str | None = None) -> str:
-    """The cost line of a descriptive table: the measured wall time of the runs shown (`median` replaces the overall
-    median per run, e.g. one per row)."""
-    median = median or f"median per run {statistics.median(walls):.0f} s"
-    return (f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time summed "
-            f"({median}), {sum(walls) / 2 / 3600:.2f} h on two processes of one thread.")
 
 
 def cost_and_convergence(rows: list[dict]) -> list[str]:

@@ -25,9 +25,9 @@ import statistics
 from pathlib import Path
 
 from ..runs import RunId, RunRecord
-from .ablation import last_quarter_gain, training_time_line
+from .ablation import last_quarter_gain
 from .metric import row_metric
-from .tables import METHOD_LABELS, TableCell, collect, multiplier, provenance_line, save_outputs
+from .tables import METHOD_LABELS, TableCell, collect, multiplier, provenance_line, save_outputs, training_time_line
 
 # (flat diagnostics key, label) in table order; the figure draws a subset (PANELS)
 QUANTITIES = [

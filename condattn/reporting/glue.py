@@ -21,6 +21,7 @@ from .tables import (
     provenance_line,
     rows_for,
     save_outputs,
+    trained,
 )
 
 SECOND = {"mnli": ("mnli_mm", "final_test_score", "MNLI-mm")}  # a row whose runs also report a second dev split
@@ -100,7 +101,7 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
                   "|---|---|---|---|---|---|---|"]
         lines += [_pretrain_line(exp, scale, runs_root, m) for m in methods]
     lines += protocol_lines(exp, scale, {k: v for k, v in cells.items() if k[0] != "pretrain"}, METHOD_LABELS, 1,
-                            load_floors(results_root, scale, exp["table"]))
+                            load_floors(results_root, scale, exp["table"]), done=trained(exp, scale, runs_root))
     lines += ["", provenance_line(exp, scale, cells)]  # the scale's note follows (save_outputs: notes.table_notes)
     return save_outputs(exp, scale, results_root, "\n".join(lines) + "\n", csv_rows,
                         lambda png: plot_curves(exp, scale, cells, png), "validation curves",

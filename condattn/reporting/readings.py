@@ -19,7 +19,6 @@ import statistics
 import sys
 from pathlib import Path
 
-from ..runs import RunRecord
 from . import protocol
 from .floors import SCALES as FLOOR_SCALES
 from .floors import load as load_floors
@@ -35,6 +34,8 @@ from .tables import (
     rows_for,
     save_outputs,
     table_start,
+    trained,
+    trained_so_far,
 )
 
 # (column header, step-0 key or a function of the step-0 dict) in table order
@@ -281,13 +282,6 @@ def code_line(rows: list[dict]) -> str:
                    "Within every reading its runs ran the same code.")
 
 
-def trained(exp: dict, scale: str, runs_root: str | Path) -> list[dict]:
-    """The summaries of every finished run the table's plan trains (`exp["planned_cells"]`: selection, reported and
-    length runs, grid extensions included)."""
-    return [s for name in exp.get("planned_cells") or []
-            if (s := RunRecord(Path(runs_root) / scale / name).summary) is not None]
-
-
 def cost_line(exp: dict, scale: str, rows: list[dict], done: list[dict] | None = None) -> str:
     """The measured training time of the runs shown, and of every run the table has trained so far (`done`:
     `trained()`), and, at the CPU scales, what the whole table costs at the per-task medians: every row runs its
@@ -297,12 +291,7 @@ def cost_line(exp: dict, scale: str, rows: list[dict], done: list[dict] | None =
     walls = [w for r in rows for w in r["cell"].wall]
     if not walls:
         return ""
-    if done:
-        spent = sum(float(s.get("wall_time_s") or 0.0) for s in done)
-        so_far = (f" Trained so far for this table: {len(done)} runs (selection, reported and length runs), "
-                  f"{spent / 3600:.2f} h of run wall time summed, {spent / 2 / 3600:.1f} h on two processes.")
-    else:
-        so_far = ""
+    so_far = trained_so_far(done, exp.get("table"))
     medians = {t: statistics.median(ws) for t in dict.fromkeys(r["task"] for r in rows)
                if (ws := [w for r in rows if r["task"] == t for w in r["cell"].wall])}
     per_task = ", ".join(f"{t} {m:.0f} s" for t, m in medians.items())

@@ -211,10 +211,39 @@ def table_start(exp: dict, intro: str, head: list[str]) -> list[str]:
             "|" + "---|" * len(head)]
 
 
-def render(exp: dict, scale: str, cells: dict[tuple, TableCell],
-           floors: dict | None = None, long: dict[tuple, TableCell] | None = None) -> tuple[str, list[dict]]:
+def training_time_line(walls: list[float], median: str | None = None) -> str:
+    """The cost line of a table: the measured wall time of the runs shown (`median` replaces the overall median per
+    run, e.g. one per row)."""
+    median = median or f"median per run {statistics.median(walls):.0f} s"
+    return (f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time summed "
+            f"({median}), {sum(walls) / 2 / 3600:.2f} h on two processes of one thread.")
+
+
+def trained(exp: dict, scale: str, runs_root: str | Path) -> list[dict]:
+    """The summaries of every finished run the table's plan trains (`exp["planned_cells"]`: selection, reported and
+    length runs, grid extensions included)."""
+    return [s for name in exp.get("planned_cells") or []
+            if (s := RunRecord(Path(runs_root) / scale / name).summary) is not None]
+
+
+def trained_so_far(done: list[dict] | None, table: str | None = None) -> str:
+    """" Trained so far for this table: …" — what every run the table's plan trained cost (`done`: `trained()`), or ""
+    without them; runs another table made (`table`: this one's name; reused, engine/twins.py) are counted apart."""
+    if not done:
+        return ""
+    reused = [s for s in done if table and s.get("table") not in (None, table)]
+    done = [s for s in done if s not in reused]
+    spent = sum(float(s.get("wall_time_s") or 0.0) for s in done)
+    return (f" Trained so far for this table: {len(done)} runs (selection, reported and length runs), "
+            f"{spent / 3600:.2f} h of run wall time summed, {spent / 2 / 3600:.1f} h on two processes"
+            + (f"; {len(reused)} more reused from {', '.join(sorted({s['table'] for s in reused}))}." if reused
+               else "."))
+
+
+def render(exp: dict, scale: str, cells: dict[tuple, TableCell], floors: dict | None = None,
+           long: dict[tuple, TableCell] | None = None, done: list[dict] | None = None) -> tuple[str, list[dict]]:
     """Markdown text and CSV rows for one table at one scale (`floors`: the cached floors, {row: entry}; `long`: the
-    cells' runs at 2× steps, {(row, method): TableCell})."""
+    cells' runs at 2× steps, {(row, method): TableCell}; `done`: every run the table's plan trained, `trained()`)."""
     methods = exp["methods"]
     head = ["row", *paper_columns(exp).values()]
     head += [f"ours: {method_label(exp, m)}" for m in methods] + ["steps", "wall time / run"]
@@ -271,7 +300,7 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell],
                 "p_adjusted_2x": f"{lt.p_adj:.6g}" if lt and lt.p_adj is not None else "",
                 "verdict_2x": lt.word if lt else "",
             })
-    lines += protocol_lines(exp, scale, cells, METHOD_LABELS, 2 if multiplier(exp) == 100 else 3, floors, long)
+    lines += protocol_lines(exp, scale, cells, METHOD_LABELS, 2 if multiplier(exp) == 100 else 3, floors, long, done)
     lines += tokenizer_notes([s for c in cells.values() for s in c.summaries])
     lines += patch_notes([s for c in cells.values() for s in c.summaries])
     lines += ["", provenance_line(exp, scale, cells)]
@@ -306,12 +335,14 @@ def length_verdicts(exp: dict, row: str, methods: list[str], long: dict[tuple, T
 
 
 def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], digits: int = 2,
-                   floors: dict | None = None, long: dict[tuple, TableCell] | None = None) -> list[str]:
+                   floors: dict | None = None, long: dict[tuple, TableCell] | None = None,
+                   done: list[dict] | None = None) -> list[str]:
     """The fair protocol's block under a table whose scale has an lr grid (tables 1, 3, 4, 5 at small): per row, one
     line per method with its held-out metric (mean ± std), Δ to the row's baseline (the first method) with its 95%
     interval, the lr it picked, the MDE and steps-to-target; then the baseline's convergence figure (and the plateau
-    line), the baseline against its floors (`floors`: {row: cached entry}), a verdict and the protocol's footer.
-    `cells`: {(row, method): TableCell}; [] without an lr grid."""
+    line), the baseline against its floors (`floors`: {row: cached entry}), a verdict, the protocol's footer and the
+    cost line (the runs shown, and `done`: every run the plan trained). `cells`: {(row, method): TableCell}; [] without
+    an lr grid."""
     if not (exp["scales"].get(scale) or {}).get("lr_grid"):
         return []
     key = (exp.get("curve") or {}).get("key", "acc")
@@ -372,7 +403,9 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
                      "fine-tuning seeds, so a method is one unit of evidence here and its difference to the baseline "
                      "is not tested (the interval over fine-tuning seeds would understate the method's variance). A "
                      "test needs one pretraining run per reported seed.")
-    return [*lines, "", *[x for n in notes for x in (n, "")], verdict_line(found), "", FOOTER]
+    walls = [w for c in cells.values() for w in c.wall]
+    cost = ["", training_time_line(walls) + trained_so_far(done, exp["table"])] if walls else []
+    return [*lines, "", *[x for n in notes for x in (n, "")], verdict_line(found), "", FOOTER, *cost]
 
 
 def plot_curves(exp: dict, scale: str, cells: dict[tuple, TableCell], out: Path) -> Path | None:
@@ -453,7 +486,7 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
                 seeds: list[int] | None = None) -> tuple[Path, str]:
     cells = collect(exp, scale, runs_root, seeds)
     md, csv_rows = render(exp, scale, cells, load_floors(results_root, scale, exp["table"]),
-                          longer(exp, scale, runs_root, cells))
+                          longer(exp, scale, runs_root, cells), trained(exp, scale, runs_root))
     return save_outputs(exp, scale, results_root, md, csv_rows, lambda png: plot_curves(exp, scale, cells, png),
                         "validation curves")
 
