@@ -217,23 +217,27 @@ class LrPick:
         return None
 
     def flat(self) -> bool:
-        """Every multiplier of the grid (at least 2) has the same finite mean score, so the grid says nothing about
-        the lr: a row at chance, or at the majority class, at every lr of it."""
+        """Every multiplier of the grid that finished (at least 2; a failed lr is left out) has exactly the same mean
+        score, so the grid says nothing about the lr: a row at chance, or at the majority class, at every lr of it.
+        Exact, as `best` compares: a tie there goes to the multiplier nearest ×1."""
         means = [self.mean(m) for m in self.lrs]
-        if len(means) < 2 or any(v is None or not math.isfinite(v) for v in means):
+        if any(v is None for v in means):
             return False
-        return math.isclose(max(means), min(means), rel_tol=1e-9, abs_tol=1e-12)  # type: ignore[type-var]
+        done = [v for v in means if v is not None and math.isfinite(v)]
+        return len(done) >= 2 and max(done) == min(done)
 
     def next_steps(self, best: float) -> list[float]:
         """The multipliers to add to the grid once every run of it has ended: one log2 step beyond an edge pick
-        (`next_step`), or, when the grid is flat, one step beyond each edge, as the bound allows. Empty: the pick is
-        final (on a grid flat up to the bound: the multiplier nearest ×1, marked flat)."""
+        (`next_step`), or, when the grid is flat, one step beyond each edge that finished (a failed edge ends its
+        side), as the bound allows. Empty: the pick is final (on a grid flat up to the bound: `best`, the multiplier
+        nearest ×1, marked flat)."""
         if not self.flat():
             step = self.next_step(best)
             return [] if step is None else [step]
-        grid = sorted(self.lrs)
-        out = [grid[0] / 2] if grid[0] / 2 >= self.bound[0] - 1e-12 else []
-        return out + ([grid[-1] * 2] if grid[-1] * 2 <= self.bound[1] + 1e-12 else [])
+        lo, hi = min(self.lrs), max(self.lrs)
+        ok = {m: math.isfinite(self.mean(m)) for m in (lo, hi)}  # type: ignore[arg-type]
+        out = [lo / 2] if ok[lo] and lo / 2 >= self.bound[0] - 1e-12 else []
+        return out + ([hi * 2] if ok[hi] and hi * 2 <= self.bound[1] + 1e-12 else [])
 
     @property
     def at_bound(self) -> bool:

@@ -435,11 +435,23 @@ class RunLock:
         return True
 
     def held_elsewhere(self) -> bool:
-        """Whether another process (or another holder in this one) trains the run now; takes nothing."""
-        if self.try_acquire():
-            self.release()
+        """Whether another process (or another holder in this one) trains the run now. Takes the lock for an instant
+        only, without writing who holds it (a waiting process keeps naming the real holder); creates nothing when no
+        lock file exists yet (nobody has trained the run)."""
+        import fcntl
+        import os
+
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
             return False
-        return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing the descriptor drops an flock taken through it
+        return False
 
     def acquire(self, timeout_s: float | None = None) -> None:
         """Wait until the lock is ours (TimeoutError after timeout_s)."""

@@ -106,6 +106,10 @@ def test_lr_pick_a_flat_grid_grows_each_way_to_the_bound_then_is_marked_flat():
     assert not q.flat() and q.next_steps(1.0) == [2.0]
     q.scores[1.0] = {100: math.nan, 101: 0.1}
     assert not q.flat()
+    # a failed lr is left out of the flatness, and ends its side of the grid
+    r = LrPick("r", "val_acc", 1e-3, {m: 1e-3 * m for m in (0.5, 1.0, 2.0)}, [100, 101], (0.125, 8.0),
+               {0.5: dict(chance), 1.0: dict(chance), 2.0: {100: math.nan, 101: 0.1}})
+    assert r.flat() and r.best(True) == 1.0 and r.next_steps(1.0) == [0.25]
 
 
 @pytest.mark.slow  # composes about 40 configs (about 30 s on a loaded core)

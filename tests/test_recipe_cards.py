@@ -124,3 +124,6 @@ def test_a_note_about_rows_or_scales_prints_only_where_they_apply():
     assert smoke[1:3] == ["Note: same run twice", "Note: always"] and not any("left out" in n for n in smoke)
     small = table_notes(exp, "small", ["vit_base", "swin_base"])
     assert "Note: left out" in small and "Note: always" in small and not any("same run" in n for n in small)
+    exp["notes"] = [{"rows": ["vit_bsae"], "text": "x"}]  # a misspelt row would hide its note for good
+    with pytest.raises(ValueError, match="rows 'vit_bsae'"):
+        table_notes(exp, "small", ["vit_base"])

@@ -86,7 +86,15 @@ def table_notes(exp: dict, scale: str, rows: list[str]) -> list[str]:
         lines = []
         for n in notes:
             if isinstance(n, dict):
-                if not set(n.get("rows") or []) <= set(rows) or scale not in n.get("scales", [scale]):
+                named, at = list(n.get("rows") or []), list(n.get("scales") or [scale])
+                bad = [f"rows {r!r}" for r in named if r not in exp["rows"]]
+                bad += [f"scales {x!r}" for x in at if x not in exp["scales"]]
+                bad += [f"key {k!r}" for k in n if k not in ("text", "rows", "scales")]
+                bad += [] if n.get("text") else ["no text"]
+                if bad:
+                    raise ValueError(f"notes entry of {exp['table']} has {', '.join(bad)}: give "
+                                     "{text: ..., rows: [its rows], scales: [its scales]} with the experiment's names")
+                if not set(named) <= set(rows) or scale not in at:
                     continue  # about rows this scale does not train, or another scale
                 n = n["text"]
             lines.append(f"Note: {' '.join(str(n).split())}")

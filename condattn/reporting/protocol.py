@@ -52,7 +52,7 @@ def lr_text(exp: dict, row: str) -> str:
         return "–"
     if p["pick"] is None:
         return f"{p['base_lr']:.0e} (grid unfinished)"
-    mark = ", bound" if p.get("at_bound") else ", flat" if p.get("flat") else ""
+    mark = ", flat" if p.get("flat") else ", bound" if p.get("at_bound") else ""
     return f"×{p['pick']:g} ({p['lr']:.0e}{mark})"
 
 
@@ -233,9 +233,9 @@ FOOTER = ("Protocol: each row's peak lr is picked by the mean validation score o
           "optim.lr, grown one step while the pick sits at an edge, up to the declared bound ('bound': the pick sits "
           "there, so the row's best lr may lie beyond it); a grid on which every lr scores the same grows one step "
           "each way, up to the bound, and if it stays so the pick is the lr nearest ×1, marked 'flat' (the pick "
-          "carries no information: the row scored the same, e.g. chance, at every lr tried); the baseline follows "
-          "the same rule. Then every reported "
-          "seed runs at the pick. Tests per row against its task's baseline: Welch's p, adjusted by Holm over the "
+          "carries no information: the row scored the same, e.g. chance, at every lr tried; a failed lr is left "
+          "out and ends its side); the baseline follows the same rule. Then every reported seed runs at the pick. "
+          "Tests per row against its task's baseline: Welch's p, adjusted by Holm over the "
           "task's primary rows (declared in the experiment file before running) or as a Benjamini–Hochberg q over "
           "its exploratory rows, and an exact permutation p; the verdict is 'better' or 'worse' only when the "
           "adjusted p < 0.05, else 'no difference detected' with the MDE at the corrected α. "

@@ -226,18 +226,18 @@ def trained(exp: dict, scale: str, runs_root: str | Path) -> list[dict]:
             if (s := RunRecord(Path(runs_root) / scale / name).summary) is not None]
 
 
-def trained_so_far(done: list[dict] | None, table: str | None = None) -> str:
+def trained_so_far(done: list[dict] | None, table: str | None = None, pretrain: bool = False) -> str:
     """" Trained so far for this table: …" — what every run the table's plan trained cost (`done`: `trained()`), or ""
     without them; runs another table made (`table`: this one's name; reused, engine/twins.py) are counted apart."""
     if not done:
         return ""
-    reused = [s for s in done if table and s.get("table") not in (None, table)]
-    done = [s for s in done if s not in reused]
-    spent = sum(float(s.get("wall_time_s") or 0.0) for s in done)
-    return (f" Trained so far for this table: {len(done)} runs (selection, reported and length runs), "
-            f"{spent / 3600:.2f} h of run wall time summed, {spent / 2 / 3600:.1f} h on two processes"
-            + (f"; {len(reused)} more reused from {', '.join(sorted({s['table'] for s in reused}))}." if reused
-               else "."))
+    reused = made_elsewhere(done, table) if table else {}
+    own = [s for s in done if not (table and made_elsewhere([s], table))]
+    spent = sum(float(s.get("wall_time_s") or 0.0) for s in own)
+    kinds = f"{'pretraining, ' if pretrain else ''}selection, reported and length runs"
+    more = f"; {sum(reused.values())} more reused from {', '.join(sorted(reused))}" if reused else ""
+    return (f" Trained so far for this table: {len(own)} runs ({kinds}), {spent / 3600:.2f} h of run wall time "
+            f"summed, {spent / 2 / 3600:.1f} h on two processes{more}.")
 
 
 def render(exp: dict, scale: str, cells: dict[tuple, TableCell], floors: dict | None = None,
@@ -404,7 +404,8 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
                      "is not tested (the interval over fine-tuning seeds would understate the method's variance). A "
                      "test needs one pretraining run per reported seed.")
     walls = [w for c in cells.values() for w in c.wall]
-    cost = ["", training_time_line(walls) + trained_so_far(done, exp["table"])] if walls else []
+    cost = ["", training_time_line(walls) + trained_so_far(done, exp["table"], bool(exp.get("pretrain")))] if walls \
+        else []
     return [*lines, "", *[x for n in notes for x in (n, "")], verdict_line(found), "", FOOTER, *cost]
 
 
