@@ -800,9 +800,8 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
     # --force retrains: stage 1 of an lr grid runs again before anything picks (with --report-only it only means
     # "write the table anyway", and the picks are read from the runs as always)
     retrain = args.force and not args.report_only
-    p = plan_now(read_records=not retrain)
-    if not retrain and not args.status and restore_kept(p, args.scale, args.dry_run):
-        p = plan_now()  # the restored runs decide lr picks and length checks: plan again with them
+    restoring = not retrain and not args.status
+    p = with_kept(plan_now, args.scale, args.dry_run) if restoring else plan_now(read_records=not retrain)
     if args.status:  # queued / running / failed / finished per cell (launch.status_lines)
         from .launch import status_lines
 
@@ -817,7 +816,7 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
     _say_made(p)
     if p.cells[0].cfg.launcher.name in SUBMITIT_LAUNCHERS:
         return _submit(p, args, t, seeds)
-    return _local(p, args, t, seeds, plan_now)
+    return _local(p, args, t, seeds, (lambda: with_kept(plan_now, args.scale)) if restoring else plan_now)
 
 
 # --------------------------------------------------------------------------------------------- the table
@@ -859,6 +858,16 @@ def restore_kept(p: Plan, scale: str, dry_run: bool = False) -> int:
         print(f"[reproduce] restored {n} finished runs from their kept records ({kept}) into "
               f"{p.cells[0].run_dir.parent}; they count as finished (no checkpoints: --force retrains them)")
     return n
+
+
+def with_kept(make_plan, scale: str, dry_run: bool = False) -> Plan:
+    """A plan after restoring the kept records of its cells, planned again until a restore adds nothing: restored
+    runs decide lr picks and length checks, which add cells (a row's other seeds, the length runs) whose records may
+    be kept too."""
+    p = make_plan()
+    while restore_kept(p, scale, dry_run):
+        p = make_plan()
+    return p
 
 
 def keep_finished(p: Plan, scale: str) -> int:

@@ -140,7 +140,7 @@ def project(p, scale: str, seeds: list[int], step_s: dict, kept: Path | None = N
 
 def main(argv: list[str] | None = None) -> int:
     from .reproduce import main as reproduce
-    from .reproduce import plan, restore_kept
+    from .reproduce import plan, with_kept
 
     ap = argparse.ArgumentParser(prog="python -m condattn.reproduce_all", description=__doc__.splitlines()[0])
     ap.add_argument("--scale", default="small")
@@ -155,9 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     for f in files:
         exp = load_experiment(f)
         seeds = list(exp["scales"][args.scale].get("seeds", [0]))
-        p = plan(exp, args.scale, seeds, list(args.overrides))
-        if not args.dry_run and restore_kept(p, args.scale):
-            p = plan(exp, args.scale, seeds, list(args.overrides))
+        def make_plan(exp=exp, seeds=seeds):
+            return plan(exp, args.scale, seeds, list(args.overrides))
+
+        p = make_plan() if args.dry_run else with_kept(make_plan, args.scale)
         plans.append((f, p, seeds))
     roots = {d for _, p, _ in plans if p.cells
              for d in (p.cells[0].run_dir.parent, p.results_root / args.scale / "runs")}

@@ -321,3 +321,37 @@ def test_restore_kept_never_restores_weights_a_cell_still_needs_nor_a_run_set_as
     keep(other.name)
     (runs / f"{other.name}.stale-1").mkdir()
     assert restore_kept(Plan(exp, [other], {}, tmp_path / "runs", tmp_path / "results"), "small") == 0
+
+
+def test_with_kept_restores_every_wave_a_restored_pick_adds(tmp_path):
+    """A fresh clone of a grid table: restoring stage 1 decides the pick, which adds the row's other seeds; their kept
+    records are restored too before anything trains (one restore left them to be trained again)."""
+    from omegaconf import OmegaConf
+
+    from condattn.launch import RunSpec
+    from condattn.reproduce import Plan, with_kept
+    from condattn.runs import RunRecord
+
+    exp = {"table": "t1", "rows": {"vit": {}}, "methods": ["none"]}
+    runs, kept = tmp_path / "runs" / "small", tmp_path / "results" / "small" / "runs"
+    waves = [["t1_vit_none_small_s100-a", "t1_vit_none_small_s100"], ["t1_vit_none_small_s0", "t1_vit_none_small_s1"],
+             ["t1_vit_none_small_s0-len"]]
+    for name in sum(waves, []):
+        (kept / name).mkdir(parents=True)
+        RunRecord(kept / name).write_summary({"status": "finished", "metrics": {"acc": 1.0}, "run_dir": "elsewhere"})
+    plans = []
+
+    def make_plan() -> Plan:  # a wave is planned once every cell of the waves before it has finished
+        names = list(waves[0])
+        for wave in waves[1:]:
+            if not all(RunRecord(runs / n).finished for n in names):
+                break
+            names += wave
+        plans.append(names)
+        cells = [RunSpec(n, [], OmegaConf.create({"run": {"dir": str(runs / n)}})) for n in names]
+        return Plan(exp, cells, {}, tmp_path / "runs", tmp_path / "results")
+
+    p = with_kept(make_plan, "small")
+    assert [c.name for c in p.cells] == sum(waves, []) and all(RunRecord(c.run_dir).finished for c in p.cells)
+    assert len(plans) == 4  # three restores, then a plan that restores nothing
+    assert [c.name for c in with_kept(make_plan, "small", dry_run=True).cells] == sum(waves, [])
