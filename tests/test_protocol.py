@@ -511,3 +511,15 @@ def test_local_plans_on_when_a_stage_needs_no_training(monkeypatch):
     first = NS(exp={"metric": "acc"}, cells=stage1, waiting=["row"])
     assert rp._local(first, args, NS(pending=stage1), [0], lambda: next(plans)) == 0
     assert trained == ["s100", "s101", "s0"]
+
+
+def test_length_column_says_missing_for_planned_runs_at_2x_not_finished():
+    from condattn.reporting.protocol import length_text
+    from condattn.reporting.tables import TableCell
+
+    assert length_text(False, None, None, None) == "–"  # the row has no length check
+    planned = TableCell("swin_base", "embedded", seeds=[0, 1, 2, 3, 4])  # planned at 2×, none finished
+    assert length_text(False, planned, None, None) == "missing"
+    assert length_text(True, planned, None, None) == "missing"
+    one = TableCell("swin_base", "embedded", seeds=[0, 1, 2, 3, 4], values=[97.0], missing=[1, 2, 3, 4])
+    assert length_text(False, one, None, None) == "– (n=1)"

@@ -108,9 +108,13 @@ class Target:
 
 def length_text(is_baseline: bool, long_cell, long_test: Verdict | None, test: Verdict | None, digits: int = 2) -> str:
     """The "Δ at 2× steps" column: the baseline's value at 2×, or a row's Δ with its interval and n, saying where the
-    verdict there differs from the one at 1×; "–" without runs at 2×."""
+    verdict there differs from the one at 1×; "–" where the row has no length check, "missing" (as any cell without
+    a finished run, so such a table never replaces a complete one) where its runs at 2× are planned but none has
+    finished."""
     if long_cell is None:
         return "–"
+    if not long_cell.values:
+        return "missing"
     if is_baseline:
         return long_cell.text()
     if long_test is None or long_test.ci is None:
