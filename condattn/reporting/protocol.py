@@ -108,20 +108,19 @@ class Target:
 
 def length_text(is_baseline: bool, long_cell, long_test: Verdict | None, test: Verdict | None, digits: int = 2) -> str:
     """The "Δ at 2× steps" column: the baseline's value at 2×, or a row's Δ with its interval and n, saying where the
-    verdict there differs from the one at 1×; "–" where the row has no length check, "missing" (as any cell without
-    a finished run, so such a table never replaces a complete one) where its runs at 2× are planned but none has
-    finished."""
+    verdict there differs from the one at 1×; "–" where the row has no length check. Runs at 2× that are planned but
+    not finished read "missing", as in any cell (`TableCell.text`), so a table written mid-check never replaces a
+    complete one."""
     if long_cell is None:
         return "–"
-    if not long_cell.values:
-        return "missing"
-    if is_baseline:
+    if is_baseline or not long_cell.values:
         return long_cell.text()
+    gaps = f", missing seeds {long_cell.missing}" if long_cell.missing else ""
     if long_test is None or long_test.ci is None:
-        return f"– (n={len(long_cell.values)})"
+        return f"– (n={len(long_cell.values)}{gaps})"
     same = test is None or long_test.word.split(" (")[0] == test.word.split(" (")[0]  # the word, not its MDE
     change = "" if same else f"; verdict there: {long_test.word}"
-    return f"{long_test.ci.text(digits)} (n={len(long_cell.values)}{change})"
+    return f"{long_test.ci.text(digits)} (n={len(long_cell.values)}{gaps}{change})"
 
 
 def length_convergence(name: str, base_cell, long_cell, mde_05: float | None, higher: bool,
