@@ -60,6 +60,18 @@ def test_readme_block_needs_its_markers():
         findings.readme_block("# no markers", "small", "x")
 
 
+def test_write_refused_for_a_readme_without_the_block_writes_nothing(tmp_path):
+    """A scale the README has no findings block for (smoke) leaves no findings.md behind: the test above would
+    then compare it against a block that is not there."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers\n")
+    (tmp_path / "results" / "smoke").mkdir(parents=True)
+    with pytest.raises(ValueError, match="findings:smoke:begin"):
+        findings.write("smoke", results=tmp_path / "results", readme=readme)
+    assert not (tmp_path / "results" / "smoke" / "findings.md").exists()
+    assert readme.read_text() == "# no markers\n"
+
+
 def test_partial_tables_are_not_findings(tmp_path):
     """A `--rows` or override table beside the default one (table9_readings.rows-vit_.csv) is left out."""
     import shutil

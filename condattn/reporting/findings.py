@@ -326,8 +326,9 @@ def readme_block(readme: str, scale: str, text: str) -> str:
 def write(scale: str, results: Path = REPO / "results", readme: Path = REPO / "README.md") -> Path:
     found, described = collect(scale, results), collect_descriptive(scale, results)
     out = results / scale / "findings.md"
+    block = readme_block(readme.read_text(), scale, summary(scale, found, described))  # refused: nothing written
     out.write_text(render(scale, found, described))
-    readme.write_text(readme_block(readme.read_text(), scale, summary(scale, found, described)))
+    readme.write_text(block)
     return out
 
 
