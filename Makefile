@@ -47,6 +47,12 @@ $(error $(foreach p,$(LOOKALIKES),$(word 1,$(subst :, ,$(p)))=$($(word 1,$(subst
 endif
 endif
 
+# Switches (FORCE, STALE, DRY_RUN) are 1 for on and 0 or nothing for off; any other value is refused here, so that
+# FORCE=0 never forces and FORCE=maybe never guesses.
+$(foreach v,FORCE STALE DRY_RUN,$(if $(filter-out 0 1,$(strip $($(v)))),$(error $(v)=$($(v)) is not a switch: give \
+	$(v)=1 to turn it on, or $(v)=0 (or leave it out) for off)))
+on = $(filter 1,$(strip $($(1))))
+
 .PHONY: install test lint test-unit diagnose bench clean findings reproduce-all
 
 install:
@@ -83,16 +89,16 @@ diagnose:
 
 reproduce-table-%:
 	$(BIN)/python -m condattn.reproduce $(firstword $(wildcard experiments/table$*_*.yaml) experiments/table$*.yaml) \
-		--scale $(SCALE) --launcher $(LAUNCHER) $(if $(SEEDS),--seeds "$(SEEDS)") $(if $(FORCE),--force) \
-		$(if $(STALE),--refresh-stale) $(if $(DRY_RUN),--dry-run) $(if $(ROWS),--rows "$(ROWS)") $(ARGS)
+		--scale $(SCALE) --launcher $(LAUNCHER) $(if $(SEEDS),--seeds "$(SEEDS)") $(if $(call on,FORCE),--force) \
+		$(if $(call on,STALE),--refresh-stale) $(if $(call on,DRY_RUN),--dry-run) $(if $(ROWS),--rows "$(ROWS)") $(ARGS)
 
 # every table that defines SCALE, one after another (resumable); the projected cost first, DRY_RUN=1: only that
 reproduce-all:
-	$(BIN)/python -m condattn.reproduce_all --scale $(SCALE) $(if $(DRY_RUN),--dry-run) $(ARGS)
+	$(BIN)/python -m condattn.reproduce_all --scale $(SCALE) $(if $(call on,DRY_RUN),--dry-run) $(ARGS)
 
 report-table-%:
 	$(BIN)/python -m condattn.reproduce $(firstword $(wildcard experiments/table$*_*.yaml) experiments/table$*.yaml) \
-		--scale $(SCALE) --report-only $(if $(SEEDS),--seeds "$(SEEDS)") $(if $(FORCE),--force) $(ARGS)
+		--scale $(SCALE) --report-only $(if $(SEEDS),--seeds "$(SEEDS)") $(if $(call on,FORCE),--force) $(ARGS)
 
 # the findings: every paper claim and rival method, from the committed CSVs (results/<scale>/findings.md + README block)
 findings:

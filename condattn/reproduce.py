@@ -959,6 +959,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     if args.rows:  # a part of the table: written beside the full one (table9_readings.rows-vit_.md), never over it
         exp = {**exp, "output_stem": f"{exp['table']}.rows-{rows_slug(args.rows)}"}
+    if seeds != list(exp["scales"][args.scale]["seeds"]):  # other seeds: another table, never over the default one
+        exp = {**exp, "output_stem": f"{exp.get('output_stem', exp['table'])}.seeds-{'+'.join(map(str, seeds))}"}
+        print(f"[reproduce] seeds {' '.join(map(str, seeds))} are not the experiment's "
+              f"({' '.join(map(str, exp['scales'][args.scale]['seeds']))}): the table is written as "
+              f"{exp['output_stem']}.md, beside the default one")
     try:
         return _run(args, exp, seeds)
     except ConfigError as e:

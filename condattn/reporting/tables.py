@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import csv
+import io
+import json
+import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -471,16 +474,39 @@ def save_outputs(exp: dict, scale: str, results_root: str | Path, md: str, csv_r
         csv_rows = [{**r, "overrides": " ".join(made["overrides"])} for r in csv_rows]
         fieldnames = [*fieldnames, "overrides"] if fieldnames else None
     stem = exp.get("output_stem", exp["table"])  # reproduce --rows: `<table>.rows-<patterns>`, beside the full table
-    png = plot(out_dir / f"{stem}.png")
+    md_path, png_path = out_dir / f"{stem}.md", out_dir / f"{stem}.png"
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fieldnames or (list(csv_rows[0]) if csv_rows else ["table"]))
+    w.writeheader()
+    w.writerows(csv_rows)
+    result = json.dumps({"table": exp["table"], "scale": scale, "stem": stem, "made_with": exp.get("made_with"),
+                         "columns": w.fieldnames, "rows": csv_rows}, indent=1, default=str) + "\n"
+    texts = {out_dir / f"{stem}.csv": buf.getvalue(), out_dir / f"{stem}.json": result}
+    tmp = out_dir / f".{stem}.tmp.png"  # drawn aside: it replaces the figure only with new values
+    png = plot(tmp)
     if png is not None:
-        md += f"\n![{caption}]({png.name})\n"
-    md_path = out_dir / f"{stem}.md"
+        md += f"\n![{caption}]({png_path.name})\n"
+    if unchanged(md_path, md, texts):  # the same values: the files (and their write time) stay as they are
+        tmp.unlink(missing_ok=True)
+        return md_path, md_path.read_text()
+    if png is not None:
+        tmp.replace(png_path)
     md_path.write_text(md)
-    with open(out_dir / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fieldnames or (list(csv_rows[0]) if csv_rows else ["table"]))
-        w.writeheader()
-        w.writerows(csv_rows)
+    for path, text in texts.items():
+        path.write_bytes(text.encode())  # bytes: the csv's \r\n line ends as the csv module writes them
     return md_path, md
+
+
+WRITTEN = re.compile(r"written \d{4}-\d\d-\d\d \d\d:\d\d UTC")
+
+
+def unchanged(md_path: Path, md: str, texts: dict[Path, str]) -> bool:
+    """Whether a table's files already hold these values: the md equal but for its write time, every other text
+    equal."""
+    def same(path: Path, text: str, strip=lambda t: t) -> bool:
+        return path.is_file() and strip(path.read_bytes().decode(errors="replace")) == strip(text)
+
+    return same(md_path, md, lambda t: WRITTEN.sub("written", t)) and all(same(p, t) for p, t in texts.items())
 
 
 def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,

@@ -1,0 +1,64 @@
+"""The table wing's promises to a user: nothing typed overwrites a committed table, a switch is 1 or 0, and a
+re-render that changes no value leaves the files as they are."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from condattn.reporting.tables import save_outputs
+from condattn.reproduce import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_switches_are_one_or_zero_and_refuse_anything_else():
+    def dry(*given: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["make", "-n", "reproduce-table-4", "SCALE=smoke", *given], cwd=REPO,
+                              capture_output=True, text=True)
+
+    for off in ("FORCE=0", "FORCE=", "STALE=0", "DRY_RUN=0"):
+        out = dry(off)
+        assert out.returncode == 0, out.stderr
+        assert not any(f in out.stdout for f in ("--force", "--refresh-stale", "--dry-run")), (off, out.stdout)
+    out = dry("FORCE=1", "STALE=1", "DRY_RUN=1")
+    assert all(f in out.stdout for f in ("--force", "--refresh-stale", "--dry-run"))
+    for bad in ("FORCE=maybe", "STALE=false", "DRY_RUN=yes"):
+        out = dry(bad)
+        key, value = bad.split("=")
+        assert out.returncode != 0 and f"{key}={value} is not a switch" in out.stderr, out.stderr
+        assert len([line for line in out.stderr.splitlines() if line.strip()]) == 1
+
+
+def _write(tmp: Path, md: str, value: str):
+    exp = {"table": "tableX_demo", "scales": {"smoke": {"seeds": [0]}}, "rows": {}, "methods": []}
+    return save_outputs(exp, "smoke", tmp, md, [{"row": "a", "ours": value}], lambda png: None, "curves",
+                        floors=False)
+
+
+def test_a_rerender_with_the_same_values_leaves_the_files_untouched(tmp_path):
+    md_path, _ = _write(tmp_path, "# t\n\n| a | 1 |\n\nOurs: written 2026-01-01 10:00 UTC.\n", "1")
+    files = sorted(md_path.parent.iterdir())
+    assert [f.suffix for f in files] == [".csv", ".json", ".md"]
+    stamps = {f: f.stat().st_mtime_ns for f in files}
+    os.utime(md_path, ns=(1, 1))
+    stamps[md_path] = 1
+    _, text = _write(tmp_path, "# t\n\n| a | 1 |\n\nOurs: written 2026-02-02 11:11 UTC.\n", "1")
+    assert {f: f.stat().st_mtime_ns for f in files} == stamps and "2026-01-01 10:00" in text
+    _, text = _write(tmp_path, "# t\n\n| a | 2 |\n\nOurs: written 2026-02-02 11:11 UTC.\n", "2")
+    assert md_path.stat().st_mtime_ns != 1 and "2026-02-02 11:11" in md_path.read_text()
+    assert '"ours": "2"' in (tmp_path / "smoke" / "tableX_demo.json").read_text()
+
+
+@pytest.mark.slow
+def test_other_seeds_write_a_table_named_by_them_never_the_default_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CONDATTN_RESULTS", str(tmp_path / "res"))
+    common = ["experiments/table4_lra.yaml", "--scale", "smoke", "--report-only", f"paths.runs={tmp_path / 'runs'}"]
+    main([*common, "--seeds", "7 8"])
+    out = tmp_path / "res" / "smoke"
+    assert (out / "table4_lra.seeds-7+8.md").is_file() and not (out / "table4_lra.md").exists()
+    assert "seeds 7 8 are not the experiment's" in capsys.readouterr().out
