@@ -41,6 +41,8 @@ from .reporting.metric import higher_is_better, row_metric, row_seeds
 from .reporting.protocol import pick_key
 from .reporting.tables import methods_for, renderer_for, rows_for
 from .runs import RunId, RunRecord
+from .table.store import Records, RunStore, restorable, restore
+from .table.store import kept_root as store_root
 
 
 def select_rows(exp: dict, scale: str, patterns: list[str]) -> list[str]:
@@ -368,8 +370,8 @@ def _reseeded(part: Part, seed: int, table: str, scale: str) -> Part:
 
 
 def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list[str], exp: dict, scale: str,
-              read_records: bool, shown: dict[str, str],
-              renamed: dict[str, str]) -> tuple[list[tuple[Part, RunSpec]], LrPick | None]:
+              read_records: bool, shown: dict[str, str], renamed: dict[str, str],
+              records: Records) -> tuple[list[tuple[Part, RunSpec]], LrPick | None]:
     """One row's cells under an lr grid. Stage 1: every selection seed at every multiplier of the grid; while the best
     mean score sits at an edge of the grid, the grid grows one log2 step that way (up to the declared bound) and the new
     multiplier's runs are planned; a flat grid (every lr the same score) grows one step each way. Stage 2, once the pick
@@ -398,7 +400,8 @@ def _grid_row(comp: _Composer, group: list[Part], grid: list[float], extra: list
                 if spec is None:
                     return out, None
                 out.append((part, spec))
-                pick.scores[m][part.seed] = grid_score(RunRecord(spec.run_dir), pick.key) if read_records else None
+                pick.scores[m][part.seed] = grid_score(records.of(spec.name, spec.cfg, spec.run_dir), pick.key) \
+                    if read_records else None
         best = pick.best(higher)
         todo = [] if best is None else pick.next_steps(best)
         if best is not None and not todo:
@@ -426,13 +429,13 @@ def length_check(exp: dict, scale: str) -> tuple[int, int] | None:
     return factor, n
 
 
-def _finished_values(exp: dict, scale: str, row: str, specs: list[RunSpec]) -> list[float] | None:
+def _finished_values(exp: dict, scale: str, row: str, specs: list[RunSpec], records: Records) -> list[float] | None:
     """The reported metric of the finished runs of a group once every one of them has ended (a failed run counts as
     ended, and is left out), or None while any is still to run."""
     key = row_metric(exp, scale, row)
     vals = []
     for c in specs:
-        rec = RunRecord(c.run_dir)
+        rec = records.of(c.name, c.cfg, c.run_dir)
         s = rec.summary
         if s is None or key not in s["metrics"]:
             if rec.status == "failed":
@@ -444,7 +447,7 @@ def _finished_values(exp: dict, scale: str, row: str, specs: list[RunSpec]) -> l
 
 def _length_cells(comp: _Composer, exp: dict, scale: str, reported: dict[tuple, list[tuple[Part, RunSpec]]],
                   picks: dict[str, LrPick], extra: list[str], renamed: dict[str, str],
-                  longer: dict[str, str]) -> list[tuple[Part, RunSpec]]:
+                  longer: dict[str, str], records: Records) -> list[tuple[Part, RunSpec]]:
     """The runs at factor × steps of each family whose baseline and primary rows have all finished: the baseline and
     every primary row whose adjusted p < 0.05 (the same tests the table prints). `longer`: their variants, by the
     readable name of the run at 1× steps."""
@@ -456,7 +459,7 @@ def _length_cells(comp: _Composer, exp: dict, scale: str, reported: dict[tuple, 
     for fam in families(exp, scale).values():
         groups = {rm: reported.get(rm) for rm in fam}
         primary = [rm for rm in fam[1:] if hypothesis(exp, rm[0]) == "primary"]
-        values = {rm: _finished_values(exp, scale, rm[0], [c for _, c in groups[rm] or []])
+        values = {rm: _finished_values(exp, scale, rm[0], [c for _, c in groups[rm] or []], records)
                   for rm in [fam[0], *primary]}
         if any(not v for v in values.values()):
             continue
@@ -494,7 +497,7 @@ def override_slug(overrides: list[str]) -> str:
 
 
 def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: str = "local",
-         only_rows: list[str] | None = None, read_records: bool = True, full: bool = True) -> Plan:
+         only_rows: list[str] | None = None, read_records: bool = True, full: bool = True, reuse: bool = True) -> Plan:
     """Every cell of the table at this scale, composed and named, without side effects (it reads run records, writes
     nothing). With an lr grid, a row's other seeds are planned once its stage-1 runs have ended (`read_records`
     False, as under --force: none has). The cells of rows outside `only_rows` are planned too when `full` (their
@@ -507,7 +510,7 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
     if grid and (bad := [o for o in extra if o.split("=", 1)[0].lstrip("+~") == "optim.lr"]):
         raise ConfigError(f"{bad[0]} conflicts with scales.{scale}.lr_grid, which sets every row's lr (multiples of "
                           "its optim.lr): drop the override, or change the row's optim.lr in the experiment")
-    comp, renamed, shown = _Composer(), {}, {}
+    comp, renamed, shown, records = _Composer(), {}, {}, Records(scale, reuse)
     planned: list[tuple[Part, RunSpec]] = []
     picks: dict[str, LrPick] = {}
     groups: dict[tuple, list[Part]] = {}
@@ -521,7 +524,7 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
         if extra and not group[0].pretrain and _changes(comp, group[0], extra):
             changed.add(group[0].method)
         if grid and not group[0].pretrain:
-            row_cells, pick = _grid_row(comp, group, grid, extra, exp, scale, read_records, shown, renamed)
+            row_cells, pick = _grid_row(comp, group, grid, extra, exp, scale, read_records, shown, renamed, records)
             planned += row_cells
             if pick is not None:
                 picks[pick_key(exp, group[0].row, group[0].method)] = pick
@@ -533,7 +536,7 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
                 planned.append((part, spec))
     longer: dict[str, str] = {}
     if grid and length_check(exp, scale) and read_records and not comp.errors:
-        planned += _length_cells(comp, exp, scale, reported, picks, extra, renamed, longer)
+        planned += _length_cells(comp, exp, scale, reported, picks, extra, renamed, longer, records)
     if comp.errors:
         errors, n = comp.errors, comp.n
         if only_rows:  # report the rows asked for (`--rows`): the others are composed for their picks only
@@ -794,14 +797,15 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
     def plan_now(read_records: bool = True, full: bool = False) -> Plan:
         """A plan of the cells to train (`full`: also the other rows' picks and variants, which the table reads)."""
         return plan(exp, args.scale, seeds, list(args.overrides), args.launcher, args.only_rows, read_records,
-                    full=full or args.only_rows is None)
+                    full=full or args.only_rows is None, reuse=not args.no_reuse)
 
     args.full_plan = lambda: plan_now(full=True)
     # --force retrains: stage 1 of an lr grid runs again before anything picks (with --report-only it only means
     # "write the table anyway", and the picks are read from the runs as always)
     retrain = args.force and not args.report_only
     restoring = not retrain and not args.status
-    p = with_kept(plan_now, args.scale, args.dry_run) if restoring else plan_now(read_records=not retrain)
+    reuse = not args.no_reuse
+    p = with_kept(plan_now, args.scale, args.dry_run, reuse) if restoring else plan_now(read_records=not retrain)
     if args.status:  # queued / running / failed / finished per cell (launch.status_lines)
         from .launch import status_lines
 
@@ -816,63 +820,56 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
     _say_made(p)
     if p.cells[0].cfg.launcher.name in SUBMITIT_LAUNCHERS:
         return _submit(p, args, t, seeds)
-    return _local(p, args, t, seeds, (lambda: with_kept(plan_now, args.scale)) if restoring else plan_now)
+    return _local(p, args, t, seeds, (lambda: with_kept(plan_now, args.scale, reuse=reuse)) if restoring else plan_now)
 
 
 # --------------------------------------------------------------------------------------------- the table
 
 
 def kept_root(p: Plan, scale: str) -> Path:
-    """Where the table's finished runs are kept beside it (committed): results/<scale>/runs/."""
-    return p.results_root / scale / "runs"
+    """Where the table's finished runs are kept beside it (committed): results/<scale>/runs/<run name>.json.gz."""
+    return store_root(p.results_root, scale)
 
 
-def restore_kept(p: Plan, scale: str, dry_run: bool = False) -> int:
+def restore_kept(p: Plan, scale: str, dry_run: bool = False, reuse: bool = True) -> int:
     """Put back into the runs root the kept record of each planned cell whose run dir is absent (a fresh clone, a new
-    machine): such a cell counts as finished, as it did where it ran. Never a cell being trained (its lock) or set
-    aside by --refresh-stale (a `.stale-N` beside it), and never a pretraining run that a fine-tuning cell still to
-    train would start from (records carry no weights). Returns how many were (or would be) restored."""
+    machine), its own or (`reuse`) its twin's (table/store.py): such a cell counts as finished, as it did where it ran.
+    Never a cell being trained (its lock) or set aside by --refresh-stale, and never a pretraining run that a
+    fine-tuning cell still to train would start from (records carry no weights). A dry run restores too: restoring
+    trains nothing, and the plan then says what the real command will do. Returns how many were restored."""
     kept = kept_root(p, scale)
     if not p.cells or not kept.is_dir():
         return 0
-
-    def restorable(c: RunSpec) -> bool:
-        rec = RunRecord(kept / c.name)
-        own = RunRecord(c.run_dir)
-        return rec.finished and not own.finished and not any(c.run_dir.parent.glob(f"{c.name}.stale-*")) and \
-            not (c.run_dir.exists() and not (own.read_summary() or {}).get("restored_from"))
-
-    todo = [c for c in p.cells if restorable(c)]
-    if dry_run:
-        if todo:
-            print(f"[reproduce] {len(todo)} finished runs kept in {kept} would be restored into "
-                  f"{p.cells[0].run_dir.parent} (they are listed below as cells to train)")
-        return 0
+    store = RunStore(kept)
+    todo = [c for c in p.cells if restorable(c.run_dir)]
     feeds = {c.name for c in p.cells if "_pretrain_" in c.name} if p.exp.get("pretrain") else set()
-    n = sum(RunRecord(c.run_dir).restore_from(RunRecord(kept / c.name)) for c in todo if c.name not in feeds)
+    done = [restore(store, c.name, c.cfg, c.run_dir, reuse) for c in todo if c.name not in feeds]
     for c in todo:  # a pretraining run: only once every fine-tuning cell that starts from it is finished
         users = [u for u in p.cells if needs(p.exp, u.name, scale) == c.name]
         if c.name in feeds and users and all(RunRecord(u.run_dir).finished for u in users):
-            n += RunRecord(c.run_dir).restore_from(RunRecord(kept / c.name))
-    if n:
+            done.append(restore(store, c.name, c.cfg, c.run_dir, reuse))
+    if n := sum(map(bool, done)):
+        twins = done.count("twin")
         print(f"[reproduce] restored {n} finished runs from their kept records ({kept}) into "
-              f"{p.cells[0].run_dir.parent}; they count as finished (no checkpoints: --force retrains them)")
+              f"{p.cells[0].run_dir.parent}"
+              + (f", {twins} of them linked to the record of the same science config made for another table (the same "
+                 "science config finished there; reused, not trained again: --no-reuse trains them)" if twins else "")
+              + "; they count as finished (no checkpoints: --force retrains them)")
     return n
 
 
-def with_kept(make_plan, scale: str, dry_run: bool = False) -> Plan:
-    """A plan after restoring the kept records of its cells, planned again until a restore adds nothing: restored
-    runs decide lr picks and length checks, which add cells (a row's other seeds, the length runs) whose records may
-    be kept too."""
+def with_kept(make_plan, scale: str, dry_run: bool = False, reuse: bool = True) -> Plan:
+    """A plan, then the kept records of its cells restored. The plan reads those records where they lie
+    (table/store.Records) to make its lr picks and length checks, so one plan holds every cell they add."""
     p = make_plan()
-    while restore_kept(p, scale, dry_run):
-        p = make_plan()
+    restore_kept(p, scale, dry_run, reuse)  # the plan read the kept records already (table/store.Records): planned once
     return p
 
 
 def keep_finished(p: Plan, scale: str) -> int:
-    """Copy the records of the plan's finished cells (selection, reported and length runs) beside the table, so that
-    committing results/<scale>/ keeps the evidence and a cut session loses no finished run."""
+    """Store the records of the plan's finished cells (selection, reported and length runs) beside the table, once
+    each (a twin's link is not stored again), so that committing results/<scale>/ keeps the evidence and a cut session
+    loses no finished run."""
     root = kept_root(p, scale)
     return sum(RunRecord(c.run_dir).keep_in(root) for c in p.cells)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .reporting import load_experiment
 from .reporting.metric import families, hypothesis, row_seeds
-from .runs import RunId, RunRecord
+from .runs import RunId, RunRecord, kept_records
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
@@ -40,8 +40,9 @@ def measured(dirs: list[Path]) -> dict[tuple[str, str, str], float]:
     `dirs` (run roots and kept records); (model, data, "*"): over every method, for a method not measured yet."""
     seen: dict[tuple[str, str, str], list[float]] = {}
     for d in dirs:
-        for f in d.glob("*/summary.json") if d.is_dir() else []:
-            s = RunRecord(f.parent).summary
+        found = [RunRecord(f.parent) for f in d.glob("*/summary.json")] + kept_records(d) if d.is_dir() else []
+        for rec in found:
+            s = rec.summary
             if s and s.get("wall_time_s") and s.get("steps") and isinstance(s.get("config"), dict):
                 model, data, method = recipe(s["config"])
                 for key in ((model, data, method), (model, data, "*")):
@@ -86,10 +87,10 @@ class Projection:
         return sum(x is None for x in [*self.now, *self.after_picks, *self.length])
 
 
-def project(p, scale: str, seeds: list[int], step_s: dict, kept: Path | None = None) -> Projection:
-    """The projection of one table's plan (`reproduce.plan`, records read); a cell whose record is kept under `kept`
-    (a fresh clone) counts as finished, and so does one that `reproduce` will link to a finished twin (the same
-    science config, made by this code, under another table's name: engine/twins.py)."""
+def project(p, scale: str, seeds: list[int], step_s: dict) -> Projection:
+    """The projection of one table's plan (`reproduce.with_kept`: kept records restored); a finished cell counts as
+    finished, and so does one that `reproduce` will link to a finished twin (the same science config, made by this
+    code, under another table's name: engine/twins.py)."""
     from .engine.provenance import code_fingerprint
     from .engine.twins import TwinIndex
     from .reproduce import length_check
@@ -104,14 +105,15 @@ def project(p, scale: str, seeds: list[int], step_s: dict, kept: Path | None = N
         return None if s is None else s * factor * int(cfg.task.steps)
 
     code = code_fingerprint()
-    twins = [TwinIndex(d) for d in {c.run_dir.parent for c in p.cells[:1]} | ({kept} if kept else set())]
+    twins = [TwinIndex(d) for d in {c.run_dir.parent for c in p.cells[:1]}]
     first: dict[tuple[str, str], object] = {}  # each (row, method)'s first planned cell config: recipe and steps
     for c in p.cells:
         run = RunId.parse(c.name, p.exp["table"], p.exp["rows"], p.exp["methods"], scale)
         if run is not None:
             first.setdefault((run.row, run.method), c.cfg)
-        if RunRecord(c.run_dir).finished or (kept is not None and RunRecord(kept / c.name).finished):
+        if RunRecord(c.run_dir).finished:
             out.finished += 1
+            out.reused += c.run_dir.is_symlink()
         elif not c.run_dir.exists() and any(t.find(c.cfg, c.run_dir, code) for t in twins):
             out.finished += 1
             out.reused += 1
@@ -158,12 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         def make_plan(exp=exp, seeds=seeds):
             return plan(exp, args.scale, seeds, list(args.overrides))
 
-        p = make_plan() if args.dry_run else with_kept(make_plan, args.scale)
+        p = with_kept(make_plan, args.scale)  # a dry run too: restoring trains nothing; the plan is the real one
         plans.append((f, p, seeds))
     roots = {d for _, p, _ in plans if p.cells
              for d in (p.cells[0].run_dir.parent, p.results_root / args.scale / "runs")}
     step_s = measured(sorted(roots))
-    proj = [project(p, args.scale, seeds, step_s, p.results_root / args.scale / "runs") for _, p, seeds in plans]
+    proj = [project(p, args.scale, seeds, step_s) for _, p, seeds in plans]
     print(f"[reproduce-all] scale {args.scale}: {len(files)} tables; projected cost on this machine, one run after "
           "another (seconds per step measured by finished runs of the same model, data and method):")
     print("\n".join(x.line() for x in proj))

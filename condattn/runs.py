@@ -34,8 +34,8 @@ BEST_MODEL = "best_model.pt"
 PATCH_REPORT = "patch_report.json"
 SUBMISSION = "submission.json"
 TOKENIZER = "tokenizer.json"
-# What a finished run keeps beside its table (results/<scale>/runs/<run name>/, committed): the evidence a table is
-# rendered from, without checkpoints, weights or wandb files (about 50 kB a run). The summary is copied last.
+# What a finished run keeps beside its table (results/<scale>/runs/<run name>.json.gz, committed: `KeptRecord`): the
+# evidence a table is rendered from, without checkpoints, weights or wandb files (about 14 kB a run compressed).
 KEPT_FILES = (CONFIG, METRICS, PATCH_REPORT, SUMMARY)
 
 
@@ -274,22 +274,24 @@ class RunRecord:
         return summary
 
     def keep_in(self, root: str | Path) -> bool:
-        """Copy this finished run's KEPT_FILES to `<root>/<run name>/` (a table's committed run records); False when
-        the run is not finished, is itself a restored record, or the record kept there is the same run or a later one
-        (its `finished_at`), so a clone never writes back what it restored nor replaces a newer record."""
+        """Store this finished run's KEPT_FILES as one compressed record `<root>/<run name>.json.gz` (a table's
+        committed run records, `KeptRecord`); False when the run is not finished, is itself a restored record or a
+        link to another table's run (a twin: its own record is stored once, under its own name), or the record kept
+        there is the same run or a later one (its `finished_at`), so a clone never writes back what it restored nor
+        replaces a newer record."""
         summary = self.summary
-        if summary is None or summary.get("restored_from"):
+        if summary is None or summary.get("restored_from") or self.dir.is_symlink():
             return False
-        dest = RunRecord(Path(root) / self.dir.name)
+        dest = KeptRecord.of(root, self.dir.name)
         kept = dest.summary
         if kept is not None and (same_run(kept, summary) or str(kept.get("finished_at") or "") >=
                                  str(summary.get("finished_at") or "")):
             return False
-        _copy_kept(self.dir, dest.dir)
-        dest.write_summary(summary)
+        files = {n: (self.dir / n).read_text() for n in KEPT_FILES[:-1] if (self.dir / n).is_file()}
+        dest.write({**files, SUMMARY: summary})
         return True
 
-    def restore_from(self, kept: RunRecord) -> bool:
+    def restore_from(self, kept: KeptRecord) -> bool:
         """Make this run dir the finished run `kept` records (a committed run record); its summary's run_dir names the
         new place and `restored_from` the record. Done only while no process trains the dir (its RunLock) and when the
         dir is absent, or holds an earlier restore of another record (a newer record came with a pull). False
@@ -308,8 +310,11 @@ class RunRecord:
                 import shutil
 
                 shutil.rmtree(self.dir)
-            _copy_kept(kept.dir, self.dir)
-            self.write_summary({**summary, "run_dir": str(self.dir), "restored_from": str(kept.dir)})
+            self.dir.mkdir(parents=True, exist_ok=True)
+            for name, text in (kept.files or {}).items():
+                if name != SUMMARY:
+                    (self.dir / name).write_text(text)
+            self.write_summary({**summary, "run_dir": str(self.dir), "restored_from": str(kept.path)})
             return True
         finally:
             lock.release()
@@ -321,15 +326,71 @@ class RunRecord:
         write_json_atomic(self.patch_report_path, report)
 
 
-def _copy_kept(src: Path, dst: Path) -> None:
-    """KEPT_FILES but the summary (written last by the caller) from one run dir to another; one `src` lacks is
-    removed from `dst`."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for name in KEPT_FILES[:-1]:
-        if (src / name).is_file():
-            (dst / name).write_bytes((src / name).read_bytes())
-        else:
-            (dst / name).unlink(missing_ok=True)
+KEPT_SUFFIX = ".json.gz"
+
+
+class KeptRecord:
+    """A finished run's committed record, stored once and compactly: `<root>/<run name>.json.gz` holds the texts of
+    its KEPT_FILES (config, metrics, patch report) and its summary. Tables are rendered from runs restored out of these
+    (`RunRecord.restore_from`); a run is never stored twice (a twin links to the one record of its science config)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._files: dict | None = None
+
+    @classmethod
+    def of(cls, root: str | Path, name: str) -> KeptRecord:
+        return cls(Path(root) / f"{name}{KEPT_SUFFIX}")
+
+    @property
+    def name(self) -> str:
+        return self.path.name[: -len(KEPT_SUFFIX)]
+
+    @property
+    def files(self) -> dict | None:
+        """{file name: text} (the summary as a dict); None when absent or unreadable."""
+        if self._files is None and self.path.is_file():
+            import gzip
+            import json
+
+            try:
+                got = json.loads(gzip.decompress(self.path.read_bytes()))
+                self._files = got if isinstance(got, dict) else None
+            except (OSError, EOFError, ValueError):
+                self._files = None
+        return self._files
+
+    @property
+    def summary(self) -> dict | None:
+        """The summary of a finished run, else None (as `RunRecord.summary`)."""
+        s = (self.files or {}).get(SUMMARY)
+        return s if isinstance(s, dict) and s.get("status") == "finished" and "metrics" in s else None
+
+    @property
+    def finished(self) -> bool:
+        return self.summary is not None
+
+    @property
+    def status(self) -> str:
+        return "finished" if self.finished else "absent"
+
+    def write(self, files: dict) -> None:
+        """Write the record atomically (gzip with no time stamp: the same record gives the same bytes)."""
+        import gzip
+        import json
+        import os
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(gzip.compress(json.dumps(files, sort_keys=True).encode(), 9, mtime=0))
+        tmp.replace(self.path)
+        self._files = files
+
+
+def kept_records(root: str | Path) -> list[KeptRecord]:
+    """Every record kept under `root`, by name."""
+    root = Path(root)
+    return [KeptRecord(p) for p in sorted(root.glob(f"*{KEPT_SUFFIX}"))] if root.is_dir() else []
 
 
 def same_run(a: dict, b: dict) -> bool:

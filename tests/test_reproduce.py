@@ -147,14 +147,15 @@ def test_reproduce_table4_smoke_end_to_end_interrupted_and_idempotent(tmp_path, 
     # 6. a fresh clone (no runs, the committed results): the finished runs kept beside the table are restored, the
     # table is whole again and nothing trains
     kept = tmp_path / "results" / "smoke" / "runs"
-    assert {d.name for d in kept.iterdir()} == {*names, lam2[0].name}
-    assert not any((kept / n / "checkpoints").exists() or (kept / n / "best_model.pt").exists() for n in names)
+    assert {d.name for d in kept.iterdir()} == {f"{n}.json.gz" for n in [*names, lam2[0].name]}  # one file a run
     shutil.rmtree(tmp_path / "runs")
-    assert main([*args, "--dry-run"]) == 0
-    assert "3 finished runs kept in" in capsys.readouterr().out and not runs.exists()  # the plan's cells only
+    assert main([*args, "--dry-run"]) == 0  # a dry run restores (it trains nothing) and so says what the run will do
+    out = capsys.readouterr().out
+    assert "restored 3 finished runs" in out and "0 of 3 cells would train" in out  # the plan's cells only
+    assert not any((runs / n / "checkpoints").exists() or (runs / n / "best_model.pt").exists() for n in names)
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "restored 3 finished runs" in out and out.count("finished earlier, skipped") == 3
+    assert out.count("finished earlier, skipped") == 3
     assert "| missing |" not in (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()
 
 
@@ -296,7 +297,7 @@ def test_restore_kept_never_restores_weights_a_cell_still_needs_nor_a_run_set_as
 
     from condattn.launch import RunSpec
     from condattn.reproduce import Plan, restore_kept
-    from condattn.runs import RunRecord
+    from condattn.runs import KeptRecord, RunRecord
 
     exp = {"table": "t3", "rows": {"sst2": {}}, "methods": ["none"], "pretrain": {"seed": 0}}
     names = ["t3_pretrain_none_small_s0", "t3_sst2_none_small_s0", "t3_sst2_none_small_s1"]
@@ -305,8 +306,8 @@ def test_restore_kept_never_restores_weights_a_cell_still_needs_nor_a_run_set_as
     plan = Plan(exp, cells, {}, tmp_path / "runs", tmp_path / "results")
 
     def keep(name: str) -> None:
-        (kept / name).mkdir(parents=True)
-        RunRecord(kept / name).write_summary({"status": "finished", "metrics": {"acc": 1.0}, "run_dir": "elsewhere"})
+        KeptRecord.of(kept, name).write({"summary.json": {"status": "finished", "metrics": {"acc": 1.0},
+                                                          "run_dir": "elsewhere"}})
 
     keep(names[0])
     keep(names[1])
@@ -323,35 +324,22 @@ def test_restore_kept_never_restores_weights_a_cell_still_needs_nor_a_run_set_as
     assert restore_kept(Plan(exp, [other], {}, tmp_path / "runs", tmp_path / "results"), "small") == 0
 
 
-def test_with_kept_restores_every_wave_a_restored_pick_adds(tmp_path):
-    """A fresh clone of a grid table: restoring stage 1 decides the pick, which adds the row's other seeds; their kept
-    records are restored too before anything trains (one restore left them to be trained again)."""
-    from omegaconf import OmegaConf
-
-    from condattn.launch import RunSpec
-    from condattn.reproduce import Plan, with_kept
-    from condattn.runs import RunRecord
-
-    exp = {"table": "t1", "rows": {"vit": {}}, "methods": ["none"]}
-    runs, kept = tmp_path / "runs" / "small", tmp_path / "results" / "small" / "runs"
-    waves = [["t1_vit_none_small_s100-a", "t1_vit_none_small_s100"], ["t1_vit_none_small_s0", "t1_vit_none_small_s1"],
-             ["t1_vit_none_small_s0-len"]]
-    for name in sum(waves, []):
-        (kept / name).mkdir(parents=True)
-        RunRecord(kept / name).write_summary({"status": "finished", "metrics": {"acc": 1.0}, "run_dir": "elsewhere"})
-    plans = []
-
-    def make_plan() -> Plan:  # a wave is planned once every cell of the waves before it has finished
-        names = list(waves[0])
-        for wave in waves[1:]:
-            if not all(RunRecord(runs / n).finished for n in names):
-                break
-            names += wave
-        plans.append(names)
-        cells = [RunSpec(n, [], OmegaConf.create({"run": {"dir": str(runs / n)}})) for n in names]
-        return Plan(exp, cells, {}, tmp_path / "runs", tmp_path / "results")
-
-    p = with_kept(make_plan, "small")
-    assert [c.name for c in p.cells] == sum(waves, []) and all(RunRecord(c.run_dir).finished for c in p.cells)
-    assert len(plans) == 4  # three restores, then a plan that restores nothing
-    assert [c.name for c in with_kept(make_plan, "small", dry_run=True).cells] == sum(waves, [])
+@pytest.mark.slow
+def test_one_plan_reads_the_kept_records_and_restores_every_wave_a_restored_pick_adds(tmp_path, capsys):
+    """A fresh clone of a grid table: the plan reads the kept stage-1 records where they lie, so its lr pick, the row's
+    other seeds and their records come in one plan and one restore, and nothing trains again."""
+    exp = listops_only(tmp_path, steps=2)
+    raw = yaml.safe_load(exp.read_text())
+    raw["methods"] = ["none"]
+    raw["scales"]["smoke"].update(lr_grid=[1, 2], lr_bound=[1, 2], selection_seeds=[100, 101])
+    exp.write_text(yaml.safe_dump(raw, sort_keys=False))
+    args = [str(exp), "--scale", "smoke", "--seeds", "0 1", *tiny(tmp_path)]
+    assert main(args) == 0
+    trained = sorted(p.name for p in (tmp_path / "results" / "smoke" / "runs").iterdir())
+    assert len(trained) == 6  # stage 1: two selection seeds at ×1 and ×2; stage 2: seeds 0 and 1 at the pick
+    shutil.rmtree(tmp_path / "runs")
+    capsys.readouterr()
+    assert main([*args, "--report-only"]) == 0
+    assert capsys.readouterr().out.count("restored 6 finished runs") == 1  # one plan, one restore
+    assert {p.name for p in (tmp_path / "runs" / "smoke").iterdir() if not p.name.startswith(".")} == \
+        {n.removesuffix(".json.gz") for n in trained}

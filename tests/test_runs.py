@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from condattn.runs import RunId, RunRecord, RunSummary, resolve_run_dir, summary_is_finished, summary_status
+from condattn.runs import KeptRecord, RunId, RunRecord, RunSummary, resolve_run_dir, summary_is_finished, summary_status
 
 # frozen from real runs of `python -m condattn.train scale=smoke logger=none task=lra_listops task.steps=2` (the
 # trainer before condattn.runs existed; diagnostics rows and the config trimmed to a few keys)
@@ -257,15 +257,19 @@ def test_a_finished_run_is_kept_without_weights_and_restored_elsewhere(tmp_path,
     (real_run.dir / "checkpoints" / "step_0000002").mkdir(parents=True)
     kept = tmp_path / "results" / "smoke" / "runs"
     assert real_run.keep_in(kept)
-    copy = RunRecord(kept / REAL)
-    assert sorted(p.name for p in copy.dir.iterdir()) == sorted(
+    copy = KeptRecord.of(kept, REAL)
+    assert [p.name for p in kept.iterdir()] == [f"{REAL}.json.gz"]  # one compressed file a run, no weights
+    assert sorted(copy.files) == sorted(
         f for f in ("config.yaml", "metrics.jsonl", "patch_report.json", "summary.json") if (real_run.dir / f).exists())
     assert copy.summary == real_run.summary
+    before = copy.path.read_bytes()
+    copy.write(copy.files)
+    assert copy.path.read_bytes() == before  # the same record gives the same bytes (no time stamp in the gzip)
     assert not real_run.keep_in(kept)  # the same summary is kept already: nothing is written again
 
     fresh = RunRecord(tmp_path / "clone" / "runs" / "smoke" / REAL)  # a fresh clone: no runs, the kept records
     assert fresh.restore_from(copy) and fresh.finished
-    assert fresh.summary["run_dir"] == str(fresh.dir) and fresh.summary["restored_from"] == str(copy.dir)
+    assert fresh.summary["run_dir"] == str(fresh.dir) and fresh.summary["restored_from"] == str(copy.path)
     assert fresh.metrics_rows() == real_run.metrics_rows()
     assert not fresh.restore_from(copy)  # never over a run dir that exists
     assert not fresh.latest_checkpoint()  # no weights travel: the run counts as finished, nothing resumes from it
@@ -274,7 +278,8 @@ def test_a_finished_run_is_kept_without_weights_and_restored_elsewhere(tmp_path,
 def test_an_unfinished_run_is_neither_kept_nor_restored(tmp_path):
     run = RunRecord(write(tmp_path / "runs" / "r" / "summary.json", {"status": "failed", "error": "x"}).parent)
     assert not run.keep_in(tmp_path / "kept") and not (tmp_path / "kept").exists()
-    assert not RunRecord(tmp_path / "new").restore_from(run) and not (tmp_path / "new").exists()
+    assert not RunRecord(tmp_path / "new").restore_from(KeptRecord.of(tmp_path / "kept", "r"))
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_restored_run_is_never_kept_again_and_a_newer_record_is_never_replaced(tmp_path, real_run):
@@ -283,18 +288,18 @@ def test_a_restored_run_is_never_kept_again_and_a_newer_record_is_never_replaced
     kept = tmp_path / "kept"
     assert real_run.keep_in(kept)
     clone = RunRecord(tmp_path / "clone" / REAL)
-    assert clone.restore_from(RunRecord(kept / REAL))
+    assert clone.restore_from(KeptRecord.of(kept, REAL))
     assert not clone.keep_in(kept)  # the clone's copy (another run_dir, restored_from) is not written back
-    assert RunRecord(kept / REAL).summary == real_run.summary
+    assert KeptRecord.of(kept, REAL).summary == real_run.summary
 
     newer = {**real_run.summary, "finished_at": "2999-01-01T00:00:00", "metrics": {"test_acc": 0.99}}
-    RunRecord(kept / REAL).write_summary(newer)  # a pull brings a later run of the cell
+    KeptRecord.of(kept, REAL).write({**KeptRecord.of(kept, REAL).files, "summary.json": newer})  # a pull
     assert not real_run.keep_in(kept)  # the older local run does not replace it
-    assert RunRecord(kept / REAL).summary["metrics"] == {"test_acc": 0.99}
+    assert KeptRecord.of(kept, REAL).summary["metrics"] == {"test_acc": 0.99}
     lock = RunLock(clone.dir)
     assert lock.try_acquire()
-    assert not clone.restore_from(RunRecord(kept / REAL))  # a process holds the dir: left alone
+    assert not clone.restore_from(KeptRecord.of(kept, REAL))  # a process holds the dir: left alone
     lock.release()
-    assert clone.restore_from(RunRecord(kept / REAL))  # an earlier restore gives way to the newer record
+    assert clone.restore_from(KeptRecord.of(kept, REAL))  # an earlier restore gives way to the newer record
     assert clone.summary["metrics"] == {"test_acc": 0.99}
-    assert not real_run.restore_from(RunRecord(kept / REAL))  # a run trained here is never replaced
+    assert not real_run.restore_from(KeptRecord.of(kept, REAL))  # a run trained here is never replaced
