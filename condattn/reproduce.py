@@ -626,20 +626,21 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
     """Skip finished cells and cells whose SLURM job is still queued or running; link a cell not started yet to a
     finished run of its science config under another name (engine/twins.py) instead of training it; on a job array,
     fine-tuning cells wait for their pretraining run (a job array has no order)."""
-    from .engine.provenance import code_fingerprint, stale_parts
+    from .engine.provenance import fingerprint, source_files, stale_parts
     from .engine.twins import TwinIndex, link
 
     out = Todo()
     by_name = {c.name: c for c in p.cells}
     twins: dict[Path, TwinIndex] = {}
     n = len(specs)
-    code = code_fingerprint()
+    files = source_files()
     for i, c in enumerate(specs, 1):
         # a reused twin (a link) is only ever read: under --force, or when its run is no longer finished (the owner
         # retrained or removed it), the link goes and this cell trains in its own dir; the twin is never touched
         if c.run_dir.is_symlink() and (args.force or not RunRecord(c.run_dir).finished) and not args.dry_run:
             c.run_dir.unlink()
         status = RunRecord(c.run_dir).status
+        code = fingerprint(files, str(c.cfg.conditioning.method))
         first_stage = needs(p.exp, c.name, args.scale)
         if first_stage and c.cfg.launcher.name in SUBMITIT_LAUNCHERS and \
                 (args.force or not RunRecord(by_name[first_stage].run_dir).finished):

@@ -91,7 +91,7 @@ def project(p, scale: str, seeds: list[int], step_s: dict) -> Projection:
     """The projection of one table's plan (`reproduce.with_kept`: kept records restored); a finished cell counts as
     finished, and so does one that `reproduce` will link to a finished twin (the same science config, made by this
     code, under another table's name: engine/twins.py)."""
-    from .engine.provenance import code_fingerprint
+    from .engine.provenance import fingerprint, source_files
     from .engine.twins import TwinIndex
     from .reproduce import length_check
 
@@ -104,7 +104,7 @@ def project(p, scale: str, seeds: list[int], step_s: dict) -> Projection:
         s = step_s.get((model, data, method), step_s.get((model, data, "*")))
         return None if s is None else s * factor * int(cfg.task.steps)
 
-    code = code_fingerprint()
+    files = source_files()
     twins = [TwinIndex(d) for d in {c.run_dir.parent for c in p.cells[:1]}]
     first: dict[tuple[str, str], object] = {}  # each (row, method)'s first planned cell config: recipe and steps
     for c in p.cells:
@@ -114,7 +114,8 @@ def project(p, scale: str, seeds: list[int], step_s: dict) -> Projection:
         if RunRecord(c.run_dir).finished:
             out.finished += 1
             out.reused += c.run_dir.is_symlink()
-        elif not c.run_dir.exists() and any(t.find(c.cfg, c.run_dir, code) for t in twins):
+        elif not c.run_dir.exists() and any(t.find(c.cfg, c.run_dir, fingerprint(files, c.cfg.conditioning.method))
+                                            for t in twins):
             out.finished += 1
             out.reused += 1
         else:

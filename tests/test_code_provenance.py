@@ -15,11 +15,13 @@ from condattn.runs import RunRecord
 
 def test_the_fingerprint_covers_the_result_code_and_names_what_differs(tmp_path, monkeypatch):
     now = provenance.code_fingerprint()
-    assert set(now) == {"conditioning", "model", "task", "engine"} and all(len(v) == 10 for v in now.values())
+    assert set(now) == {"conditioning", "model", "task", "engine", "diagnostics"}
+    assert all(len(v) == 10 for v in now.values())
     assert now == provenance.code_fingerprint()  # deterministic
     assert provenance.stale_parts(now, now) == []
     assert provenance.stale_parts({**now, "model": "0" * 10}, now) == ["model"]
-    assert provenance.stale_parts(None, now) == list(now)  # a run from before fingerprints
+    assert provenance.stale_parts(None, now) == list(provenance.STALE_PARTS)  # a run from before fingerprints
+    assert provenance.stale_parts({**now, "diagnostics": "0" * 10}, now) == []  # readings: named, never retrained
     # an edit to a file that only records or reports changes nothing; an edit to the library does
     files = {f.relative_to(provenance.REPO).as_posix() for f in provenance._files(provenance.CODE_PARTS["engine"])}
     assert "condattn/engine/summary.py" not in files and "condattn/engine/loop.py" in files
@@ -30,6 +32,42 @@ def test_the_fingerprint_covers_the_result_code_and_names_what_differs(tmp_path,
     before = provenance.code_fingerprint()["conditioning"]
     (fake / "spectral.py").write_text("x = 2\n")
     assert provenance.code_fingerprint()["conditioning"] != before
+
+
+def test_a_run_is_fingerprinted_by_the_code_it_executed_not_by_docstrings_or_other_methods(tmp_path, monkeypatch):
+    lib = tmp_path / "condattn" / "conditioning"
+    (lib / "methods").mkdir(parents=True)
+    (lib / "api.py").write_text('"""Shared."""\nx = 1\n')
+    (lib / "spectral.py").write_text("lam = 10\n")
+    (lib / "methods" / "sigma_reparam.py").write_text("steps = 1\n")
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
+    before = {m: provenance.code_fingerprint(m)["conditioning"] for m in ("none", "spectral", "sigma_reparam")}
+    (lib / "methods" / "sigma_reparam.py").write_text("steps = 2\n")
+    after = {m: provenance.code_fingerprint(m)["conditioning"] for m in before}
+    assert after["sigma_reparam"] != before["sigma_reparam"]
+    assert after["spectral"] == before["spectral"] and after["none"] == before["none"]  # other methods: untouched
+    (lib / "api.py").write_text('"""Shared, reworded."""\n# a comment\nx  =  1\n')
+    assert provenance.code_fingerprint("spectral")["conditioning"] == before["spectral"]  # docs and layout only
+    (lib / "api.py").write_text("x = 2\n")
+    assert provenance.code_fingerprint("spectral")["conditioning"] != before["spectral"]  # shared code: every method
+
+
+@pytest.mark.slow  # git
+def test_a_commits_fingerprint_is_read_from_the_history(tmp_path, monkeypatch):
+    import subprocess
+
+    lib = tmp_path / "condattn" / "models"
+    lib.mkdir(parents=True)
+    (lib / "vit.py").write_text("depth = 12\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
+    assert provenance.files_at("HEAD") == provenance.source_files()
+    (lib / "vit.py").write_text("depth = 6\n")
+    assert provenance.fingerprint(provenance.files_at("HEAD"), "none") != provenance.code_fingerprint("none")
+    assert provenance.files_at("0123456789") is None  # not in the history
 
 
 def test_the_code_line_names_readings_whose_runs_differ():
@@ -70,4 +108,5 @@ def test_refresh_stale_retrains_exactly_the_cells_made_by_other_code(tmp_path, c
     assert "table4_lra_listops_spectral_smoke_s0: made by other code (conditioning differ from HEAD's)" in out
     assert "table4_lra_listops_none_smoke_s0: finished earlier, skipped" in out
     assert (runs / "table4_lra_listops_spectral_smoke_s0.stale-1" / "summary.json").exists()
-    assert RunRecord(runs / "table4_lra_listops_spectral_smoke_s0").summary["code"] == provenance.code_fingerprint()
+    assert RunRecord(runs / "table4_lra_listops_spectral_smoke_s0").summary["code"] == \
+        provenance.code_fingerprint("spectral")

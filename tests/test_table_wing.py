@@ -62,3 +62,36 @@ def test_other_seeds_write_a_table_named_by_them_never_the_default_one(tmp_path,
     out = tmp_path / "res" / "smoke"
     assert (out / "table4_lra.seeds-7+8.md").is_file() and not (out / "table4_lra.md").exists()
     assert "seeds 7 8 are not the experiment's" in capsys.readouterr().out
+
+
+def _committed_records():
+    from condattn.runs import kept_records
+
+    return {scale.name: kept_records(scale / "runs") for scale in sorted((REPO / "results").iterdir())
+            if (scale / "runs").is_dir()}
+
+
+@pytest.mark.slow  # reads every committed record
+def test_the_run_store_holds_each_run_once_and_names_only_commits_of_the_history():
+    import collections
+
+    from condattn.engine.identity import config_hash, science_config
+    from condattn.engine.provenance import STALE_PARTS
+
+    commits = set()
+    for scale, records in _committed_records().items():
+        assert records, scale
+        seen = collections.defaultdict(list)
+        for rec in records:
+            s = rec.summary
+            assert s is not None, f"{rec.path}: not a finished run's record"
+            seen[(config_hash(science_config(s["config"])), tuple(s["code"][p] for p in STALE_PARTS))].append(rec.name)
+            commits.add(s["commit"].split("+")[0])
+        twice = [names for names in seen.values() if len(names) > 1]
+        assert not twice, f"{scale}: one run (science config and code) stored more than once: {twice[:3]}"
+    if subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO, capture_output=True,
+                      text=True).stdout.strip() != "false":
+        pytest.skip("needs a git checkout with its whole history")
+    missing = [c for c in sorted(commits) if subprocess.run(["git", "cat-file", "-e", f"{c}^{{commit}}"], cwd=REPO,
+                                                             capture_output=True).returncode != 0]
+    assert not missing, f"run records name commits that are not in the history: {missing}"

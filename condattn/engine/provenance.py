@@ -76,53 +76,151 @@ def describe(hw: dict) -> str:
 # (a hash of the files' contents, so an uncommitted edit counts too), and a table says where one reading's runs differ.
 # Engine files that only record, report, plan or name runs are left out: editing them changes no number.
 CODE_PARTS = {
-    "conditioning": ("condattn/conditioning", "condattn/diagnostics"),  # diagnostics: table 9's step-0 columns
+    "conditioning": ("condattn/conditioning",),
     "model": ("condattn/models",),
     "task": ("condattn/tasks", "condattn/data"),
     # utils/typed_config.py: the defaults of impl/optim/task keys a recipe leaves unset (weight decay, warm-up, ...)
     "engine": ("condattn/engine", "condattn/train.py", "condattn/config.py", "condattn/utils/typed_config.py"),
+    # the measurements a run records beside its training (table 9's step-0 readings): recorded, and named by a table
+    # whose readings differ, but a run is not retrained for them (they change no trained weight)
+    "diagnostics": ("condattn/diagnostics",),
 }
+# Provenance is the code a run executed: the conditioning part of a run covers the library's shared code and its own
+# method's modules, never another method's (an edit to σReparam leaves every SCA run as it was). A method not listed
+# runs shared code only (the baseline).
+METHOD_FILES = {
+    "spectral": ("condattn/conditioning/spectral.py",),
+    "conditioned_init": ("condattn/conditioning/initialise.py", "condattn/conditioning/spectral.py"),
+    "embedded": ("condattn/conditioning/embedded.py", "condattn/conditioning/tokens.py"),
+    "qk_norm": ("condattn/conditioning/methods/qk_norm.py",),
+    "sigma_reparam": ("condattn/conditioning/methods/sigma_reparam.py",),
+    "mimetic_init": ("condattn/conditioning/methods/mimetic.py",),
+    "ns_attention": ("condattn/conditioning/methods/ns_attention.py",),
+}
+STALE_PARTS = ("conditioning", "model", "task", "engine")  # what --refresh-stale retrains for
 NOT_RESULT = tuple(f"condattn/engine/{f}" for f in (
     "cost.py", "flops.py", "logging.py", "errors.py", "provenance.py", "summary.py", "twins.py", "identity.py",
     "preflight.py", "signals.py", "parts/progress.py", "parts/throughput.py", "parts/signals.py"))
 
 
-def _files(paths: tuple[str, ...]) -> list[Path]:
+def _files(paths: tuple[str, ...], root: Path | None = None) -> list[Path]:
+    root = root or REPO
     out: list[Path] = []
     for p in paths:
-        full = REPO / p
+        full = root / p
         found = sorted(full.rglob("*.py")) if full.is_dir() else ([full] if full.exists() else [])
-        out += [f for f in found if f.relative_to(REPO).as_posix() not in NOT_RESULT]
+        out += [f for f in found if f.relative_to(root).as_posix() not in NOT_RESULT]
     return out
 
 
-def code_fingerprint() -> dict[str, str]:
-    """{part: 10-hex hash of its source files (paths and bytes)} for every part of CODE_PARTS."""
+def normalised(source: bytes) -> bytes:
+    """A digest of what a Python file does: its syntax tree without docstrings, comments or layout, so that an edit to
+    a docstring, a comment or the formatting is not a change of code (an error message's text still is). A file that
+    does not parse is taken byte for byte."""
+    import ast
     import hashlib
 
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return hashlib.sha256(source).digest()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).digest()
+
+
+def source_files() -> dict[str, bytes]:
+    """{repo-relative path: `normalised` digest} of every file a fingerprint may cover, read now."""
+    return {f.relative_to(REPO).as_posix(): normalised(f.read_bytes()) for part in CODE_PARTS.values()
+            for f in _files(part)}
+
+
+def fingerprint(files: dict[str, bytes], method: str | None = None) -> dict[str, str]:
+    """{part: 10-hex hash of its files (paths and `normalised` digests)} over `files` (`source_files()`, or a
+    commit's: `files_at`). The
+    conditioning part covers the shared library and `method`'s own modules ("a+b": both); method None: every file."""
+    import hashlib
+
+    own = {f for m in (method or "").split("+") for f in METHOD_FILES.get(m, ())}
+    others = {f for fs in METHOD_FILES.values() for f in fs} - own
     out = {}
     for part, paths in CODE_PARTS.items():
         h = hashlib.sha256()
-        for f in _files(paths):
-            h.update(f.relative_to(REPO).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+        for name in sorted(files):
+            if not any(name == p or name.startswith(p + "/") for p in paths) or name in NOT_RESULT:
+                continue
+            if part == "conditioning" and method is not None and name in others:
+                continue
+            h.update(name.encode() + b"\0" + files[name] + b"\0")
         out[part] = h.hexdigest()[:10]
     return out
 
 
+def code_fingerprint(method: str | None = None) -> dict[str, str]:
+    """The fingerprint of the code on disk now, for a run of `method` (None: the conditioning part covers every
+    method)."""
+    return fingerprint(source_files(), method)
+
+
+def files_at(commit: str) -> dict[str, bytes] | None:
+    """`source_files()` as they were at `commit` (None: not in this repository's history)."""
+    paths = [p for part in CODE_PARTS.values() for p in part]
+    try:
+        names = subprocess.run(["git", "ls-tree", "-r", "--name-only", commit, "--", *paths], cwd=REPO,
+                               capture_output=True, text=True, timeout=30)
+        if names.returncode != 0:
+            return None
+        out = {}
+        for name in names.stdout.split():
+            if name.endswith(".py") and name not in NOT_RESULT:
+                out[name] = normalised(subprocess.run(["git", "show", f"{commit}:{name}"], cwd=REPO,
+                                                      capture_output=True, timeout=30).stdout)
+        return out
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def stale_parts(recorded: dict | None, now: dict[str, str]) -> list[str]:
-    """The code parts whose fingerprint differs between a run's record and `now` (every part for a run that
+    """The parts of STALE_PARTS whose fingerprint differs between a run's record and `now` (every one for a run that
     recorded none: it predates fingerprints)."""
     recorded = recorded or {}
-    return [p for p in now if recorded.get(p) != now[p]]
+    return [p for p in STALE_PARTS if p in now and recorded.get(p) != now[p]]
 
 
 _AT_START: dict[str, object] = {}
 
 
 def at_start() -> dict[str, object]:
-    """{"commit", "code"} of the code this process runs: read once, when it first trains (the trainer calls this
-    before building anything), so a process that trains many cells records the code it loaded, not the files edited
-    on disk since (a long table run beside development)."""
+    """{"commit", "commit_state"} and the source files of the code this process runs: read once, when it first trains
+    (the trainer calls this before building anything), so a process that trains many cells records the code it
+    loaded, not the files edited on disk since (a long table run beside development)."""
     if not _AT_START:
-        _AT_START.update(commit=git_commit(), code=code_fingerprint())
-    return dict(_AT_START)
+        _AT_START.update(commit=git_commit(), commit_state=commit_state(), files=source_files())
+    return _AT_START
+
+
+def run_provenance(method: str | None) -> dict[str, object]:
+    """What a run's summary records of its code: the commit, whether it is on main, the code fingerprint for its
+    method."""
+    start = at_start()
+    return {"commit": start["commit"], "commit_state": start["commit_state"],
+            "code": fingerprint(start["files"], method)}  # type: ignore[arg-type]
+
+
+def commit_state() -> str:
+    """"on main" when HEAD is in main's history (origin/main where there is a remote) with no uncommitted change to the
+    code; else says which: "uncommitted changes" or "not on main" (a branch or an unpushed commit)."""
+    if git_commit().endswith("+dirty"):
+        return "uncommitted changes"
+    for ref in ("origin/main", "main"):
+        try:
+            got = subprocess.run(["git", "merge-base", "--is-ancestor", "HEAD", ref], cwd=REPO, capture_output=True,
+                                 timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return "unknown"
+        if got.returncode in (0, 1):
+            return "on main" if got.returncode == 0 else "not on main"
+    return "unknown"

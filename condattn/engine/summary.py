@@ -76,7 +76,7 @@ def build_summary(run: Any, metrics: dict, budget: dict, diagnostics: dict) -> d
         "hardware_line": provenance.describe(hw),
         "launch": {**launch_info(cfg), "resumed_at_steps": list(state.resumes)},
         "versions": provenance.versions(),
-        **provenance.at_start(),  # commit and code fingerprint of the code this process loaded
+        **provenance.run_provenance(run.report.method),  # commit, and the fingerprint of the code this run executed
         "data": {"checksum": run.data.checksum, **run.data.info},
         "patch": run.report.to_dict(),
         "diagnostics": diagnostics,

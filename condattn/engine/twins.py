@@ -17,6 +17,7 @@ from typing import Any
 
 from ..runs import RunRecord
 from .identity import _container, config_hash, config_mismatch, recorded_config, science_config
+from .provenance import stale_parts
 
 
 class TwinIndex:
@@ -45,13 +46,13 @@ class TwinIndex:
 
     def find(self, cfg: Any, run_dir: str | Path, code: dict | None = None) -> Path | None:
         """A finished run of `cfg`'s science config other than `run_dir` (the first by name), or None. With `code`
-        (engine/provenance.code_fingerprint), only a run made by that same code."""
+        (engine/provenance.code_fingerprint for its method), only a run made by that same code."""
         if self._by_hash is None:
             self._by_hash = self._build()
         here = Path(run_dir).resolve()
         for d in self._by_hash.get(config_hash(science_config(_container(cfg))), []):
             if d.resolve() != here and config_mismatch(cfg, d) is None and \
-                    (code is None or (RunRecord(d).summary or {}).get("code") == code):
+                    (code is None or not stale_parts((RunRecord(d).summary or {}).get("code"), code)):
                 return d
         return None
 

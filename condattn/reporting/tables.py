@@ -169,11 +169,30 @@ def provenance_line(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> str
                      for t, n in sorted(made_elsewhere(sums, exp["table"]).items()))
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
-        f"Ours: scale={scale}, {data}, seeds {seeds}, commit {', '.join(commits)}, hardware {', '.join(hardware)}, "
+        f"Ours: scale={scale}, {data}, seeds {seeds}, commit {', '.join(commits)}{commit_notes(sums)}, "
+        f"hardware {', '.join(hardware)}, "
         f"torch threads {', '.join(threads)}, {len(sums)} finished runs{shared}{device_hours(sums)}"
         f"{validation(cells)}; "
         f"written {when}."
     )
+
+
+def commit_notes(sums: list[dict]) -> str:
+    """What the commits of a table's runs do not say alone: runs started from code that is not on main (uncommitted
+    changes, a branch), and runs whose recorded commit never landed but whose code is a landed commit's."""
+    notes = []
+    states: dict[str, int] = {}
+    for s in sums:
+        if s.get("commit_state") not in (None, "on main"):
+            states[s["commit_state"]] = states.get(s["commit_state"], 0) + 1
+    notes += [f"{n} runs from {state}" for state, n in sorted(states.items())]
+    aliased: dict[tuple[str, str], int] = {}
+    for s in sums:
+        if s.get("commit_recorded"):
+            aliased[(s["commit_recorded"], s["commit"])] = aliased.get((s["commit_recorded"], s["commit"]), 0) + 1
+    notes += [f"{n} runs recorded as {rec}, a commit that never landed, whose code fingerprint is {real}'s"
+              for (rec, real), n in sorted(aliased.items())]
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def validation(cells: dict[tuple, TableCell]) -> str:
