@@ -115,7 +115,7 @@ def test_lr_pick_a_flat_grid_grows_each_way_to_the_bound_then_is_marked_flat():
 @pytest.mark.slow  # composes about 40 configs (about 30 s on a loaded core)
 def test_plan_lr_grid_selection_seeds_extend_at_an_edge_then_report_other_seeds(tmp_path):
     exp = grid_exp()
-    extra = [f"paths.runs={tmp_path / 'runs'}", "logger=none"]
+    extra = [f"paths.runs={tmp_path / 'runs'}", f"paths.results={tmp_path / 'results'}", "logger=none"]
     p = plan(exp, "small", [0, 1, 2], extra)
     by_row = {}
     for c in p.cells:
@@ -291,7 +291,7 @@ def test_reproduce_runs_both_stages_locally_and_reuses_them(tmp_path, capsys):
     assert len(runs) == 6 and "table4_lra_listops_none_smoke_s100" in runs
     assert "[reproduce] 4 of 4 cells run" in out and "[reproduce] 2 of 2 cells run" in out
     summary = {r: RunRecord(tmp_path / "runs" / "smoke" / r).summary for r in runs}
-    assert all(s["code"] and set(s["code"]) == {"conditioning", "model", "task", "engine"} for s in summary.values())
+    assert all(set(s["code"]) == {"conditioning", "model", "task", "engine", "diagnostics"} for s in summary.values())
     assert main(args) == 0
     again = capsys.readouterr().out
     assert again.count("finished earlier, skipped") == 6 and "[reproduce] 0 of 0 cells run" in again
@@ -306,7 +306,7 @@ def test_reproduce_runs_both_stages_locally_and_reuses_them(tmp_path, capsys):
     assert {lr[r] for r in runs if r.endswith(("_s0", "_s1")) or "_s0-" in r or "_s1-" in r} == {best}
     # --report-only --force (FORCE=1 on make report-table-N) only writes the table anyway: the picks are still read
     assert main([*args, "--report-only", "--force"]) == 0
-    md = (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()
+    md = (tmp_path / "results" / "smoke" / "table4_lra.seeds-0+1.md").read_text()  # not the experiment's seeds
     assert "grid unfinished" not in md and f"({best:.0e}" in md
 
 

@@ -1,0 +1,93 @@
+"""Composing a cell's Hydra config once per process, and naming the variants the readable name does not carry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..launch import ConfigError, RunSpec, compose_cell
+from ..runs import RunId
+from .cells import Part
+
+
+class Composer:
+    """compose_cell with the errors collected (one message per distinct bad override) and the configs the readable
+    names compose cached (they are only compared, never changed)."""
+
+    def __init__(self) -> None:
+        self.errors: dict[str, list[str]] = {}
+        self._base: dict[tuple, Any] = {}
+        self._cells: dict[tuple, Any] = {}
+        self.n = 0  # cells composed
+
+    def cell(self, name: str, overrides: list[str]) -> RunSpec | None:
+        """The composed cell. Cells that differ only in `seed=` and `run.name=` compose once: the others are a copy
+        with those two keys set (a table of 10 seeds composes each row × method × lr once, not ten times)."""
+        import copy
+
+        self.n += 1
+        rest = tuple(o for o in overrides if not o.startswith(("seed=", "run.name=")))
+        try:
+            if rest not in self._cells:
+                self._cells[rest] = compose_cell(overrides)
+                return RunSpec(name, overrides, copy.deepcopy(self._cells[rest]))
+            cfg = copy.deepcopy(self._cells[rest])
+            for o in overrides:
+                key, _, value = o.partition("=")
+                if key == "seed":
+                    cfg.seed = int(value)
+                elif key == "run.name":
+                    cfg.run.name = value
+            return RunSpec(name, overrides, cfg)
+        except (ConfigError, ValueError) as e:
+            self.errors.setdefault(str(e), []).append(name)
+            return None
+
+    def base(self, overrides: list[str]) -> Any:
+        key = tuple(overrides)
+        if key not in self._base:
+            self._base[key] = compose_cell(overrides)
+        return self._base[key]
+
+
+
+def named(comp: Composer, part: Part, tail: list[str], renamed: dict[str, str]) -> tuple[RunSpec | None, str]:
+    """The cell of `part` with `tail` after its own overrides, composed, with its variant name `<name>-<8 hex>`
+    (engine/identity.py) when the tail changes its science config, so `ARGS="conditioning.lam=2"` or an lr-grid value
+    trains its own run beside the table's; a tail that changes nothing (λ on a baseline) keeps the name and its
+    finished run. A renamed pretraining run follows into the `model.init_from` of its fine-tuning cells."""
+    from ..engine.identity import variant
+
+    def follow(o: str) -> str:
+        key, _, value = o.partition("=")
+        return f"{key}={renamed[value]}" if key == "model.init_from" and value in renamed else o
+
+    spec = comp.cell(part.name, [follow(o) for o in [*part.own, *tail]])
+    if spec is None or not tail:
+        return spec, ""
+    v = variant(spec.cfg, comp.base(part.own))
+    if v:
+        renamed[part.name] = new = f"{part.name}-{v}"
+        spec.overrides = [f"run.name={new}" if o.startswith("run.name=") else o for o in spec.overrides]
+        spec.cfg.run.name, spec.name = new, new
+    return spec, v
+
+
+
+def reseeded(part: Part, seed: int, table: str, scale: str) -> Part:
+    """The same cell at another seed (a selection seed of the lr grid), under its own readable name."""
+    name = RunId(table, part.row, part.method, scale, seed).name
+    own = [f"seed={seed}" if o.startswith("seed=") else f"run.name={name}" if o.startswith("run.name=") else o
+           for o in part.own]
+    return Part(name, own, part.row, part.method, seed)
+
+
+
+def changes(comp: Composer, part: Part, extra: list[str]) -> bool:
+    """Whether the command's extra overrides change this cell's science config (λ on SCA does, on the baseline not)."""
+    from ..engine.identity import variant
+
+    try:
+        return bool(variant(comp.base([*part.own, *extra]), comp.base(part.own)))
+    except ConfigError:
+        return False  # the cell's own composition reports it
+

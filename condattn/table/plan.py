@@ -1,0 +1,143 @@
+"""A table's plan: every cell composed and named, its lr picks and length runs, read from the runs and the kept records
+(no side effects)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..engine.identity import is_science_key
+from ..launch import ConfigError, RunSpec
+from ..reporting.protocol import pick_key
+from ..runs import RunId
+from .cells import Part, override_slug, parts
+from .compose import Composer, changes, named
+from .length import length_cells, length_check
+from .lr_grid import LrPick, grid_row, lr_grid
+from .store import Records
+
+
+@dataclass
+class Plan:
+    """What a table is at this moment: its cells to train (composed, named), the lr picks, where runs and results go,
+    and the experiment as its renderer reads it (`variants`: the variant of each cell run with overrides its name
+    does not carry; `lr_picks`)."""
+
+    exp: dict
+    cells: list[RunSpec]
+    picks: dict[str, LrPick]
+    runs_root: Path
+    results_root: Path
+
+    @property
+    def waiting(self) -> list[str]:
+        """The rows (`pick_key`s: "<row>/<method>" where a row trains several) whose lr grid has no pick yet: their
+        other seeds are not planned."""
+        return [row for row, p in self.picks.items() if p.pick is None]
+
+    def cost(self, specs: list[RunSpec]) -> list[str]:
+        """What these cells will cost before anything is queued (engine/cost.py)."""
+        from ..engine.cost import describe_cost
+
+        return describe_cost(self.exp["table"], [(c.name, c.cfg) for c in specs])
+
+
+
+def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: str = "local",
+         only_rows: list[str] | None = None, read_records: bool = True, full: bool = True, reuse: bool = True) -> Plan:
+    """Every cell of the table at this scale, composed and named, without side effects (it reads run records, writes
+    nothing). With an lr grid, a row's other seeds are planned once its stage-1 runs have ended (`read_records`
+    False, as under --force: none has). The cells of rows outside `only_rows` are planned too when `full` (their
+    variants and picks name the runs the table shows) but never returned to train; a plan that only trains
+    (`full=False`) skips them, unless the scale has a length check: its verdicts read every primary row's runs, so a
+    `--rows` process trains its rows' length runs too. ConfigError: the overrides that do not compose
+    (one message each), an optim.lr override beside an lr grid, cells that would share a run dir."""
+    grid = lr_grid(exp, scale)
+    full = full or bool(grid and length_check(exp, scale) and read_records)
+    if grid and (bad := [o for o in extra if o.split("=", 1)[0].lstrip("+~") == "optim.lr"]):
+        raise ConfigError(f"{bad[0]} conflicts with scales.{scale}.lr_grid, which sets every row's lr (multiples of "
+                          "its optim.lr): drop the override, or change the row's optim.lr in the experiment")
+    comp, renamed, shown, records = Composer(), {}, {}, Records(scale, reuse)
+    planned: list[tuple[Part, RunSpec]] = []
+    picks: dict[str, LrPick] = {}
+    groups: dict[tuple, list[Part]] = {}
+    for p in parts(exp, scale, seeds, launcher):
+        groups.setdefault((p.name,) if p.pretrain else (p.row, p.method), []).append(p)
+    reported: dict[tuple, list[tuple[Part, RunSpec]]] = {}
+    changed: set[str] = set()
+    for group in groups.values():
+        if not full and only_rows is not None and not group[0].pretrain and group[0].row not in only_rows:
+            continue
+        if extra and not group[0].pretrain and changes(comp, group[0], extra):
+            changed.add(group[0].method)
+        if grid and not group[0].pretrain:
+            row_cells, pick = grid_row(comp, group, grid, extra, exp, scale, read_records, shown, renamed, records)
+            planned += row_cells
+            if pick is not None:
+                picks[pick_key(exp, group[0].row, group[0].method)] = pick
+                reported[(group[0].row, group[0].method)] = [(p, c) for p, c in row_cells if p in group]
+            continue
+        for part in group:
+            spec, shown[part.name] = named(comp, part, list(extra), renamed)
+            if spec is not None:
+                planned.append((part, spec))
+    longer: dict[str, str] = {}
+    if grid and length_check(exp, scale) and read_records and not comp.errors:
+        planned += length_cells(comp, exp, scale, reported, picks, extra, renamed, longer, records)
+    if comp.errors:
+        errors, n = comp.errors, comp.n
+        if only_rows:  # report the rows asked for (`--rows`): the others are composed for their picks only
+            def asked(name: str) -> bool:
+                run = RunId.parse(name, exp["table"], exp["rows"], exp["methods"], scale)
+                return run is None or run.row in only_rows
+            kept = {m: [x for x in names if asked(x)] for m, names in errors.items()}
+            n = sum(1 for p in parts(exp, scale, seeds, launcher) if p.row in only_rows) or n
+            errors = {m: names for m, names in kept.items() if names} or errors
+        raise ConfigError(refusal(errors, n).lstrip(" "))
+    _check_shared_dirs([spec for _, spec in planned])
+    variants = {name: v for name, v in shown.items() if v}
+    exp = {**exp, "planned_cells": [spec.name for _, spec in planned],  # what the table costs: every run it trains
+           **({"variants": variants} if variants else {}),
+           **({"lr_picks": {row: p.as_dict() for row, p in picks.items()}} if grid else {}),
+           **({"longer": {"factor": length_check(exp, scale)[0], "variants": longer}} if longer else {}),
+           **({"made_with": {"overrides": [o for o in extra if is_science_key(o.split("=", 1)[0].lstrip("+~"))],
+                             "methods": sorted(changed)}} if changed else {})}
+    if made := exp.get("made_with"):  # a table of other science than the file's: named by it, never over the default
+        exp["output_stem"] = f"{exp.get('output_stem', exp['table'])}.{override_slug(made['overrides'])}"
+    todo = [spec for part, spec in planned if part.pretrain or only_rows is None or part.row in only_rows]
+    first = planned[0][1].cfg
+    return Plan(exp, todo, picks, Path(first.paths.runs), Path(first.paths.results))
+
+
+
+def _check_shared_dirs(specs: list[RunSpec]) -> None:
+    by_dir: dict[str, list[str]] = {}
+    for c in specs:
+        by_dir.setdefault(str(c.run_dir), []).append(c.name)
+    shared = {d: names for d, names in by_dir.items() if len(names) > 1}
+    if shared:  # e.g. an extra run.name= override: the cells would overwrite each other's runs
+        d, names = next(iter(shared.items()))
+        raise ConfigError(f"{len(names)} cells ({', '.join(names[:3])}{', …' if len(names) > 3 else ''}) would share "
+                          f"the run dir {d}; do not override run.name or run.dir for a whole table")
+
+
+
+def problem_report(problems: dict[str, list[str]], n_cells: int) -> list[str]:
+    lines = []
+    for msg, names in problems.items():
+        if len(names) == n_cells and n_cells > 1:
+            where = f"all {n_cells} cells"
+        elif len(names) > 4:
+            where = f"{len(names)} cells: {names[0]} … {names[-1]}"
+        else:
+            where = ", ".join(names)
+        lines.append(f"  - {msg}  [{where}]")
+    return lines
+
+
+
+def refusal(problems: dict[str, list[str]], n_cells: int) -> str:
+    """What follows "refused before starting any job:": one problem on the same line, several one per line."""
+    lines = problem_report(problems, n_cells)
+    return " " + lines[0][4:] if len(lines) == 1 else "\n" + "\n".join(lines)
+

@@ -1,0 +1,101 @@
+"""The table from its plan: the kept records restored before, the finished runs kept after, the renderer between."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..reporting.tables import renderer_for
+from ..runs import RunRecord
+from .cells import needs
+from .plan import Plan
+from .store import RunStore, restorable, restore
+from .store import kept_root as store_root
+
+
+def kept_root(p: Plan, scale: str) -> Path:
+    """Where the table's finished runs are kept beside it (committed): results/<scale>/runs/<run name>.json.gz."""
+    return store_root(p.results_root, scale)
+
+
+
+def restore_kept(p: Plan, scale: str, dry_run: bool = False, reuse: bool = True) -> int:
+    """Put back into the runs root the kept record of each planned cell whose run dir is absent (a fresh clone, a new
+    machine), its own or (`reuse`) its twin's (table/store.py): such a cell counts as finished, as it did where it ran.
+    Never a cell being trained (its lock) or set aside by --refresh-stale, and never a pretraining run that a
+    fine-tuning cell still to train would start from (records carry no weights). A dry run restores too: restoring
+    trains nothing, and the plan then says what the real command will do. Returns how many were restored."""
+    kept = kept_root(p, scale)
+    if not p.cells or not kept.is_dir():
+        return 0
+    store = RunStore(kept)
+    todo = [c for c in p.cells if restorable(c.run_dir)]
+    feeds = {c.name for c in p.cells if "_pretrain_" in c.name} if p.exp.get("pretrain") else set()
+    done = [restore(store, c.name, c.cfg, c.run_dir, reuse) for c in todo if c.name not in feeds]
+    for c in todo:  # a pretraining run: only once every fine-tuning cell that starts from it is finished
+        users = [u for u in p.cells if needs(p.exp, u.name, scale) == c.name]
+        if c.name in feeds and users and all(RunRecord(u.run_dir).finished for u in users):
+            done.append(restore(store, c.name, c.cfg, c.run_dir, reuse))
+    if n := sum(map(bool, done)):
+        twins = done.count("twin")
+        print(f"[reproduce] restored {n} finished runs from their kept records ({kept}) into "
+              f"{p.cells[0].run_dir.parent}"
+              + (f", {twins} of them linked to the record of the same science config made for another table (the same "
+                 "science config finished there; reused, not trained again: --no-reuse trains them)" if twins else "")
+              + "; they count as finished (no checkpoints: --force retrains them)")
+    return n
+
+
+
+def with_kept(make_plan, scale: str, dry_run: bool = False, reuse: bool = True) -> Plan:
+    """A plan, then the kept records of its cells restored. The plan reads those records where they lie
+    (table/store.Records) to make its lr picks and length checks, so one plan holds every cell they add."""
+    p = make_plan()
+    restore_kept(p, scale, dry_run, reuse)  # the plan read the kept records already (table/store.Records): planned once
+    return p
+
+
+
+def keep_finished(p: Plan, scale: str) -> int:
+    """Store the records of the plan's finished cells (selection, reported and length runs) beside the table, once
+    each (a twin's link is not stored again), so that committing results/<scale>/ keeps the evidence and a cut session
+    loses no finished run."""
+    root = kept_root(p, scale)
+    return sum(RunRecord(c.run_dir).keep_in(root) for c in p.cells)
+
+
+
+def _missing(md: str) -> int:
+    return md.count("missing")
+
+
+
+def report(p: Plan, scale: str, seeds: list[int], failed: list[str], force: bool = False) -> int:
+    """Render the table from the runs there are (with the plan's variants and lr picks); 1 when cells failed. A table
+    with more `missing` cells than the one already at its path (a fresh clone without runs) does not replace it: the
+    old files are put back and the refusal says why (`force`: write it anyway)."""
+    if n := keep_finished(p, scale):  # whether or not the table is written below: a finished run is evidence
+        print(f"[reproduce] kept the records of {n} finished runs in {kept_root(p, scale)} (summary, config, metrics, "
+              "patch report: commit them with the table)")
+    out = p.results_root / scale
+    stem = p.exp.get("output_stem", p.exp["table"])
+    old = {f: f.read_bytes() for f in (out / f"{stem}{ext}" for ext in (".md", ".csv", ".png")) if f.exists()}
+    md_path, md = renderer_for(p.exp)(p.exp, scale, p.runs_root, p.results_root, seeds)
+    before = old.get(md_path)
+    if before is not None and not force and _missing(md) > _missing(before.decode(errors="replace")):
+        for f in (out / f"{stem}{ext}" for ext in (".md", ".csv", ".png")):
+            if f not in old and f.exists():
+                f.unlink()
+        for f, data in old.items():
+            f.write_bytes(data)
+        print(f"[reproduce] kept {md_path}: the table from the runs under {p.runs_root} has more missing cells "
+              f"({_missing(md)}) than the one there ({_missing(before.decode(errors='replace'))}); are the runs "
+              "elsewhere (paths.runs, $CONDATTN_RUNS)? --force (FORCE=1) writes it anyway", file=sys.stderr)
+        return 1
+    print()
+    print(md)
+    print(f"[reproduce] wrote {md_path} (+ .csv, .png)")
+    if failed:
+        print(f"[reproduce] failed or interrupted cells: {', '.join(failed)}")
+    return 1 if failed else 0
+
