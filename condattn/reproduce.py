@@ -249,7 +249,7 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
     # --force retrains: stage 1 of an lr grid runs again before anything picks (with --report-only it only means
     # "write the table anyway", and the picks are read from the runs as always)
     retrain = args.force and not args.report_only
-    restoring = not retrain and not args.status
+    restoring = not retrain  # --status and dry runs too: restoring trains nothing, and they then say what is finished
     reuse = not args.no_reuse
     p = with_kept(plan_now, args.scale, args.dry_run, reuse) if restoring else plan_now(read_records=not retrain)
     if args.status:  # queued / running / failed / finished per cell (launch.status_lines)

@@ -228,11 +228,12 @@ def test_reproduce_table3_pretrain_then_finetune(tmp_path):
     # result would name variant runs)
     shrink = ["task.steps=4", "task.eval_every=2", "diagnostics.batch_size=2"]
     exp["scales"]["smoke"]["overrides"] = [*(exp["scales"]["smoke"].get("overrides") or []), *shrink]
+    exp["scales"]["smoke"]["seeds"] = [0, 1]  # the experiment's seeds: the default table (--seeds would name another)
     exp["pretrain"].setdefault("scales", {})["smoke"] = [*(exp["pretrain"].get("scales", {}).get("smoke") or []),
                                                          *shrink]
     exp_path = tmp_path / "table3_glue.yaml"
     exp_path.write_text(yaml.safe_dump(exp))
-    code = reproduce.main([str(exp_path), "--scale", "smoke", "--seeds", "0 1", "logger=none", f"paths.runs={runs}",
+    code = reproduce.main([str(exp_path), "--scale", "smoke", "logger=none", f"paths.runs={runs}",
                            f"paths.results={results}", f"paths.cache={tmp_path / 'cache'}", "impl.checkpoint_every=4"])
     assert code == 0
     pre = json.loads((runs / "smoke/table3_glue_pretrain_embedded_smoke_s0/summary.json").read_text())

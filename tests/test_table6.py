@@ -250,7 +250,8 @@ def test_experiment_composes_at_every_scale(tmp_path, capsys, scale, every, seed
     assert len(todo) == 2 * 3 * len(seeds)
     for _, ov in todo:
         assert f"diagnostics.every={every}" in ov and "diagnostics.jacobian=true" in ov
-    args = [str(EXP), "--scale", scale, "--dry-run", f"paths.runs={tmp_path / 'runs'}"]
+    args = [str(EXP), "--scale", scale, "--dry-run", f"paths.runs={tmp_path / 'runs'}",
+            f"paths.results={tmp_path / 'results'}"]  # no committed records: every cell listed
     assert main(args) == 0
     out = capsys.readouterr().out
     assert f"dry run: {len(todo)} of {len(todo)} cells would train here" in out

@@ -95,3 +95,13 @@ def test_the_run_store_holds_each_run_once_and_names_only_commits_of_the_history
     missing = [c for c in sorted(commits) if subprocess.run(["git", "cat-file", "-e", f"{c}^{{commit}}"], cwd=REPO,
                                                              capture_output=True).returncode != 0]
     assert not missing, f"run records name commits that are not in the history: {missing}"
+
+
+def test_table8_reads_lambda_from_its_runs():
+    from condattn.reporting.ablation import recorded_lam
+
+    run = {"config": {"conditioning": {"lam": 5.0}}}
+    assert recorded_lam([run, run], {"lam": 10.0}) == 5.0  # what ran, not what the file says
+    assert recorded_lam([], {"lam": 10.0}) == 10.0  # no run yet: the declared value
+    with pytest.raises(ValueError, match="one row, one λ"):
+        recorded_lam([run, {"config": {"conditioning": {"lam": 2.0}}}], {"lam": 5.0})

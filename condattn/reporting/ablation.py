@@ -88,6 +88,16 @@ def cost_and_convergence(rows: list[dict]) -> list[str]:
     return out
 
 
+def recorded_lam(sums: list[dict], spec: dict) -> float:
+    """The λ a row's runs recorded (their resolved config's conditioning.lam); the experiment's `lam:` only for a
+    row with no finished run yet. Runs of one row that recorded different λ are refused (a mislabelled row)."""
+    lams = {float(s["config"]["conditioning"]["lam"]) for s in sums
+            if isinstance((s.get("config") or {}).get("conditioning"), dict) and "lam" in s["config"]["conditioning"]}
+    if len(lams) > 1:
+        raise ValueError(f"the runs of one λ row recorded λ = {sorted(lams)}: one row, one λ")
+    return lams.pop() if lams else float(spec.get("lam", float("nan")))
+
+
 def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None) -> tuple[list, dict]:
     cells = collect(exp, scale, runs_root, seeds)
     method = exp["methods"][0]
@@ -99,7 +109,7 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | 
         top5 = [_last_val(s).get("top5") for s in sums]
         out.append({
             "row": row,
-            "lam": float(spec.get("lam", float("nan"))),
+            "lam": recorded_lam(sums, spec),
             "n": len(sums),
             "missing": list(c.missing),
             "acc": _stats(c.values),
