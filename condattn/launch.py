@@ -1,6 +1,6 @@
 """Launching the cells of a table: in this process, as a SLURM job array, or as local submitit jobs.
 
-Design (see README "Cluster"): submitit is used directly, not through Hydra's launcher plugin. `reproduce`
+Design (see docs/cluster.md): submitit is used directly, not through Hydra's launcher plugin. `reproduce`
 already expands a table into cells, validates all of them and skips finished ones; a plain executor then
 submits exactly the unfinished cells as one job array, returns at once (the plugin blocks for sweep
 results), and can print the exact sbatch script without submitting (a dry run needs no `sbatch`).

@@ -15,7 +15,7 @@ other seeds at the multiplier with the best validation score (`selection_key`: n
 records the pick and the grid's scores.
 
 The parts: `plan()` (cells, overrides, identity, lr picks, cost; no side effects), the launch
-(`launch.run_local`, or a submitit job array: slurm / submitit_local, see README "Cluster"), and `report()`.
+(`launch.run_local`, or a submitit job array: slurm / submitit_local, see docs/cluster.md), and `report()`.
 """
 
 from __future__ import annotations

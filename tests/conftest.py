@@ -1,4 +1,4 @@
-"""Test tiers (README "Tests"): `slow` (trains or starts processes), `gpu` (needs CUDA) and `unit` (everything else;
+"""Test tiers (docs/tests.md): `slow` (trains or starts processes), `gpu` (needs CUDA) and `unit` (everything else;
 added here at collection, so `pytest -m unit` is `make test-unit`). A unit test that trains or starts a process fails
 with "mark it @pytest.mark.slow"; every test has a timeout (pyproject's for slow and gpu, UNIT_TIMEOUT_S for unit).
 Helpers live in tests/helpers.py."""

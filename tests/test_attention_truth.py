@@ -262,22 +262,23 @@ def test_diagnose_cli_own_model_errors(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_readme_diagnoses_a_users_own_model(monkeypatch):
-    """The README's "your own model" diagnostics block runs after its layout block, and reads MyAttention's SDPA
-    probabilities: the entropy equals softmax(q kᵀ / sqrt(d)) of the module's (SCA-shifted) q and k."""
+def test_the_docs_diagnose_a_users_own_model(monkeypatch):
+    """Getting started's diagnostics block ("Measure what a method does") runs after its layout block, and reads
+    MyAttention's SDPA probabilities: the entropy equals softmax(q kᵀ / sqrt(d)) of the module's (SCA-shifted) q and
+    k."""
     from pathlib import Path
 
     from condattn.conditioning import sites
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = [b.split("\n", 1)[1] for b in readme.split("```")[1::2] if b.startswith("python\n")]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "getting-started.md").read_text()
+    blocks = [b.split("\n", 1)[1] for b in page.split("```")[1::2] if b.startswith("python\n")]
     (layout,) = [b for b in blocks if "@attention_layout(" in b]
     (diag,) = [b for b in blocks if "compare_conditioning(" in b]
     for name in ("ATTENTION_LAYOUTS", "TOKEN_LAYOUTS", "PRIORITY"):
         monkeypatch.setattr(sites, name, dict(getattr(sites, name)))
     ns: dict = {}
-    exec(compile(layout, "README.md", "exec"), ns)
-    exec(compile(diag, "README.md", "exec"), ns)
+    exec(compile(layout, "docs/getting-started.md", "exec"), ns)
+    exec(compile(diag, "docs/getting-started.md", "exec"), ns)
     d, both, model, x = ns["d"], ns["both"], ns["model"], ns["x"]
     assert d["attention"][0]["reader"] == "sdpa" and both["patch"]["counts"] == {"spectral:my_attention": 2}
     blk, seen = model.blocks[0], {}

@@ -234,17 +234,18 @@ def test_time_limits_come_from_a_measured_step_time_with_evaluation(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_readmes_slurm_examples_are_ones_the_tool_approves():
-    """Each `DRY_RUN=1` example of README "Cluster": the first cell of each of its table's rows, with the example's
-    ARGS, gets no GPU advice (the README used to show gpus_per_node=4 on LRA, which the tool warns against)."""
+def test_the_cluster_guides_slurm_examples_are_ones_the_tool_approves():
+    """Each `DRY_RUN=1` example of the cluster guide (docs/cluster.md): the first cell of each of its table's rows, with
+    the example's ARGS, gets no GPU advice (the guide used to show gpus_per_node=4 on LRA, which the tool warns
+    against)."""
     import re
 
     from condattn.reporting import load_experiment
     from condattn.reproduce import cells
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
     examples = re.findall(r"make reproduce-table-(\d) SCALE=paper LAUNCHER=slurm DRY_RUN=1 \\\n\s+ARGS=\"([^\"]*)\"",
-                          readme)
+                          guide)
     assert len(examples) >= 2
     for table, args in examples:
         exp = load_experiment(next((Path(__file__).resolve().parents[1] / "experiments").glob(f"table{table}_*.yaml")))

@@ -610,24 +610,24 @@ def test_sca_fold_trains_the_stored_weight(name):
     assert not any(p.param in vars(p.linear) for p in folded.values())
 
 
-# ---------------------------------------------------------------- a user's own layout (README)
+# ---------------------------------------------------------------- a user's own layout (docs/getting-started.md)
 
 
-def test_readme_registers_a_layout_for_a_users_model(monkeypatch):
-    """The README's "your own model" example runs as written: it registers an attention and a token layout from
-    user code (no library edit), and SCA, CET and removal act on the user's model."""
+def test_the_docs_register_a_layout_for_a_users_model(monkeypatch):
+    """Getting started's "Register a layout for your own model" example runs as written: it registers an attention
+    and a token layout from user code (no library edit), and SCA, CET and removal act on the user's model."""
     from pathlib import Path
 
     from condattn.conditioning import sites
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = [b.split("\n", 1)[1] for b in readme.split("```")[1::2] if b.startswith("python\n")]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "getting-started.md").read_text()
+    blocks = [b.split("\n", 1)[1] for b in page.split("```")[1::2] if b.startswith("python\n")]
     (code,) = [b for b in blocks if "@attention_layout(" in b]
     monkeypatch.setattr(sites, "ATTENTION_LAYOUTS", dict(sites.ATTENTION_LAYOUTS))  # registrations end with the test
     monkeypatch.setattr(sites, "TOKEN_LAYOUTS", dict(sites.TOKEN_LAYOUTS))
     monkeypatch.setattr(sites, "PRIORITY", dict(sites.PRIORITY))
     ns: dict = {}
-    exec(compile(code, "README.md", "exec"), ns)
+    exec(compile(code, "docs/getting-started.md", "exec"), ns)
     report, model = ns["report"], ns["model"]
     assert report.counts == {"spectral:my_attention": 2, "embedded:my_model": 1}
     assert "my_attention" in sites.ATTENTION_LAYOUTS and "my_model" in sites.TOKEN_LAYOUTS

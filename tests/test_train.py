@@ -162,7 +162,7 @@ def test_micro_batch_is_derived_from_the_global_batch_and_the_processes():
         return batch_split(OmegaConf.create({"task": {"batch_size": glob}, "impl": {"micro_batch_size": cap}}), world)
 
     assert split(256, 128, 1) == (256, 128, 2)  # LRA image/pathfinder at paper scale on one GPU
-    assert split(256, 128, 4) == (256, 64, 1)  # the README's gpus_per_node=4
+    assert split(256, 128, 4) == (256, 64, 1)  # gpus_per_node=4, as in docs/cluster.md's examples
     assert split(256, 128, 8) == (256, 32, 1)
     assert split(96, 64, 1) == (96, 48, 2)
     assert split(32, 5, 1) == (32, 4, 8)

@@ -351,9 +351,9 @@ FUSED_NAMES = ("qkv", "c_attn", "wqkv", "qkv_proj", "to_qkv", "w_pack", "query_k
 
 
 def layout_snippet(m: nn.Module) -> str:
-    """The user-side registration for an unmatched attention class (README, "Apply a method to your own model"). It
-    names only submodules the class really has: a fused projection or q/k/v children found by their names, else
-    placeholders (YOUR_W_Q, ...) with the class's actual Linear / 1×1-conv children listed."""
+    """The user-side registration for an unmatched attention class (docs/getting-started.md, "Register a layout for
+    your own model"). It names only submodules the class really has: a fused projection or q/k/v children found by
+    their names, else placeholders (YOUR_W_Q, ...) with the class's actual Linear / 1×1-conv children listed."""
     t = type(m)
     lay = "my_" + t.__name__.lower()
     lins = [n for n, c in m.named_children() if isinstance(c, nn.Linear) or is_pointwise_conv(c)]
@@ -442,8 +442,8 @@ def require_attention(model: nn.Module, method: str, partial: bool = False) -> t
     if not missing:
         raise ValueError(f"{method}: {kind} has no attention layer: no module's class says attention and no layout "
                          "matches one (nothing was changed). If it has attention under another name, register a layout "
-                         "for it with condattn.conditioning.attention_layout (README, 'Apply a method to your own "
-                         "model')")
+                         "for it with condattn.conditioning.attention_layout (docs/getting-started.md, 'Register a "
+                         "layout for your own model')")
     by_class: dict[type, list[str]] = {}
     for n, m in missing:
         by_class.setdefault(type(m), []).append(n)
@@ -466,6 +466,6 @@ def require_tokens(model: nn.Module, method: str) -> TokenSite:
         raise ValueError(
             f"{method}: cannot locate the first transformer block of {type(model).__name__} (known token layouts: "
             f"{', '.join(TOKEN_LAYOUTS)}; nothing was changed); register one with condattn.conditioning."
-            "token_layout, returning a TokenSite(first_block=..., embed=..., blocks=...) (README, 'Apply a method "
-            "to your own model')")
+            "token_layout, returning a TokenSite(first_block=..., embed=..., blocks=...) (docs/getting-started.md, "
+            "'Register a layout for your own model')")
     return site

@@ -36,7 +36,7 @@ nn.MultiheadAttention: one torch_mha each; timm 1×1-conv attention: one timm_co
 GCViT: sum(depths) timm_gcvit (timm_gcvit.py's).
 
 A user's own model needs no edit here: `condattn.conditioning.attention_layout` / `token_layout` register a finder
-from user code (README, "your own model").
+from user code (docs/getting-started.md, "Register a layout for your own model").
 """
 
 from . import (

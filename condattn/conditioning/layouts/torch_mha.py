@@ -9,7 +9,7 @@ nn.TransformerEncoderLayer's fused inference path (which would read the weights 
 
 No token layout: nn.TransformerEncoder is sequence-first by default and takes a padding mask with True marking
 padding, so where X is and which rows are real depends on the user's model; CET on such a model needs the user's
-own token layout (README, "your own model").
+own token layout (docs/getting-started.md, "Register a layout for your own model").
 
 Expected PatchReport counts: one torch_mha attention site per nn.MultiheadAttention.
 """
