@@ -10,6 +10,7 @@ recipe); the rules read per row (direction, metric, hypothesis, reported seeds) 
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -161,6 +162,35 @@ def _scale(where: str, node: Any) -> ScaleSpec:
     )
 
 
+def protocol_problem(table: str, scale: str, node: Mapping, reported: Any = ()) -> str | None:
+    """What is wrong with a scale's lr protocol and length check (None: nothing), in one line: checked when the
+    experiment file is parsed, and again by the plan against the seeds a command reports (--seeds)."""
+    grid = node.get("lr_grid") or []
+    length = node.get("length_check")
+    if length:
+        factor, n = length.get("factor", 2), length.get("seeds", 5)
+        if not (isinstance(factor, int) and factor > 1 and isinstance(n, int) and n >= 2):
+            return (f"scales.{scale}.length_check={dict(length)!r} in {table}: give an integer factor > 1 and at "
+                    "least 2 seeds, e.g. {factor: 2, seeds: 5}")
+    if not grid:
+        return None
+    ok = isinstance(grid, (list, tuple)) and all(
+        isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0 for m in grid)
+    if not (ok and len(set(grid)) == len(grid) and all(
+            math.isclose(b / a, 2.0) for a, b in zip(sorted(grid), sorted(grid)[1:]))):
+        return (f"scales.{scale}.lr_grid={list(grid)!r} in {table}: give distinct log2-spaced positive multipliers of "
+                "each row's optim.lr, e.g. lr_grid: [0.5, 1, 2]")
+    lo, hi = node.get("lr_bound") or (0.125, 8.0)
+    if not (0 < lo <= min(grid) and max(grid) <= hi):
+        return f"scales.{scale}.lr_bound=[{lo}, {hi}] in {table} must contain the lr_grid {sorted(grid)}"
+    sel = list(node.get("selection_seeds") or [])
+    seen = set(node.get("seeds") or []) | set(reported or [])
+    if len(sel) < 2 or len(set(sel)) != len(sel) or seen & set(sel):
+        return (f"scales.{scale}.selection_seeds={sel!r} in {table}: an lr grid needs at least 2 distinct selection "
+                f"seeds, disjoint from the reported seeds {sorted(seen)}, e.g. selection_seeds: [100, 101]")
+    return None
+
+
 def _per_scale(where: str, node: Any) -> dict[str, tuple[str, ...]]:
     if node is None:
         return {}
@@ -200,6 +230,9 @@ def parse(raw: Any, path: str = "<experiment>") -> Experiment:
         raise ExperimentError(f"{path}: scales must map each scale (smoke, small, ...) to its seeds")
     rows = {str(name): _row(f"{path}: rows.{name}", spec, methods) for name, spec in d["rows"].items()}
     scales = {str(name): _scale(f"{path}: scales.{name}", spec) for name, spec in d["scales"].items()}
+    for name, spec in d["scales"].items():
+        if problem := protocol_problem(str(d["table"]), str(name), spec):
+            raise ExperimentError(f"{path}: {problem}")
     for name, sc in scales.items():
         unknown = [r for r in sc.rows or () if r not in rows]
         if unknown:

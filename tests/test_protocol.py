@@ -323,7 +323,7 @@ def test_one_renderer_cli_uses_the_experiments_renderer_and_refuses_an_lr_grid(t
     assert renderer_cli([str(path), "--scale", "smoke", "--seeds", "0", *over], "prog", "doc") == 0
     assert (tmp_path / "results" / "smoke" / "table4_lra.md").is_file()
     assert "[reporting] wrote" in capsys.readouterr().out
-    exp["scales"]["smoke"]["lr_grid"] = [1, 2]
+    exp["scales"]["smoke"].update(lr_grid=[1, 2], selection_seeds=[100, 101])
     path.write_text(yaml.safe_dump(exp, sort_keys=False))
     with pytest.raises(SystemExit):
         renderer_cli([str(path), "--scale", "smoke", *over], "prog", "doc")

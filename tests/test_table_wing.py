@@ -105,3 +105,23 @@ def test_table8_reads_lambda_from_its_runs():
     assert recorded_lam([], {"lam": 10.0}) == 10.0  # no run yet: the declared value
     with pytest.raises(ValueError, match="one row, one λ"):
         recorded_lam([run, {"config": {"conditioning": {"lam": 2.0}}}], {"lam": 5.0})
+
+
+@pytest.mark.parametrize("bad, says", [
+    ({"lr_grid": [1, 3]}, "lr_grid=[1, 3]"),
+    ({"lr_grid": [1, 2], "selection_seeds": [0, 101]}, "selection_seeds=[0, 101]"),  # a reported seed
+    ({"lr_grid": [1, 2], "selection_seeds": [100, 101], "lr_bound": [1, 1.5]}, "lr_bound=[1, 1.5]"),
+    ({"length_check": {"factor": 1}}, "length_check="),
+])
+def test_the_lr_protocol_is_checked_when_the_experiment_file_is_parsed(tmp_path, bad, says):
+    import yaml
+
+    from condattn.experiment import ExperimentError, load
+
+    raw = yaml.safe_load((REPO / "experiments" / "table4_lra.yaml").read_text())
+    raw["scales"]["smoke"] = {**raw["scales"]["smoke"], "seeds": [0], **bad}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ExperimentError, match="scales.smoke." + says.split("=")[0]) as e:
+        load(path)
+    assert says in str(e.value) and "\n" not in str(e.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..experiment import protocol_problem
 from ..launch import ConfigError, RunSpec
 from ..reporting.metric import higher_is_better, row_metric
 from ..reporting.protocol import pick_key
@@ -17,10 +18,9 @@ def length_check(exp: dict, scale: str) -> tuple[int, int] | None:
     spec = (exp["scales"].get(scale) or {}).get("length_check")
     if not spec:
         return None
+    if problem := protocol_problem(exp["table"], scale, {"length_check": spec}):
+        raise ConfigError(problem)
     factor, n = spec.get("factor", 2), spec.get("seeds", 5)
-    if not (isinstance(factor, int) and factor > 1 and isinstance(n, int) and n >= 2):
-        raise ConfigError(f"scales.{scale}.length_check={spec!r} in {exp['table']}: give an integer factor > 1 and at "
-                          "least 2 seeds, e.g. {factor: 2, seeds: 5}")
     return factor, n
 
 

@@ -6,6 +6,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from ..experiment import protocol_problem
 from ..launch import ConfigError, RunSpec
 from ..reporting.metric import higher_is_better, row_metric
 from ..runs import RunRecord
@@ -14,43 +15,31 @@ from .compose import Composer, named, reseeded
 from .store import Records
 
 
-def lr_grid(exp: dict, scale: str) -> list[float]:
-    """The scale's starting `lr_grid`: log2-spaced multipliers of each row's optim.lr ([] without one); ConfigError
-    for a bad grid."""
-    grid = (exp["scales"].get(scale) or {}).get("lr_grid") or []
-    ok = isinstance(grid, list) and all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0
-                                        for m in grid)
-    ok = ok and len(set(grid)) == len(grid) and all(
-        math.isclose(b / a, 2.0) for a, b in zip(sorted(grid), sorted(grid)[1:]))
-    if not ok:
-        raise ConfigError(f"scales.{scale}.lr_grid={grid!r} in {exp['table']}: give distinct log2-spaced positive "
-                          "multipliers of each row's optim.lr, e.g. lr_grid: [0.5, 1, 2]")
-    return sorted(float(m) for m in grid)
+def _checked(exp: dict, scale: str, reported: list[int] | None = None) -> dict:
+    """The scale's node once its lr protocol is sound (experiment.protocol_problem, the parse-time check, here also
+    against the seeds this command reports); ConfigError naming what is wrong."""
+    node = exp["scales"].get(scale) or {}
+    if problem := protocol_problem(exp["table"], scale, node, reported):
+        raise ConfigError(problem)
+    return node
 
+
+def lr_grid(exp: dict, scale: str) -> list[float]:
+    """The scale's starting `lr_grid`: log2-spaced multipliers of each row's optim.lr ([] without one)."""
+    return sorted(float(m) for m in _checked(exp, scale).get("lr_grid") or [])
 
 
 def lr_bound(exp: dict, scale: str) -> tuple[float, float]:
     """The declared bound of the grid's extension (`lr_bound: [lo, hi]`, default ×1/8 … ×8): while a pick sits at an
     edge of the grid, the grid grows one log2 step that way, never past the bound."""
-    lo, hi = (exp["scales"].get(scale) or {}).get("lr_bound") or (0.125, 8.0)
-    grid = lr_grid(exp, scale)
-    if not (0 < lo <= min(grid) and max(grid) <= hi):
-        raise ConfigError(f"scales.{scale}.lr_bound=[{lo}, {hi}] in {exp['table']} must contain the lr_grid {grid}")
+    lo, hi = _checked(exp, scale).get("lr_bound") or (0.125, 8.0)
     return float(lo), float(hi)
-
 
 
 def selection_seeds(exp: dict, scale: str, reported: list[int] | None = None) -> list[int]:
     """The seeds that pick each row's lr (`selection_seeds`, at least 2): never reported, disjoint from the
     reported seeds (the scale's, or `reported`: the ones this command reports, --seeds)."""
-    sel = (exp["scales"].get(scale) or {}).get("selection_seeds") or []
-    reported = set((exp["scales"].get(scale) or {}).get("seeds") or []) | set(reported or [])
-    if len(sel) < 2 or len(set(sel)) != len(sel) or reported & set(sel):
-        raise ConfigError(f"scales.{scale}.selection_seeds={sel!r} in {exp['table']}: an lr grid needs at least 2 "
-                          f"distinct selection seeds, disjoint from the reported seeds {sorted(reported)}, e.g. "
-                          "selection_seeds: [100, 101]")
-    return [int(x) for x in sel]
-
+    return [int(x) for x in _checked(exp, scale, reported).get("selection_seeds") or []]
 
 
 def selection_key(exp: dict, row: str, scale: str | None = None) -> str:
