@@ -76,7 +76,6 @@ def test_the_run_store_holds_each_run_once_and_names_only_commits_of_the_history
     import collections
 
     from condattn.engine.identity import config_hash, science_config
-    from condattn.engine.provenance import STALE_PARTS
 
     commits = set()
     for scale, records in _committed_records().items():
@@ -85,10 +84,10 @@ def test_the_run_store_holds_each_run_once_and_names_only_commits_of_the_history
         for rec in records:
             s = rec.summary
             assert s is not None, f"{rec.path}: not a finished run's record"
-            seen[(config_hash(science_config(s["config"])), tuple(s["code"][p] for p in STALE_PARTS))].append(rec.name)
+            seen[(config_hash(science_config(s["config"])), tuple(sorted(s["code"].items())))].append(rec.name)
             commits.add(s["commit"].split("+")[0])
         twice = [names for names in seen.values() if len(names) > 1]
-        assert not twice, f"{scale}: one run (science config and code) stored more than once: {twice[:3]}"
+        assert not twice, f"{scale}: one run (science config and code, its readings' included) stored more than once: {twice[:3]}"
     if subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO, capture_output=True,
                       text=True).stdout.strip() != "false":
         pytest.skip("needs a git checkout with its whole history")
