@@ -20,7 +20,7 @@ from condattn.conditioning import find_attention
 from condattn.conditioning import sites as sites_mod
 from condattn.conditioning.embedded import EmbeddedTokens
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.compat]  # compat: scripts/compat.py
 
 
 class OddAttention(nn.Module):
