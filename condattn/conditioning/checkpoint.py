@@ -14,7 +14,8 @@ checkpoint drops the added keys; where condattn is imported, its report of unexp
 naming the method and this loader (`PlainLoadWarning`, a filter on transformers' loading loggers).
 
 An init-only method (conditioned_init, mimetic_init, spectral with mode=init) is not re-applied: its effect is in the
-saved weights; a composite re-applies its parts that attach (CET beside SCA's mode=init). A model saved without conditioning loads as transformers loads it.
+saved weights; a composite re-applies its parts that attach (CET beside SCA's mode=init). A model saved without
+conditioning loads as transformers loads it.
 """
 
 from __future__ import annotations
