@@ -5,8 +5,7 @@ torch, timm, transformers, pytest and this clone (editable, with the `timm` and 
 package). In each, the tests marked `compat` (pytest's `-m compat`, in the files that carry the marker) run against
 this clone's code. The results go to results/compat/matrix.md (date, commit, releases, pass / fail counts, time).
 
-    python scripts/compat.py                 the claimed matrix (ENVS below)
-    python scripts/compat.py --full          every combination of the releases below that can be built here
+    python scripts/compat.py                 the claimed matrix: every combination of the releases below
     python scripts/compat.py --only t213-tf457   the named environments only (matrix.md is then not written)
 
 A release is claimed (pyproject.toml's ranges, the README) only when every environment holding it passed.
@@ -22,6 +21,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -37,14 +37,6 @@ TRANSFORMERS = ("4.57.6", "5.24.0")  # the last 4.x and the harness's pin (atten
 # machine does not reach), so timm is tested on torch 2.14.1 alone; torch 2.13.0 with transformers and own models.
 TORCHVISION = {"2.14.1": "0.29.1"}
 
-# the claimed matrix: each release of transformers on each torch; each release of timm on torch 2.14.1 beside each
-# release of transformers (the library's timm and transformers layouts never meet in one model)
-ENVS = {
-    "t213-tf457": ("2.13.0", None, "4.57.6"),
-    "t213-tf524": ("2.13.0", None, "5.24.0"),
-    "t2141-timm1015-tf524": ("2.14.1", "1.0.15", "5.24.0"),
-    "t2141-timm1031-tf457": ("2.14.1", "1.0.31", "4.57.6"),
-}
 TOOLS = ("pytest>=8", "pytest-timeout>=2.3")
 
 
@@ -53,8 +45,8 @@ def env_name(torch: str, timm: str | None, tf: str) -> str:
         f"-tf{tf.replace('.', '')[:3]}"
 
 
-def full_matrix() -> dict[str, tuple[str, str | None, str]]:
-    """Every combination that can be built here (timm only where TORCHVISION has the torch)."""
+def claimed() -> dict[str, tuple[str, str | None, str]]:
+    """The claimed matrix: every combination of the releases above (timm only on a torch TORCHVISION names)."""
     return {env_name(*c): c for c in itertools.product(TORCH, (None, *TIMM), TRANSFORMERS)
             if (c[1] is not None) == (c[0] in TORCHVISION)}
 
@@ -114,13 +106,15 @@ def test(name: str, py: Path, log: Path) -> dict:
     rc = run([str(py), "-m", "pytest", "-q", "-m", "compat", "-p", "no:cacheprovider", f"--junitxml={xml}",
               *compat_files()], log, cwd=ROOT, env=env)
     secs = time.perf_counter() - t0
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "why": Counter()}
     if xml.exists():
         suite = ET.parse(xml).getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
         total, skipped = int(suite.get("tests")), int(suite.get("skipped"))
         failed = int(suite.get("failures")) + int(suite.get("errors"))
         counts = {"passed": total - skipped - failed, "failed": failed, "skipped": skipped}
+        why = Counter(re.sub(r"^.*?: ", "", s.get("message", "")) for s in suite.iter("skipped"))
+        counts["why"] = why
     return {"rc": rc, "secs": secs, **counts}
 
 
@@ -151,19 +145,20 @@ def write(rows: list[dict], files: list[str]) -> None:
                      f"{'pass' if r['rc'] == 0 else 'FAIL'} |")
     lines += ["", "`-`: not installed. timm needs a torchvision built for the same torch, and PyPI's (a CUDA build) "
               "does not load beside the CPU torch 2.13.0 on this machine, so timm is tested on torch 2.14.1. A test "
-              "that needs a package (or a model module) the environment lacks is skipped (tests/conftest.py, under "
+              "that needs a package, or a model or option this release lacks, is skipped (tests/conftest.py, under "
               "CONDATTN_COMPAT=1).",
-              "", f"Overall: {'pass' if ok else 'FAIL'}.", ""]
+              "", "Skipped, by reason:", ""]
+    lines += [f"- {r['name']}: " + "; ".join(f"{n} × {why}" for why, n in r["why"].most_common()) for r in rows]
+    lines += ["", f"Overall: {'pass' if ok else 'FAIL'}.", ""]
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--full", action="store_true", help="every combination that can be built here")
     p.add_argument("--only", nargs="+", metavar="ENV", help="run these environments only (matrix.md not written)")
     args = p.parse_args(argv)
-    envs = full_matrix() if args.full else dict(ENVS)
+    envs = claimed()
     if args.only:
         unknown = [n for n in args.only if n not in envs]
         if unknown:

@@ -43,7 +43,7 @@ class PlainLoadWarning(logging.Filter):
     model: which method, and that condattn.conditioning.from_pretrained loads it whole."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if LOADING_ITSELF.get():
+        if LOADING_ITSELF.get() or str(record.msg).startswith("condattn:"):
             return True
         try:
             text = record.getMessage()
