@@ -143,3 +143,42 @@ def test_a_plain_load_of_an_unconditioned_checkpoint_says_nothing(tmp_path, capl
     with caplog.at_level(logging.WARNING):
         type(model).from_pretrained(tmp_path)
     assert not [r for r in caplog.records if "condattn" in r.getMessage()]
+
+
+def test_the_core_install_needs_only_torch():
+    """pyproject.toml: the library's one dependency is torch (a range); timm, transformers and the harness are
+    extras; the harness's exact releases are in constraints.txt, which `make install` uses."""
+    from pathlib import Path
+
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert [d.split(">")[0].split("=")[0].strip() for d in project["dependencies"]] == ["torch"]
+    assert "==" not in project["dependencies"][0]
+    extras = project["optional-dependencies"]
+    assert {"timm", "transformers", "harness", "dev"} <= set(extras)
+    pins = dict(line.split("==") for line in (root / "constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    assert {"torch", "timm", "transformers", "hydra-core", "accelerate"} <= set(pins)
+    assert "-c constraints.txt" in (root / "Makefile").read_text()
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_import_condattn_loads_no_optional_package():
+    """`import condattn` (and its conditioning and diagnostics) with timm, transformers and every harness package
+    made unimportable: only torch is needed."""
+    import subprocess
+    import sys
+
+    blocked = ["timm", "transformers", "safetensors", "hydra", "omegaconf", "accelerate", "wandb", "datasets",
+               "torchvision", "matplotlib", "pandas", "scipy", "sklearn", "yaml"]
+    code = ("import sys\n"
+            f"for name in {blocked!r}:\n    sys.modules[name] = None\n"
+            "import condattn, condattn.conditioning, condattn.diagnostics\n"
+            "m = __import__('torch').nn.TransformerEncoder(__import__('torch').nn.TransformerEncoderLayer(16, 2, 32, "
+            "batch_first=True), 2, enable_nested_tensor=False)\n"
+            "print(condattn.apply_conditioning(m, 'spectral', lam=2.0).counts)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "{'spectral:torch_mha': 2}"
