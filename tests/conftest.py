@@ -65,15 +65,11 @@ def guard_unit_tier(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _absent(e: ModuleNotFoundError) -> str:
     """Under CONDATTN_COMPAT=1 (scripts/compat.py: environments with torch, timm and transformers only), the package
-    `e` misses when this environment does not install it, or the module this release of an installed package lacks
-    (an older timm without timm.models.csatv2); '' otherwise, and always in the dev venv."""
-    name = e.name or ""
-    if os.environ.get("CONDATTN_COMPAT") != "1" or not name or name.partition(".")[0] == "condattn":
-        return ""
-    try:
-        return "" if importlib.util.find_spec(name) is not None else name
-    except ModuleNotFoundError:  # its parent package is not installed
-        return name.partition(".")[0]
+    `e` misses when this environment does not install it; '' otherwise (a module an installed package lacks is a
+    failure: the library must handle that release), and always in the dev venv."""
+    top = (e.name or "").partition(".")[0]
+    compat = os.environ.get("CONDATTN_COMPAT") == "1"
+    return top if compat and top and top != "condattn" and importlib.util.find_spec(top) is None else ""
 
 
 def _skip_if_absent(e: ModuleNotFoundError) -> None:
