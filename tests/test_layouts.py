@@ -22,7 +22,8 @@ import condattn
 from condattn.conditioning import ATTENTION_LAYOUTS, ROLES, TOKEN_LAYOUTS, find_attention, find_tokens, polar_correction
 from condattn.conditioning.sites import as_matrix, stored_weight
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.py)
+# tiny models (conftest.py); compat: scripts/compat.py runs these on every release claimed
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.compat]
 
 
 @dataclass
@@ -60,9 +61,14 @@ def _seeded(fn):
 
 
 def _timm(name: str, **kw):
-    import timm
+    def build():
+        import timm
 
-    return _seeded(lambda: timm.create_model(name, pretrained=False, num_classes=10, **kw))
+        if not timm.is_model(name):  # (scripts/compat.py: an older timm release)
+            pytest.skip(f"timm {timm.__version__} has no model {name}")
+        return timm.create_model(name, pretrained=False, num_classes=10, **kw)
+
+    return _seeded(build)
 
 
 def _project(**cfg):
@@ -136,9 +142,18 @@ def _mask(inputs):
 
 
 def _eva(**kw):
-    from timm.models.eva import Eva
+    def build():
+        import inspect
 
-    return _seeded(lambda: Eva(img_size=32, patch_size=8, embed_dim=64, depth=2, num_classes=10, **kw))
+        import timm
+        from timm.models.eva import Eva
+
+        missing = sorted(set(kw) - set(inspect.signature(Eva).parameters))
+        if missing:  # (scripts/compat.py: an older timm release)
+            pytest.skip(f"timm {timm.__version__}'s Eva has no option {missing[0]}")
+        return Eva(img_size=32, patch_size=8, embed_dim=64, depth=2, num_classes=10, **kw)
+
+    return _seeded(build)
 
 
 def _hf_vit():
@@ -193,29 +208,37 @@ class ConvStack(torch.nn.Module):
 
 def _conv_attention(kind: str):
     """Two attention modules of one layout (two variants where the module has them), random init, tiny widths."""
-    import importlib
 
-    from timm.layers.attention2d import MultiQueryAttention2d
-    from timm.layers.bottleneck_attn import BottleneckAttn
-    from timm.layers.halo_attn import HaloAttn
+    def blocks():
+        import importlib.util
 
-    mod = {n: importlib.import_module(f"timm.models.{n}") for n in ("cpubone", "csatv2", "lowformer", "maxxvit",
-                                                                     "visformer")}
-    blocks = {
-        "maxxvit": lambda: (mod["maxxvit"].Attention2d(32, dim_head=8),  # head_first: per head [q; k; v]
-                            mod["maxxvit"].Attention2d(32, dim_head=16, head_first=False)),  # stacked
-        "halo": lambda: (HaloAttn(32, num_heads=2, block_size=4, halo_size=1),
-                         HaloAttn(32, num_heads=4, block_size=4, halo_size=1, qkv_bias=True)),
-        "bottleneck": lambda: (BottleneckAttn(32, feat_size=(8, 8), num_heads=2),
-                               BottleneckAttn(32, feat_size=(8, 8), num_heads=4, qkv_bias=True)),
-        "pwise": lambda: (mod["lowformer"].ConvAttention(128, att_stride=2, att_kernel=3),
-                          mod["cpubone"].ConvAttention(128, head_dim_mul=0.5, att_stride=2)),
-        "csatv2": lambda: (mod["csatv2"].SpatialAttention(), mod["csatv2"].SpatialAttention()),
-        # structural: a stacked conv qkv (Visformer), conv query/key/value after pooling / depthwise conv + BN
-        # (MobileNetV5's multi-query attention: one k/v head)
-        "structural": lambda: (mod["visformer"].Attention(32, num_heads=2),
-                               MultiQueryAttention2d(32, num_heads=2, key_dim=16, value_dim=16, kv_stride=2)),
-    }[kind]
+        from timm.layers.attention2d import MultiQueryAttention2d
+        from timm.layers.bottleneck_attn import BottleneckAttn
+        from timm.layers.halo_attn import HaloAttn
+
+        def mod(n):  # (imported when its case builds: an older timm may lack the module)
+            if importlib.util.find_spec(f"timm.models.{n}") is None:
+                import timm
+
+                pytest.skip(f"timm {timm.__version__} has no timm.models.{n}")
+            return importlib.import_module(f"timm.models.{n}")
+
+        return {
+            "maxxvit": lambda: (mod("maxxvit").Attention2d(32, dim_head=8),  # head_first: per head [q; k; v]
+                                mod("maxxvit").Attention2d(32, dim_head=16, head_first=False)),  # stacked
+            "halo": lambda: (HaloAttn(32, num_heads=2, block_size=4, halo_size=1),
+                             HaloAttn(32, num_heads=4, block_size=4, halo_size=1, qkv_bias=True)),
+            "bottleneck": lambda: (BottleneckAttn(32, feat_size=(8, 8), num_heads=2),
+                                   BottleneckAttn(32, feat_size=(8, 8), num_heads=4, qkv_bias=True)),
+            "pwise": lambda: (mod("lowformer").ConvAttention(128, att_stride=2, att_kernel=3),
+                              mod("cpubone").ConvAttention(128, head_dim_mul=0.5, att_stride=2)),
+            "csatv2": lambda: (mod("csatv2").SpatialAttention(), mod("csatv2").SpatialAttention()),
+            # structural: a stacked conv qkv (Visformer), conv query/key/value after pooling / depthwise conv + BN
+            # (MobileNetV5's multi-query attention: one k/v head)
+            "structural": lambda: (mod("visformer").Attention(32, num_heads=2),
+                                   MultiQueryAttention2d(32, num_heads=2, key_dim=16, value_dim=16, kv_stride=2)),
+        }[kind]()
+
     return _seeded(lambda: ConvStack(*blocks()))
 
 
@@ -240,22 +263,27 @@ def randomise_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
 
 def _bn_attention(kind: str):
     """Attention whose projections are Linear / 1×1 conv + BatchNorm (layouts/timm_bn.py); value heads 2× wider."""
-    import importlib
 
-    mod = {n: importlib.import_module(f"timm.models.{n}") for n in ("levit", "efficientformer_v2")}
-    blocks = {  # LeViT on (B, N, C) tokens: fused qkv, then q after token subsampling and a fused kv
-        "levit": lambda: (mod["levit"].Attention(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=4),
-                          mod["levit"].AttentionDownsample(32, 48, key_dim=8, num_heads=2, attn_ratio=2,
-                                                           resolution=4)),
-        "efficientformer_v2": lambda: (  # separate q / k / v; strided; q as a LocalGlobalQuery
-            mod["efficientformer_v2"].Attention2d(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8),
-            mod["efficientformer_v2"].Attention2d(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8, stride=2),
-            mod["efficientformer_v2"].Attention2dDownsample(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8,
-                                                            out_dim=48)),
-        "efficientvit_msra": lambda: tuple(  # cascaded group attention: one q/k/v ConvNorm per head
-            importlib.import_module("timm.models.efficientvit_msra").CascadedGroupAttention(
-                32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8) for _ in range(2)),
-    }[kind]
+    def blocks():
+        import importlib
+
+        def mod(n):
+            return importlib.import_module(f"timm.models.{n}")
+
+        return {  # LeViT on (B, N, C) tokens: fused qkv, then q after token subsampling and a fused kv
+            "levit": lambda: (mod("levit").Attention(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=4),
+                              mod("levit").AttentionDownsample(32, 48, key_dim=8, num_heads=2, attn_ratio=2,
+                                                               resolution=4)),
+            "efficientformer_v2": lambda: (  # separate q / k / v; strided; q as a LocalGlobalQuery
+                mod("efficientformer_v2").Attention2d(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8),
+                mod("efficientformer_v2").Attention2d(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8, stride=2),
+                mod("efficientformer_v2").Attention2dDownsample(32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8,
+                                                                out_dim=48)),
+            "efficientvit_msra": lambda: tuple(  # cascaded group attention: one q/k/v ConvNorm per head
+                importlib.import_module("timm.models.efficientvit_msra").CascadedGroupAttention(
+                    32, key_dim=8, num_heads=2, attn_ratio=2, resolution=8) for _ in range(2)),
+        }[kind]()
+
     return _seeded(lambda: randomise_batchnorm(ConvStack(*blocks())))
 
 
@@ -399,7 +427,7 @@ def test_none_is_bit_identical_and_remove_restores(name):
     params = {n: p.shape for n, p in base.named_parameters()}
     for method in case.methods:
         model = case.build()
-        condattn.apply_conditioning(model, method, lam=2.0, **case.cet)
+        condattn.apply_conditioning(model, method, **({"lam": 2.0} if "spectral" in method else {}), **case.cet)
         assert {n: p.shape for n, p in model.named_parameters()} == params  # no new parameters
         assert list(model.state_dict()) == list(base.state_dict())  # unchanged keys
         model.load_state_dict(base.state_dict(), strict=True)  # checkpoints load either way

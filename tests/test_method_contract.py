@@ -15,7 +15,7 @@ import condattn
 from condattn.conditioning import METHODS, method_spec
 from condattn.conditioning.spec import _METHODS
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.compat]  # compat: scripts/compat.py
 
 DEPTH = 2
 
@@ -161,7 +161,7 @@ def test_remove_restores_the_model_to_the_bit(method, family):
     model, x, rep = _patched(method, family)
     spec = condattn.conditioning.conditioning_spec(method=method, **CASES[method])
     if method_spec(method).once(spec.values):
-        with pytest.raises(RuntimeError, match="changed the weights themselves"):
+        with pytest.raises(RuntimeError, match="set the weights. values once at application and attached nothing"):
             condattn.remove_conditioning(model)
         return
     condattn.remove_conditioning(model)

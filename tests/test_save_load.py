@@ -9,7 +9,7 @@ import torch
 import condattn
 from condattn.conditioning import from_pretrained
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.compat]  # compat: scripts/compat.py
 
 
 def _model(family: str):

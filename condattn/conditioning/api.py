@@ -15,9 +15,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import CONFIG_KEY, forget, record, saved_weights
+from .checkpoint import CONFIG_KEY, LOADING_ITSELF, forget, record, saved_weights
 from .report import PatchReport
-from .spec import EMBEDDED_OPTIONS, METHODS, SPECTRAL_OPTIONS, ConditioningSpec, conditioning_spec, method_spec
+from .spec import (
+    EMBEDDED_OPTIONS,
+    METHODS,
+    SPECTRAL_OPTIONS,
+    ConditioningSpec,
+    conditioning_spec,
+    method_spec,
+    option_owners,
+)
 from .spectral import NotScriptable
 
 __all__ = ["EMBEDDED_DEFAULTS", "METHODS", "SPECTRAL_DEFAULTS", "apply_conditioning", "conditioning_report",
@@ -60,6 +68,7 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
         )
     spec = conditioning_spec(method, **options) if isinstance(method, ConditioningSpec) else \
         conditioning_spec(method=method, **options)
+    _refuse_foreign(spec, options)
     # the report (printed, patch_report.json, summary.json) lists only the options that act on this model
     parts = [method_spec(p) for p in spec.parts]
     report = PatchReport(method=spec.method, options=spec.options,
@@ -78,6 +87,16 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
     return report
 
 
+def _refuse_foreign(spec: ConditioningSpec, options: dict[str, Any]) -> None:
+    """An option of another method (`lam` with CET) would be silently ignored: refuse it, as `train` does."""
+    foreign = spec.ignored(k for k, v in options.items() if v is not None)
+    if foreign:
+        key = foreign[0]
+        owners = ", ".join(m.name for m in option_owners(key))
+        raise ValueError(f"apply_conditioning: option {key}={options[key]!r} is not an option of method "
+                         f"{spec.method!r} (it belongs to {owners}); drop it, or choose one of those methods")
+
+
 @contextmanager
 def _atomic(state: _State):
     """Undo what was attached so far when applying raises (nothing is left half-applied)."""
@@ -90,16 +109,17 @@ def _atomic(state: _State):
 
 
 def remove_conditioning(model: nn.Module) -> None:
-    """Undo `apply_conditioning` (hooks removed, model as built). Refuses for methods that changed the weights
-    themselves (MethodSpec.init_only: spectral with mode=init, conditioned_init, mimetic_init): there is nothing
-    attached to remove."""
+    """Undo `apply_conditioning` (hooks removed, model as built). Refuses in one line for methods that set the weights'
+    values once (MethodSpec.init_only: spectral with mode=init, conditioned_init, mimetic_init): they attach nothing,
+    keep no copy of the weights they replaced, and their values are the model's weights from then on."""
     state = getattr(model, "_condattn", None)
     if state is None:
         return
     once = method_spec(state.report.method).once(state.values)
     if once:
-        raise RuntimeError(f"remove_conditioning: {once} changed the weights themselves (and training has moved them "
-                           "since), so there is nothing to remove; rebuild the model, or load its original weights")
+        raise RuntimeError(f"remove_conditioning: {once} set the weights' values once at application and attached "
+                           "nothing, so there is nothing to remove (the values it set are the model's weights now); "
+                           "rebuild the model, or load the weights it had before")
     for h in reversed(state.handles):
         h.remove()
     model._condattn = None
@@ -116,7 +136,11 @@ def from_pretrained(model_class, path: str | Path, **kwargs: Any) -> nn.Module:
     """`model_class.from_pretrained(path, **kwargs)` with the conditioning recorded in its config re-applied and
     every saved weight (the parameters and buffers the method added included) loaded (checkpoint.py). An init-only
     method is not re-applied (its effect is in the weights); a composite re-applies its parts that attach."""
-    model = model_class.from_pretrained(str(path), **kwargs)
+    token = LOADING_ITSELF.set(True)  # (transformers' report of the added keys it skipped: this loader adds them)
+    try:
+        model = model_class.from_pretrained(str(path), **kwargs)
+    finally:
+        LOADING_ITSELF.reset(token)
     node = dict(getattr(model.config, CONFIG_KEY, None) or {})
     if not node:
         return model

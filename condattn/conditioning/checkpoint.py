@@ -9,14 +9,21 @@ written by `save_pretrained` into config.json), and
     model = condattn.conditioning.from_pretrained(transformers.LlamaForCausalLM, path)
 
 loads the model as transformers does, re-applies the recorded conditioning, then loads the saved weights again,
-the added keys included (every one of them must be in the checkpoint). An init-only method (conditioned_init,
-mimetic_init, spectral with mode=init) is not re-applied: its effect is in the saved weights; a composite re-applies
-its parts that attach (CET beside SCA's mode=init). A model saved without conditioning loads as transformers loads it.
+the added keys included (every one of them must be in the checkpoint). A plain `transformers` load of such a
+checkpoint drops the added keys; where condattn is imported, its report of unexpected keys then starts with one line
+naming the method and this loader (`PlainLoadWarning`, a filter on transformers' loading loggers).
+
+An init-only method (conditioned_init, mimetic_init, spectral with mode=init) is not re-applied: its effect is in the
+saved weights; a composite re-applies its parts that attach (CET beside SCA's mode=init). A model saved without
+conditioning loads as transformers loads it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +31,37 @@ import torch
 from torch import nn
 
 CONFIG_KEY = "condattn_conditioning"
+# transformers' report of checkpoint keys the model did not take: 5.x "<Class> LOAD REPORT from: <path>", 4.x "Some
+# weights of the model checkpoint at <path> were not used when initializing <Class>"
+_UNTAKEN = re.compile(r"LOAD REPORT\S* from: (?P<a>\S+)|checkpoint at (?P<b>\S+) were not used")
+_LOADING_LOGGERS = ("transformers.modeling_utils", "transformers.utils.loading_report")
+LOADING_ITSELF = contextvars.ContextVar("condattn_loading", default=False)  # set by condattn's own from_pretrained
+
+
+class PlainLoadWarning(logging.Filter):
+    """Prepends one line to transformers' unexpected-keys report when the checkpoint was saved from a conditioned
+    model: which method, and that condattn.conditioning.from_pretrained loads it whole."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if LOADING_ITSELF.get() or str(record.msg).startswith("condattn:"):
+            return True
+        try:
+            text = record.getMessage()
+            found = _UNTAKEN.search(text)
+            node = found and json.loads((Path(found["a"] or found["b"]) / "config.json").read_text()).get(CONFIG_KEY)
+        except (OSError, ValueError, TypeError):
+            return True
+        if node:
+            record.msg, record.args = (f"condattn: this checkpoint was saved from a model conditioned with "
+                                       f"{node.get('method')!r}, and a plain from_pretrained drops the weights it "
+                                       "added; load it with condattn.conditioning.from_pretrained(ModelClass, path)\n"
+                                       + text), None
+        return True
+
+
+for _name in _LOADING_LOGGERS:
+    if not any(isinstance(f, PlainLoadWarning) for f in logging.getLogger(_name).filters):
+        logging.getLogger(_name).addFilter(PlainLoadWarning())
 
 
 def _config(model: nn.Module):

@@ -282,6 +282,8 @@ def choice(choices: Sequence[str]) -> Validator:
 
 def integer(low: int) -> Validator:
     def check(key: str, v: Any) -> int:
+        if isinstance(v, str):
+            raise ValueError(f"conditioning option {key}={v!r} must be an integer >= {low}, not a string")
         try:
             ok = not isinstance(v, bool) and int(v) == float(v) and int(v) >= low
         except (TypeError, ValueError, OverflowError):
@@ -294,6 +296,8 @@ def integer(low: int) -> Validator:
 
 def finite_number(low: float, hint: str = "") -> Validator:
     def check(key: str, v: Any) -> float:
+        if isinstance(v, str):
+            raise ValueError(f"conditioning.{key}={v!r} must be a number, not a string")
         try:
             x = float(v)
         except (TypeError, ValueError):

@@ -47,7 +47,10 @@ def head_inputs(model: nn.Module, forward: Callable, batch, mask: torch.Tensor |
     if site.lacks(*ROLES):  # J is taken w.r.t. all three weights (GCViT's global attention has no W_Q)
         raise ValueError(f"κ(J) at {site.name}: it has {site.lacks(*ROLES)}; J w.r.t. (W_Q, W_K, W_V) is not "
                          "defined there (skip --jacobian here)")
-    handle = site.module.register_forward_pre_hook(
+    # a 1×1-conv projection reads a channels-first map, maybe a part of the module's input (EfficientViT-MSRA's head
+    # h: its channel chunk plus the cascade): X is what that conv reads, its (B, C, H, W) map as (B, H·W, C) tokens
+    conv = site.proj["q"].linear if hasattr(site.proj["q"].linear, "kernel_size") else None
+    handle = (conv or site.module).register_forward_pre_hook(
         lambda m, a, kw: seen.append(block_input(a, kw).detach()), with_kwargs=True
     )
     try:
@@ -55,7 +58,7 @@ def head_inputs(model: nn.Module, forward: Callable, batch, mask: torch.Tensor |
             forward(model, first_sample(batch))
     finally:
         handle.remove()
-    x = as_tokens(seen[0])
+    x = as_tokens(seen[0]) if conv is None else seen[0].flatten(2).transpose(1, 2)  # (B, C, H, W) or (B, C, N)
     keep = rows_kept(None if mask is None else mask[:1], 1, x.shape[1], x.device)
     X = x[0] if keep is None else x[0][keep[0]]
     return X, [site.head_weight(r, 0, effective=True).T for r in ROLES], site

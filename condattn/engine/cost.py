@@ -94,7 +94,7 @@ def _meta_friendly():
 
 def _count_on(cfg: Any, device: torch.device) -> float:
     from ..conditioning import apply_conditioning
-    from ..conditioning.spec import conditioning_spec
+    from ..conditioning.spec import conditioning_spec, method_spec
     from ..models import build_model
 
     mcfg = OmegaConf.to_container(cfg.model, resolve=True)
@@ -110,7 +110,8 @@ def _count_on(cfg: Any, device: torch.device) -> float:
         # it keeps its)
         once = {"conditioned_init", "mimetic_init", *(["spectral"] if spec.values.get("mode") == "init" else [])}
         method = "+".join(m for m in spec.parts if m not in once) or "none"
-        apply_conditioning(model, method, **dict(spec.values))
+        own = method_spec(method).options  # (an option of a part left out would be refused as another method's)
+        apply_conditioning(model, method, **{k: v for k, v in spec.values.items() if k in own})
         batch = _synthetic_batch(cfg, _COUNT_BATCH, device)
         with _meta_friendly() if device.type == "meta" else nullcontext():
             return training_step_flops(model, _loss_fn(cfg, batch)) / _COUNT_BATCH

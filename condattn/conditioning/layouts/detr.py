@@ -26,8 +26,16 @@ def hf_detr(name: str, m: nn.Module) -> AttentionSite | None:
     queries and keys and to cross-attention keys; decoder queries (object queries) are never padded."""
     if not hasattr(m, "q_proj"):  # cheap test first: no transformers import for other models
         return None
-    from transformers.models.detr.modeling_detr import DetrCrossAttention, DetrSelfAttention
+    from transformers.models.detr import modeling_detr as md
 
+    DetrCrossAttention = getattr(md, "DetrCrossAttention", None)
+    DetrSelfAttention = getattr(md, "DetrSelfAttention", None)
+    if DetrSelfAttention is None and type(m) is getattr(md, "DetrAttention", None):  # transformers 4.x: one class
+        import transformers
+
+        raise ValueError(f"condattn's DETR layout reads transformers 5's DetrSelfAttention / DetrCrossAttention; this "
+                         f"is transformers {transformers.__version__}, whose DetrAttention it does not read: "
+                         "pip install 'transformers>=5'")
     if type(m) is DetrCrossAttention:
         group, masked_q, masked_k = "decoder_cross", False, True
     elif type(m) is DetrSelfAttention:

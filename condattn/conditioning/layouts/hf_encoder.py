@@ -20,10 +20,13 @@ ENCODERS = (
 
 
 def _classes(which: str) -> tuple[type, ...]:
+    """The model or attention classes this transformers release has (4.x BERT has no BertCrossAttention: its
+    BertSelfAttention is the cross-attention too)."""
     out: list[type] = []
     for module, model, attention in ENCODERS:
         mod = importlib.import_module(module)
-        out += [getattr(mod, model)] if which == "model" else [getattr(mod, a) for a in attention]
+        found = [getattr(mod, model, None)] if which == "model" else [getattr(mod, a, None) for a in attention]
+        out += [c for c in found if c is not None]
     return tuple(out)
 
 

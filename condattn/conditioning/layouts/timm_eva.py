@@ -47,9 +47,12 @@ def timm_eva(name: str, m: nn.Module) -> AttentionSite | None:
     with the module's `scale`; RoPE on q, k after the projections."""
     if not (hasattr(m, "q_proj") and hasattr(m, "qkv")):  # cheap test first (both exist, one of them None)
         return None
-    from timm.layers.attention import AttentionRope
     from timm.models.eva import EvaAttention
 
+    try:
+        from timm.layers.attention import AttentionRope
+    except ImportError:  # timm 1.0.15: no AttentionRope (nor the RoPE ViTs that use it)
+        AttentionRope = EvaAttention
     if type(m) not in (EvaAttention, AttentionRope):
         return None
     head_dim, proj = fused_or_separate(m)

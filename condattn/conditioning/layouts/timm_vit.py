@@ -12,13 +12,20 @@ def timm_fused_qkv(name: str, m: nn.Module) -> AttentionSite | None:
     """timm `Attention` (ViT, DeiT): one `qkv` Linear whose output is block-stacked [Q; K; V]; token softmax."""
     if not hasattr(m, "qkv"):  # cheap test first
         return None
-    from timm.layers.attention import Attention
-
-    if type(m) is not Attention:
+    if type(m) is not _attention_class():
         return None
     a = m.num_heads * m.head_dim
     proj = {r: Projection(m.qkv, slice(i * a, (i + 1) * a)) for i, r in enumerate(ROLES)}
     return AttentionSite(name, m, "timm_fused_qkv", m.num_heads, m.head_dim, proj)
+
+
+def _attention_class() -> type:
+    """timm's ViT `Attention`: in timm.layers.attention since timm 1.0.16, in vision_transformer.py before."""
+    try:
+        from timm.layers.attention import Attention
+    except ImportError:  # timm 1.0.15
+        from timm.models.vision_transformer import Attention
+    return Attention
 
 
 @token_layout("timm_vit")

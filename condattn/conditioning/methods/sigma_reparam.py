@@ -132,6 +132,8 @@ class SigmaLinear(nn.Linear):
 class SigmaConv2d(nn.Conv2d):
     """An nn.Conv2d whose forward uses Ŵ on its weight's (out, in·k·k) view (the reference's SNConv2d)."""
 
+    _condattn_shifted_conv = True  # sites.is_pointwise_conv: still a pointwise projection once reparametrised
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._conv_forward(x, self._condattn_sigma.weight(self.weight), self.bias)
 
