@@ -38,7 +38,7 @@ export WANDB_SILENT ?= true
 
 # A variable on the command line that is not one of this Makefile's but looks like one (ROW= for ROWS=, SEED= for
 # SEEDS=, SCALES= for SCALE=) would be ignored and cost a whole run (ROW=image trains every row): refuse it at once.
-MAKE_VARS := PY VENV BIN SCALE SEEDS LAUNCHER DRY_RUN RUNS ARGS ROWS FORCE STALE TEST_WORKERS OMP_NUM_THREADS \
+MAKE_VARS := PY VENV BIN SCALE SEEDS LAUNCHER DRY_RUN RUNS ARGS ROWS FORCE STALE SINCE TEST_WORKERS OMP_NUM_THREADS \
 	HF_HUB_OFFLINE TRANSFORMERS_OFFLINE HF_DATASETS_OFFLINE WANDB_SILENT
 UNKNOWN_VARS := $(filter-out $(MAKE_VARS),$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
 ifneq ($(strip $(UNKNOWN_VARS)),)
@@ -57,7 +57,7 @@ $(foreach v,FORCE STALE DRY_RUN,$(if $(filter-out 0 1,$(strip $($(v)))),$(error 
 	$(v)=1 to turn it on, or $(v)=0 (or leave it out) for off)))
 on = $(filter 1,$(strip $($(1))))
 
-.PHONY: install constraints test lint test-unit test-compat diagnose bench clean findings reproduce-all docs docs-serve
+.PHONY: install constraints test lint test-unit test-compat diagnose bench clean findings reproduce-all docs docs-serve code-equivalence
 
 install:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -110,6 +110,11 @@ reproduce-table-%:
 # every table that defines SCALE, one after another (resumable); the projected cost first, DRY_RUN=1: only that
 reproduce-all:
 	$(BIN)/python -m condattn.reproduce_all --scale $(SCALE) $(if $(call on,DRY_RUN),--dry-run) $(ARGS)
+
+# after an edit to shared code: one smoke cell per method trained at SINCE and at HEAD; bit-identical ones are recorded
+# in results/code_equivalence.json, so STALE=1 does not retrain runs HEAD reproduces exactly
+code-equivalence:
+	$(BIN)/python -m condattn.table.equivalence --since $(SINCE)
 
 report-table-%:
 	$(BIN)/python -m condattn.reproduce $(firstword $(wildcard experiments/table$*_*.yaml) experiments/table$*.yaml) \

@@ -71,14 +71,14 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
     """Skip finished cells and cells whose SLURM job is still queued or running; link a cell not started yet to a
     finished run of its science config under another name (engine/twins.py) instead of training it; on a job array,
     fine-tuning cells wait for their pretraining run (a job array has no order)."""
-    from .engine.provenance import fingerprint, source_files, stale_parts
+    from .engine.provenance import equivalent_hashes, fingerprint, source_files, stale_parts
     from .engine.twins import TwinIndex, link
 
     out = Todo()
     by_name = {c.name: c for c in p.cells}
     twins: dict[Path, TwinIndex] = {}
     n = len(specs)
-    files = source_files()
+    files, same = source_files(), equivalent_hashes()
     for i, c in enumerate(specs, 1):
         # a reused twin (a link) is only ever read: under --force, or when its run is no longer finished (the owner
         # retrained or removed it), the link goes and this cell trains in its own dir; the twin is never touched
@@ -98,7 +98,7 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
             out.pending.append(c)
             continue
         if status == "finished" and getattr(args, "refresh_stale", False) and not c.run_dir.is_symlink() and \
-                (stale := stale_parts((RunRecord(c.run_dir).summary or {}).get("code"), code)):
+                (stale := stale_parts((RunRecord(c.run_dir).summary or {}).get("code"), code, same)):
             aside = _set_aside(c.run_dir, args.dry_run)
             print(f"[reproduce] {i}/{n} {c.name}: made by other code ({', '.join(stale)} differ from HEAD's); "
                   f"{'would be retrained' if args.dry_run else f'retrained (the old run kept as {aside.name})'}")

@@ -124,3 +124,21 @@ def test_the_lr_protocol_is_checked_when_the_experiment_file_is_parsed(tmp_path,
     with pytest.raises(ExperimentError, match="scales.smoke." + says.split("=")[0]) as e:
         load(path)
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_reproduced_fingerprint_is_not_stale_but_an_unreproduced_one_is():
+    from condattn.engine.provenance import equivalent_hashes, stale_parts
+
+    def entry(method, cond, equal, shared="e1"):
+        return {"method": method, "cell": f"c_{method}", "from_commit": "a", "to_commit": "b", "equal": equal,
+                "from_code": {"conditioning": cond[0], "engine": shared, "model": "m", "task": "t"},
+                "to_code": {"conditioning": cond[1], "engine": "e2", "model": "m", "task": "t"}}
+
+    same = equivalent_hashes([entry("spectral", ("s1", "s2"), True), entry("embedded", ("c1", "c2"), True)])
+    now = {"conditioning": "s2", "engine": "e2", "model": "m", "task": "t", "diagnostics": "d9"}
+    assert stale_parts({**now, "conditioning": "s1", "engine": "e1"}, now, same) == []
+    assert stale_parts({**now, "conditioning": "s0"}, now, same) == ["conditioning"]  # never reproduced
+    # one cell of the batch differs: its method stays stale, and so does the shared code for every method
+    same = equivalent_hashes([entry("spectral", ("s1", "s2"), True), entry("embedded", ("c1", "c2"), False)])
+    assert stale_parts({**now, "conditioning": "s1", "engine": "e1"}, now, same) == ["engine"]
+    assert stale_parts({**now, "conditioning": "c1"}, {**now, "conditioning": "c2"}, same) == ["conditioning"]

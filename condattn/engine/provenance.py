@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import socket
@@ -183,11 +184,55 @@ def files_at(commit: str) -> dict[str, bytes] | None:
         return None
 
 
-def stale_parts(recorded: dict | None, now: dict[str, str]) -> list[str]:
+# Fingerprints shown to compute the same: `python -m condattn.table.equivalence --since <commit>` trains one smoke cell
+# per method at that commit and at HEAD, and records here where every metric is bit-identical.
+EQUIVALENCE = REPO / "results" / "code_equivalence.json"
+
+
+def equivalent_hashes(entries: list[dict] | None = None) -> dict[str, dict[str, str]]:
+    """{part: {fingerprint: its class's representative}} from the recorded reproductions: a method's conditioning part
+    from its own cell, the shared parts (engine, task, model) only from a batch (one from → to commit) in which every
+    cell was bit-identical."""
+    if entries is None:
+        try:
+            entries = json.loads(EQUIVALENCE.read_text()) if EQUIVALENCE.is_file() else []
+        except (OSError, ValueError):
+            entries = []
+    parent: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def find(x: tuple[str, str]) -> tuple[str, str]:
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    batches: dict[tuple[str, str], list[dict]] = {}
+    for e in entries:
+        batches.setdefault((e["from_commit"], e["to_commit"]), []).append(e)
+    for batch in batches.values():
+        whole = all(e["equal"] for e in batch)
+        for e in batch:
+            for part in STALE_PARTS:
+                if e["equal"] and (part == "conditioning" or whole) and part in e["from_code"] and part in e["to_code"]:
+                    a, b = find((part, e["from_code"][part])), find((part, e["to_code"][part]))
+                    if a != b:
+                        parent[a] = b
+    out: dict[str, dict[str, str]] = {}
+    for key in list(parent):
+        out.setdefault(key[0], {})[key[1]] = find(key)[1]
+    return out
+
+
+def stale_parts(recorded: dict | None, now: dict[str, str], same: dict | None = None) -> list[str]:
     """The parts of STALE_PARTS whose fingerprint differs between a run's record and `now` (every one for a run that
-    recorded none: it predates fingerprints)."""
+    recorded none: it predates fingerprints); two fingerprints shown to compute the same (`equivalent_hashes`, read
+    from results/code_equivalence.json when `same` is None) do not differ."""
     recorded = recorded or {}
-    return [p for p in STALE_PARTS if p in now and recorded.get(p) != now[p]]
+    same = equivalent_hashes() if same is None else same
+
+    def rep(part: str, h: str | None) -> str | None:
+        return same.get(part, {}).get(h, h) if h is not None else None
+
+    return [p for p in STALE_PARTS if p in now and rep(p, recorded.get(p)) != rep(p, now[p])]
 
 
 _AT_START: dict[str, object] = {}
