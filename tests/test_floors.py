@@ -169,3 +169,19 @@ def test_rows_on_the_same_split_share_one_cached_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(floors, "compute", refuse)
     both = floors.table_floors(twin, "smoke", tmp_path, log=lambda *_: None)
     assert both["vit_again"]["cached"] and both["vit_again"]["floors"] == first["floors"]
+
+
+def test_the_small_cnn_floor_trains_with_the_transformers_shifts():
+    """The fair image floor: each training image moves by a random integer offset in [-k, k] per axis, filled with 0
+    (the ±k-pixel shifts task.augment.shift_px gives the transformers); the pixels themselves are kept."""
+    from condattn.reporting.floors import SmallCNN
+
+    cnn = SmallCNN(side=8, epochs=1, shift=2)
+    x = torch.zeros(50, 1, 8, 8)
+    x[:, 0, 3, 4] = 1.0  # one lit pixel per image
+    out = cnn._shifted(x, torch.Generator().manual_seed(0))
+    assert out.shape == x.shape and torch.all(out.sum((1, 2, 3)) == 1.0)  # moved by ≤ 2 px: never off the 8×8 frame
+    where = out[:, 0].flatten(1).argmax(1)
+    rows, cols = where // 8, where % 8
+    assert rows.min() >= 1 and rows.max() <= 5 and cols.min() >= 2 and cols.max() <= 6
+    assert len(set(zip(rows.tolist(), cols.tolist()))) > 5  # the offsets vary from image to image

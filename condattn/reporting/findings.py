@@ -26,14 +26,11 @@ from pathlib import Path
 from .floors import load as load_floors
 from .metric import families, higher_is_better, hypothesis
 from .protocol import verdicts
+from .reach import CLAIMS, PrimaryTest, family_reach, holm_lines, speak_sentence
 from .stats import fmt_p
 from .tables import METHOD_LABELS, load_experiment, multiplier
 
 REPO = Path(__file__).resolve().parents[2]
-# which paper's claim a method answers, and the keys of its number and its baseline in an experiment's `paper:`
-CLAIMS = {"spectral": ("SCA", "sca", "sca_baseline"), "embedded": ("CET", "cet", "cet_baseline"),
-          "conditioned_init": ("conditioned init", "ci_conditioned", "ci_baseline"),
-          "mimetic_init": ("mimetic init (as the conditioned-init paper ran it)", "ci_mimetic", "ci_baseline")}
 RIVALS = ("qk_norm", "sigma_reparam", "mimetic_init", "ns_attention", "conditioned_init")
 PRIMARY_SEEDS = 10
 
@@ -55,6 +52,8 @@ class Finding:
     correction: str = ""
     verdict: str = "–"
     limits: list[str] = field(default_factory=list)
+    p: float | None = None  # the raw Welch p (the project-wide Holm line)
+    speaks: str = ""  # the family's lead sentence: which claims its verdicts can speak to
 
     @property
     def n(self) -> str:
@@ -114,12 +113,22 @@ def _limits(exp: dict, scale: str, fam: str, recs: dict, base_rec: dict, rec: di
     if (at2 := rec.get("verdict_2x")) and at2.split(" (")[0] != (rec.get("verdict") or "").split(" (")[0]:
         out.append(f"at 2× steps: {at2} (Δ {float(rec['diff_2x']):+.2f})" if rec.get("diff_2x") else
                    f"at 2× steps: {at2}")
-    if f"Convergence ({fam}):" in md and "NOT under its MDE" in md.split(f"Convergence ({fam}):", 1)[1].split("\n")[0]:
-        out.append("baseline not converged (its 2× run gains more than the MDE)")
+    if _at_budget(md, fam):
+        out.append("baseline not converged (its 2× gain is not under the paper-sized effect): verdict at a budget")
+    if "weak pick" in lr:
+        out.append("weak lr pick (its lead over its neighbour is under one standard error)")
     commits = set((rec.get("commit") or "").split())
     if len(commits) > 1:
         out.append(f"runs from {len(commits)} commits")
     return out
+
+
+def _at_budget(md: str, fam: str) -> bool:
+    """The table's convergence line for `fam` says NOT converged (or, before the effect-tied rule, NOT under its
+    MDE)."""
+    tag = next((t for t in (f"Convergence ({fam}):", f"Convergence ({fam}),") if t in md), None)
+    line = md.split(tag, 1)[1].split("\n")[0] if tag else ""
+    return "NOT converged" in line or "NOT under its MDE" in line
 
 
 def _is_descriptive(rows: list[dict]) -> bool:
@@ -227,6 +236,11 @@ def table_findings(csv_path: Path, scale: str, experiments: Path = REPO / "exper
         base = _values(base_rec)
         arms = [(m, _values(by_key[m]), hypothesis(exp, m[0])) for m in present[1:]]
         tests = verdicts(base, arms, higher_is_better(exp, members[0][0]))
+        mde = next((t.mde_corrected for t in tests.values() if t.mde_corrected), None)
+        label = {m: METHOD_LABELS.get(m[1], m[1]) for m, _, _ in arms}
+        r = family_reach(exp, fam, members[0][0], base, [(label[m], m[0], m[1], v) for m, v, _ in arms], mde)
+        speaks = speak_sentence(f"{exp['table']}, {fam}", r, {label[m]: tests[m].word for m, _, _ in arms},
+                                _at_budget(md, fam), bool(exp.get("pretrain")))
         for m, vals, hyp in arms:
             t, rec = tests[m], by_key[m]
             limits = _limits(exp, scale, fam, by_key, base_rec, {**rec, "verdict": t.word}, floors, md)
@@ -236,8 +250,8 @@ def table_findings(csv_path: Path, scale: str, experiments: Path = REPO / "exper
             out.append(Finding(
                 exp["table"], fam, m[0], m[1], rec.get("reading") or METHOD_LABELS.get(m[1], m[1]), hyp,
                 _paper_claim(exp, *m), vals, base, t.ci.diff if t.ci else None, t.ci.text(3 if exp.get(
-                    "metric_multiplier") == 1 else 2) if t.ci else "–", t.p_adj, t.correction,
-                "not tested" if exp.get("pretrain") else t.word, limits))
+                    "metric_multiplier") == 1 else 2) if t.ci and not exp.get("pretrain") else "–", t.p_adj,
+                t.correction, "not tested" if exp.get("pretrain") else t.word, limits, t.p, speaks))
     return out
 
 
@@ -263,6 +277,7 @@ def render(scale: str, found: list[Finding], described: dict[str, list[str]] | N
              "tests the tables print: Welch's p, adjusted by Holm over each family's primary rows (the papers' "
              "methods as stated and the rival methods) or a Benjamini–Hochberg q (q) over its exploratory rows. A "
              "verdict ('better', 'worse') needs an adjusted p < 0.05. Limits name what weakens a row's evidence.", ""]
+    lines += _head(found)
     for table in dict.fromkeys(f.table for f in found):
         fs = [f for f in found if f.table == table]
         lines += [f"## {table} ([{table}.md]({table}.md))", "",
@@ -280,6 +295,25 @@ def render(scale: str, found: list[Finding], described: dict[str, list[str]] | N
     return "\n".join(lines) + "\n"
 
 
+def _head(found: list[Finding]) -> list[str]:
+    """What the scale can speak to (one sentence per task), then the project-wide Holm family as a sensitivity line."""
+    said = list(dict.fromkeys(f.speaks for f in found if f.speaks))
+    seen, tests = set(), []
+    for f in found:  # table 9's paper rows repeat table 1's ViT runs: one test, counted once
+        key = (tuple(f.base), tuple(f.values))
+        if f.hypothesis == "primary" and f.verdict != "not tested" and key not in seen:
+            seen.add(key)
+            tests.append(PrimaryTest(f"{f.table} {f.family} {f.what}", f.p, f.verdict))
+    out = ["## What this scale can speak to", "",
+           "A claim is a relative fall in error (100 − accuracy; for a loss, in the loss itself) in the papers' own "
+           "numbers; a 'no difference detected' speaks to it only when the family's MDE, as a relative fall at our "
+           "baseline, is no larger. 'Worse' verdicts speak against a claim's sign, at this scale and budget.", "",
+           *[f"- {x}" for x in said], ""]
+    if held := holm_lines(tests):
+        out += ["## Sensitivity: one Holm family for the whole scale", "", *[f"- {x}" for x in held], ""]
+    return out
+
+
 def summary(scale: str, found: list[Finding], described: dict[str, list[str]] | None = None) -> str:
     """The README's findings block: per table and family, which rows differ from the baseline (adjusted p < 0.05),
     how many do not, and the limits every row of the family shares; then one line per descriptive table."""
@@ -295,7 +329,7 @@ def summary(scale: str, found: list[Finding], described: dict[str, list[str]] | 
                          for f in fs if f.verdict == word]
                 if names:
                     said.append(f"{word} than the baseline: {'; '.join(names)}")
-            untested = [f"{f.what} ({f.ci})" for f in fs if f.verdict == "not tested"]
+            untested = [f.what for f in fs if f.verdict == "not tested"]
             if untested:
                 said.append(f"not tested: {'; '.join(untested)}")
             level = [f for f in fs if f.verdict.startswith("no difference")]

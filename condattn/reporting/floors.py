@@ -240,8 +240,18 @@ class SmallCNN:
     """A small CNN on the raw pixels (conv 32 → pool → conv 64 → pool → linear 128 → classes), Adam at 1e-3, batch
     64, seed 0, one thread, up to `epochs` epochs: the epoch kept is the one that scores best on `tune` (x, y)."""
 
-    def __init__(self, side: int, epochs: int = 15):
-        self.side, self.epochs = side, int(epochs)
+    def __init__(self, side: int, epochs: int = 15, shift: int = 0):
+        self.side, self.epochs, self.shift = side, int(epochs), int(shift)
+
+    def _shifted(self, xb, gen):
+        """Each image translated by a random integer offset in [-shift, shift] per axis, filled with 0: the ±k-pixel
+        shifts the transformers train with (task.augment.shift_px, data/images.py ShiftedImages)."""
+        import torch
+
+        k = self.shift
+        padded = torch.nn.functional.pad(xb, (k, k, k, k))
+        off = torch.randint(0, 2 * k + 1, (len(xb), 2), generator=gen)
+        return torch.stack([padded[i, :, a:a + self.side, b:b + self.side] for i, (a, b) in enumerate(off.tolist())])
 
     def _net(self, classes):
         from torch import nn
@@ -273,7 +283,8 @@ class SmallCNN:
             for epoch in range(1, self.epochs + 1):
                 self.net.train()
                 for idx in torch.randperm(len(y), generator=gen).split(64):
-                    loss = torch.nn.functional.cross_entropy(self.net(x[idx]), y[idx])
+                    xb = self._shifted(x[idx], gen) if self.shift else x[idx]
+                    loss = torch.nn.functional.cross_entropy(self.net(xb), y[idx])
                     opt.zero_grad()
                     loss.backward()
                     opt.step()
@@ -497,13 +508,16 @@ def compute(cfg: Any, bundle, metric: str) -> list[dict]:
                 else:  # the report is on validation: the epoch is picked on a seeded tenth of the training split
                     a, b = _tuning_split(len(y["train"]))
                     fx, fy, tune = x["train"][a], y["train"][a], (x["train"][b], y["train"][b])
-                model = SmallCNN(side, CNN_EPOCHS).fit(fx, fy, tune)
+                model = SmallCNN(side, CNN_EPOCHS, k).fit(fx, fy, tune)
                 return float((model.predict(x[split]) == y[split]).mean()), model
 
-            (acc, model), sec = _timed(cnn)
-            out.append(_floor(f"small CNN (2 conv layers, pixels; best of {CNN_EPOCHS} epochs)", acc, split, sec,
-                              epochs=model.epoch, tuning_scores={str(i + 1): v for i, v in enumerate(model.scores)},
-                              tuned_on="val" if tune_on_val else "train tenth"))
+            shift = int(((cfg.task.get("augment") or {}).get("shift_px")) or 0)
+            for k in sorted({0, shift}):  # without shifts, and with the transformers' own (a fair floor)
+                (acc, model), sec = _timed(cnn)
+                aug = f", the transformers' ±{k}-pixel shifts" if k else ""
+                out.append(_floor(f"small CNN (2 conv layers, pixels{aug}; best of {CNN_EPOCHS} epochs)", acc, split,
+                                  sec, epochs=model.epoch, shift_px=k, tuned_on="val" if tune_on_val else "train tenth",
+                                  tuning_scores={str(i + 1): v for i, v in enumerate(model.scores)}))
     elif builder == "listops":
         vocab = int(max(data[s]["input_ids"].max() for s in names)) + 1
         x = {s: np.stack([np.bincount(r[m > 0], minlength=vocab) for r, m in

@@ -9,6 +9,8 @@ import statistics
 from dataclasses import dataclass
 
 from ..runs import RunRecord
+from .evidence import pick_strength, pooled_sd
+from .metric import higher_is_better
 from .stats import (
     ALPHA,
     MDE_FORMULA,
@@ -44,7 +46,9 @@ def pick_key(exp: dict, row: str, method: str) -> str:
 
 def lr_text(exp: dict, row: str) -> str:
     """The lr of the pick named `row` (a `pick_key`) as picked: "×1 (1e-03)", "×8 (8e-03, bound)" (the pick sits at
-    the declared bound of the grid's extension, so the row's best lr may lie beyond it), "×1 (1e-03, flat)" (every
+    the declared bound of the grid's extension, so the row's best lr may lie beyond it; "bound binding" when it still
+    beats its inner neighbour), "×2 (2e-03, weak pick)" (its lead over its better neighbour is under one standard error
+    of the selection seeds' scores: evidence.pick_strength), "×1 (1e-03, flat)" (every
     lr of the grid, grown each way to the bound, scored the same), "1e-03 (grid unfinished)", or "–" without a
     grid."""
     p = (exp.get("lr_picks") or {}).get(row)
@@ -52,7 +56,12 @@ def lr_text(exp: dict, row: str) -> str:
         return "–"
     if p["pick"] is None:
         return f"{p['base_lr']:.0e} (grid unfinished)"
-    mark = ", flat" if p.get("flat") else ", bound" if p.get("at_bound") else ""
+    strength = pick_strength({float(m): list(by_seed.values()) for m, by_seed in (p.get("scores") or {}).items()},
+                             p["pick"], higher_is_better(exp), bool(p.get("at_bound")))
+    marks = ["flat"] if p.get("flat") else [x for x in ("bound binding" if strength == "bound binding" else
+                                                         "bound" if p.get("at_bound") else "",
+                                                         "weak pick" if strength == "weak pick" else "") if x]
+    mark = "".join(f", {x}" for x in marks)
     return f"×{p['pick']:g} ({p['lr']:.0e}{mark})"
 
 
@@ -198,13 +207,15 @@ def plateau_text(steps: list[int | None], total: int) -> str:
             "compare methods on that plateau rather than on a learned task (the table prints its floors).")
 
 
-def verdicts(base: list[float], arms: list[tuple[str, list[float], str]], higher_is_better: bool = True
-             ) -> dict[str, Verdict]:
+def verdicts(base: list[float], arms: list[tuple[str, list[float], str]], higher_is_better: bool = True,
+             pooled: bool = False) -> dict[str, Verdict]:
     """Each arm's test against the baseline values of its task: `arms` are (key, values, hypothesis) of the task's
     other rows. The primary arms form one family, Holm-corrected; the exploratory arms get Benjamini–Hochberg q. The
-    MDE (baseline std, n = the smaller arm) at α = 0.05 and at 0.05/m, m the arm's family size."""
+    MDE (baseline std, or with `pooled` the pooled std of the baseline and the arm; n = the smaller arm) at α = 0.05
+    and at 0.05/m, m the arm's family size. The length check's tests (5 seeds a side, where the baseline's spread
+    alone is poorly measured) use `pooled`."""
     raw = {k: welch_p(base, v) for k, v, _ in arms}
-    sd = statistics.stdev(base) if len(base) > 1 else None
+    base_sd = statistics.stdev(base) if len(base) > 1 else None
     out = {}
     for hyp, correct, name in (("primary", holm, "holm"), ("exploratory", benjamini_hochberg, "bh")):
         fam = [(k, v) for k, v, h in arms if h == hyp]
@@ -215,6 +226,7 @@ def verdicts(base: list[float], arms: list[tuple[str, list[float], str]], higher
         m = max(len(fam), 1)
         for (k, v), adj in zip(fam, adjusted):
             n = min(len(v), len(base))
+            sd = pooled_sd(base, v) if pooled else base_sd
             out[k] = Verdict(diff_ci(base, v), raw[k], adj, permutation_p(base, v), name,
                              mde(sd, n) if sd is not None else None,
                              mde(sd, n, alpha=ALPHA / m) if sd is not None else None, higher_is_better)
@@ -242,8 +254,14 @@ FOOTER = ("Protocol: each row's peak lr is picked by the mean validation score o
           "task's primary rows (declared in the experiment file before running) or as a Benjamini–Hochberg q over "
           "its exploratory rows, and an exact permutation p; the verdict is 'better' or 'worse' only when the "
           "adjusted p < 0.05, else 'no difference detected' with the MDE at the corrected α. "
-          f"{MDE_FORMULA}, s the baseline's std over its seeds, n seeds per arm: a true difference "
-          "smaller than the MDE is missed more often than 1 time in 5. Steps to target: the first evaluated step at "
-          "which a run's validation metric reaches the baseline's mean validation metric at half its training, median "
-          "over seeds "
+          f"{MDE_FORMULA}, s the baseline's std over its seeds (at 2× steps, 5 seeds a side: the pooled std of both "
+          "arms), n seeds per arm: a true difference smaller than the MDE is missed more often than 1 time in 5. "
+          "Reach: the MDE as a relative fall in error (100 − accuracy; for a loss, in the loss above 0) at our "
+          "baseline, beside each paper's claimed relative fall (their numbers); a paper-sized effect here is the "
+          "claim's relative fall at our baseline, and its seeds per arm n = ⌈2(z_{0.975} + z_{0.8})² sd² / effect²⌉ "
+          "(sd pooled over the baseline and the row). A pick marked 'weak pick' leads its better neighbour by less "
+          "than one standard error of the selection seeds' scores; 'bound binding': the pick sits at the bound and "
+          "still beats its inner neighbour (growing the grid needs training). Steps to target: the first evaluated "
+          "step at which a run's validation metric reaches the baseline's mean validation metric at half its "
+          "training, median over seeds "
           "('> N': the median run never reached it by its last evaluation N).")

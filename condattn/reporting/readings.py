@@ -23,8 +23,10 @@ from . import protocol
 from .floors import SCALES as FLOOR_SCALES
 from .floors import load as load_floors
 from .metric import families, higher_is_better, hypothesis, methods_for, row_metric
+from .reach import readings_evidence
 from .stats import Verdict, fmt_num, fmt_p
 from .tables import (
+    METHOD_LABELS,
     TableCell,
     collect,
     longer_cell,
@@ -110,7 +112,7 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -
         tests.update(protocol.verdicts(cells[b].values, arms, higher))
         if b in long:  # the family as declared: a row without runs at 2× counts as p = 1
             arms = [(r, long[r].values if r in long else [], hypothesis(exp, r)) for r, _ in fam[1:]]
-            long_tests.update(protocol.verdicts(long[b].values, arms, higher))
+            long_tests.update(protocol.verdicts(long[b].values, arms, higher, pooled=True))
     out = []
     for row, c in cells.items():
         spec = exp["rows"][row]
@@ -152,11 +154,9 @@ def _long_text(r: dict) -> str:
 
 
 def convergence_line(exp: dict, rows: list[dict], task: str) -> str:
-    """The baseline's convergence test: its gain at factor × steps (same seeds) against its MDE at α = 0.05."""
-    base = next((x for x in rows if x["task"] == task and x["is_baseline"]), None)
-    mde_05 = next((x["test"].mde for x in rows if x["task"] == task and x["test"] and x["test"].mde), None)
-    return protocol.length_convergence(task, base and base["cell"], base and base["long_cell"], mde_05,
-                                       higher_is_better(exp))
+    """The task's reach line (its MDE beside the papers' claims) and its convergence line (the baseline's gain at 2×
+    steps, same seeds, against the effect the table tests), one paragraph apart."""
+    return "\n\n".join(readings_evidence(exp, rows, task, METHOD_LABELS))
 
 
 def _csv_row(exp: dict, scale: str, r: dict) -> dict:

@@ -24,7 +24,6 @@ from .protocol import (
     Target,
     baseline_target,
     grid_text,
-    length_convergence,
     length_text,
     lr_text,
     pick_key,
@@ -33,6 +32,7 @@ from .protocol import (
     verdict_line,
     verdicts,
 )
+from .reach import table_evidence
 from .stats import fmt_n, fmt_num, fmt_p, mean_std
 
 METHOD_LABELS = {m: method_spec(m).table_label for m in METHODS}  # each method's `short` (conditioning/spec.py)
@@ -353,7 +353,7 @@ def length_verdicts(exp: dict, row: str, methods: list[str], long: dict[tuple, T
     # the family as declared: a method without runs at 2× counts as p = 1 (Holm never corrects for fewer)
     return verdicts(long[(row, methods[0])].values,
                     [(m, long[(row, m)].values if (row, m) in long else [], "primary") for m in methods[1:]],
-                    higher_is_better(exp, row))
+                    higher_is_better(exp, row), pooled=True)
 
 
 def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], digits: int = 2,
@@ -405,11 +405,8 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
                          f"{steps[0]} |")
             if t is not None:
                 found.append((f"{row} {labels.get(m, m)}", t))
-        notes += [f"{row}: {target.text()}"]
-        if not exp.get("pretrain") and (exp["scales"].get(scale) or {}).get("length_check"):
-            mde_05 = next((t.mde for t in tests.values() if t.mde), None)
-            notes.append(length_convergence(row, base, (long or {}).get((row, methods[0])), mde_05, higher,
-                                            "points" if mult == 100 else "", digits))
+        notes += [f"{row}: {target.text()}",
+                  *table_evidence(exp, scale, row, methods, cells, tests, long, labels, digits)]
         entry, metric = (floors or {}).get(row), row_metric(exp, scale, row)
         if entry and entry.get("metric") != metric:  # cached for another metric (split): not this table's floors
             notes.append(f"{row}: its cached floors are for {entry.get('metric')}, not {metric}: rerun `python -m "
