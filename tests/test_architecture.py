@@ -24,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "condattn"
 
 LAYERS: list[list[str]] = [
     ["condattn.train", "condattn.reproduce", "condattn.reproduce_all", "condattn.launch", "condattn.compare",
-     "condattn.bench", "condattn.diagnose", "condattn.reporting", "condattn.table"],
+     "condattn.bench", "condattn.diagnose", "condattn.reporting", "condattn.table", "condattn.floors"],
     ["condattn.engine", "condattn.config", "condattn.experiment"],
     ["condattn.models", "condattn.data", "condattn.tasks"],
     ["condattn.runs", "condattn.utils"],

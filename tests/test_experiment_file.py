@@ -87,7 +87,7 @@ def test_an_empty_or_broken_file_is_one_line(tmp_path):
 
 
 def test_cell_overrides_are_one_recipe_for_reproduce_and_the_floors():
-    from condattn.reporting.floors import groups
+    from condattn.floors.features import groups
     from condattn.reproduce import parts
 
     exp = dict(load(EXPERIMENTS[8]).mapping)  # table 9

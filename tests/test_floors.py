@@ -1,4 +1,4 @@
-"""Floors (condattn/reporting/floors.py): the majority class and classical models on a table's own data split."""
+"""Floors (condattn/floors/): the majority class and classical models on a table's own data split."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 
 from condattn.data.registry import DataBundle
-from condattn.reporting import floors
+from condattn.floors import compute as floors
+from condattn.floors import fit
+from condattn.reporting import floors as view
 
 VIT_SMOKE = {"table": "tfloors", "metric": "final_val_acc", "methods": ["none"],
              "rows": {"vit": {"overrides": ["task=imagenet_vit", "data.source=digits", "data.name=digits",
@@ -43,10 +45,10 @@ def test_majority_floor_is_the_hand_count():
 def test_kneser_ney_is_a_distribution_and_beats_uniform():
     rng = np.random.default_rng(0)
     stream = np.tile(rng.integers(0, 20, size=50), 40)  # a repeated pattern: a trigram predicts it well
-    p = floors.kneser_ney(stream, vocab=30)
+    p = fit.kneser_ney(stream, vocab=30)
     for context in ([int(stream[3])], [int(stream[3]), int(stream[4])], [25, 26]):  # seen, seen, unseen
         assert sum(p(context, w) for w in range(30)) == pytest.approx(1.0)
-    loss, n = floors.kneser_ney_loss(stream, [stream[:64], stream[100:110]], vocab=30)
+    loss, n = fit.kneser_ney_loss(stream, [stream[:64], stream[100:110]], vocab=30)
     assert n == 63 + 9 and loss < np.log(30) / 4
 
 
@@ -73,8 +75,8 @@ def test_image_floors_beat_majority_and_are_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(floors, "_COMPUTED", {})  # nothing remembered from the first call
     again = floors.table_floors(VIT_SMOKE, "smoke", tmp_path, force=True, log=lambda *_: None)["vit"]
     assert [f["value"] for f in again["floors"]] == [f["value"] for f in first["floors"]]  # deterministic
-    lines = floors.floor_table(VIT_SMOKE, "smoke", tmp_path)
-    assert "| vit | floor: kNN, k = 3 (pixels) |" in lines and floors.floor_table(VIT_SMOKE, "paper", tmp_path) == ""
+    lines = view.floor_table(VIT_SMOKE, "smoke", tmp_path)
+    assert "| vit | floor: kNN, k = 3 (pixels) |" in lines and view.floor_table(VIT_SMOKE, "paper", tmp_path) == ""
 
 
 def test_floors_refuse_paper_scale(tmp_path):
@@ -137,19 +139,19 @@ def test_kneser_ney_any_order_is_a_distribution_and_the_best_order_is_picked_on_
     rng = np.random.default_rng(1)
     stream = np.tile(rng.integers(0, 12, size=40), 30)
     for order in (1, 2, 4, 5):
-        p = floors.kneser_ney(stream, vocab=16, order=order)
+        p = fit.kneser_ney(stream, vocab=16, order=order)
         for context in ([], [int(stream[5])], [int(x) for x in stream[5:9]], [13, 14, 15, 13]):
             assert sum(p(context, w) for w in range(16)) == pytest.approx(1.0), (order, context)
     held = [stream[:50], stream[200:260]]
-    loss, n, chosen = floors.best_kneser_ney(stream, held, held, vocab=16)
-    tried = len(chosen["tuning_scores"]) // len(floors.KN_DISCOUNTS)
-    assert n == 49 + 59 and chosen["tuned_on"] == "val" and 2 <= tried <= len(floors.KN_ORDERS)
-    assert loss == pytest.approx(min(floors.kneser_ney_loss(stream, held, 16, d, o)[0]
-                                     for o in floors.KN_ORDERS[:tried] for d in floors.KN_DISCOUNTS))
+    loss, n, chosen = fit.best_kneser_ney(stream, held, held, vocab=16)
+    tried = len(chosen["tuning_scores"]) // len(fit.KN_DISCOUNTS)
+    assert n == 49 + 59 and chosen["tuned_on"] == "val" and 2 <= tried <= len(fit.KN_ORDERS)
+    assert loss == pytest.approx(min(fit.kneser_ney_loss(stream, held, 16, d, o)[0]
+                                     for o in fit.KN_ORDERS[:tried] for d in fit.KN_DISCOUNTS))
 
 
 def test_floor_table_prints_fitting_time():
-    assert floors.fit_time({"seconds": 2.04}) == "2.0 s" and floors.fit_time({}) == "–"
+    assert view.fit_time({"seconds": 2.04}) == "2.0 s" and view.fit_time({}) == "–"
 
 
 @pytest.mark.slow  # fits the real floors once (~20 s)
@@ -174,7 +176,7 @@ def test_rows_on_the_same_split_share_one_cached_fit(tmp_path, monkeypatch):
 def test_the_small_cnn_floor_trains_with_the_transformers_shifts():
     """The fair image floor: each training image moves by a random integer offset in [-k, k] per axis, filled with 0
     (the ±k-pixel shifts task.augment.shift_px gives the transformers); the pixels themselves are kept."""
-    from condattn.reporting.floors import SmallCNN
+    from condattn.floors.fit import SmallCNN
 
     cnn = SmallCNN(side=8, epochs=1, shift=2)
     x = torch.zeros(50, 1, 8, 8)

@@ -87,7 +87,7 @@ def test_the_run_store_holds_each_run_once_and_names_only_commits_of_the_history
             seen[(config_hash(science_config(s["config"])), tuple(sorted(s["code"].items())))].append(rec.name)
             commits.add(s["commit"].split("+")[0])
         twice = [names for names in seen.values() if len(names) > 1]
-        assert not twice, f"{scale}: one run (science config and code, its readings' included) stored more than once: {twice[:3]}"
+        assert not twice, f"{scale}: one run (science config and code, readings' included) stored twice: {twice[:3]}"
     if subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO, capture_output=True,
                       text=True).stdout.strip() != "false":
         pytest.skip("needs a git checkout with its whole history")

@@ -88,7 +88,7 @@ def read_tsv(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Trees (the ListOps floors: condattn/reporting/floors.py)
+# Trees (the ListOps floors: condattn/floors/)
 # ----------------------------------------------------------------------------------------------------
 
 Tree = int | tuple[str, list]  # a value 0-9, or (operator, children)

@@ -410,7 +410,7 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
         entry, metric = (floors or {}).get(row), row_metric(exp, scale, row)
         if entry and entry.get("metric") != metric:  # cached for another metric (split): not this table's floors
             notes.append(f"{row}: its cached floors are for {entry.get('metric')}, not {metric}: rerun `python -m "
-                         f"condattn.reporting.floors --scale {scale}`.")
+                         f"condattn.floors --scale {scale}`.")
         elif verdict := floor_verdict(row, base.values, entry, mult, higher, digits):
             notes.append(verdict)
         total = max((int(s.get("steps") or 0) for s in base.summaries), default=0)

@@ -1,0 +1,5 @@
+import sys
+
+from .compute import main
+
+sys.exit(main())
