@@ -22,7 +22,7 @@ from pathlib import Path
 from ..engine import provenance
 from ..reporting.tables import load_experiment
 from ..runs import RunRecord
-from .cells import cells
+from .cells import parts
 
 EXPERIMENT = provenance.REPO / "experiments" / "table9_readings.yaml"
 ROWS = ("listops_baseline", "listops_sca10", "listops_cet")  # beside one ViT row per method
@@ -32,12 +32,10 @@ def evidence_cells() -> list[tuple[str, str, list[str]]]:
     """(method, cell name, overrides): table 9's first ViT smoke row of each method, and the ListOps rows of ROWS."""
     exp = load_experiment(EXPERIMENT)
     out, seen = [], set()
-    for name, overrides in cells(exp, "smoke", [0], []):
-        row = next(r for r in exp["rows"] if f"_{r}_" in name)
-        method = exp["rows"][row].get("method")
-        if (row.startswith("vit_") and method not in seen) or row in ROWS:
-            seen.add(method)
-            out.append((method, name, overrides))
+    for part in parts(exp, "smoke", [0]):
+        if (part.row.startswith("vit_") and part.method not in seen) or part.row in ROWS:
+            seen.add(part.method)
+            out.append((part.method, part.name, list(part.own)))
     return out
 
 
