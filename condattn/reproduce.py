@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .checks import early_problems
 from .engine.identity import is_science_key
 from .engine.preflight import preflight_checked
 from .engine.signals import StopFlag
@@ -959,6 +960,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     if args.rows:  # a part of the table: written beside the full one (table9_readings.rows-vit_.md), never over it
         exp = {**exp, "output_stem": f"{exp['table']}.rows-{rows_slug(args.rows)}"}
+    if not args.status and (early := early_problems(list(args.overrides))):  # before the plan reads or writes a run
+        print("[reproduce] refused before starting any job: " + "; ".join(early), file=sys.stderr)
+        return 2
     try:
         return _run(args, exp, seeds)
     except ConfigError as e:
