@@ -67,7 +67,7 @@ lint:
 
 # tests: one torch thread per process (tiny models; faster, and no oversubscription with the two pytest-xdist workers)
 test: lint
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-unit:
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -m unit

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .checks import early_problems
+from .engine.artefacts import repair_finished
 from .engine.identity import is_science_key
 from .engine.preflight import preflight_checked
 from .engine.signals import StopFlag
@@ -657,6 +658,8 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
             out.pending.append(c)
             continue
         if status == "finished":
+            if not args.dry_run and not c.run_dir.is_symlink():  # a broken best_model.pt: as `train` repairs it
+                repair_finished(c.run_dir, say=lambda m: print(f"[reproduce] {m}"))
             print(f"[reproduce] {i}/{n} {c.name}: finished earlier, skipped")
             continue
         if not c.run_dir.is_symlink() and not c.run_dir.exists() and not getattr(args, "no_reuse", False):
