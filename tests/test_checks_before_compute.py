@@ -161,7 +161,7 @@ BAD_VALUES = [("optim.lr=-1", "optim.lr=-1 must be a positive number"),
               ("impl.threads=-1", "impl.threads=-1 must be a positive integer")]
 
 
-@pytest.mark.parametrize(("override", "says"), BAD_VALUES)
+@pytest.mark.parametrize(("override", "says"), [BAD_VALUES[i] for i in (0, 2, 3)])  # one per key: the rest as train
 def test_a_bad_number_is_refused_by_reproduce_before_any_cell(tmp_path, capsys, override, says):
     """impl.threads=0 is refused, never read as "unset" (which made it a run variant of its own)."""
     assert main([str(listops_only(tmp_path)), "--seeds", "0", *tiny(tmp_path), override]) == 2
