@@ -88,10 +88,10 @@ lint:
 
 # tests: one torch thread per process (tiny models; faster, and no oversubscription with the two pytest-xdist workers)
 test: lint
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-unit:
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -m unit
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -m unit -n $(TEST_WORKERS) --dist worksteal
 
 # forward+backward step time of baseline / SCA / CET-svd / CET-fast / QK-norm / σReparam / mimetic / NS-attn per
 # model, side by side (results/bench/)

@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 
+from .checks import threads_problem
 from .conditioning.forms import FORMS
-from .config import CONFIG_DIR, compose
+from .config import CONFIG_DIR, ConfigError, compose_cell
 from .diagnostics import layer_jacobian
 from .diagnostics.layer_jacobian import EXACT_MAX_ENTRIES
 
@@ -376,11 +377,13 @@ def main(argv: list[str] | None = None) -> int:
     except DiagnoseError as e:
         print(f"diagnose: {e}", file=sys.stderr)
         return 2
-    try:
-        cfg = compose(overrides)
-    except Exception as e:  # Hydra's own message names the override
-        print(f"diagnose: bad override among {' '.join(overrides)}", file=sys.stderr)
-        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+    try:  # train's one line: the bad override, with "did you mean" for a typo
+        cfg = compose_cell(overrides)
+    except ConfigError as e:
+        print(f"diagnose: {e}", file=sys.stderr)
+        return 2
+    if why := threads_problem(cfg.get("impl")):
+        print(f"diagnose: {why}", file=sys.stderr)
         return 2
     try:
         run(cfg, args.batch, args.out, args.jacobian, args.jacobian_tokens, argv)

@@ -76,12 +76,21 @@ def launcher_problems(cfg: DictConfig) -> list[Problem]:
         return [Problem("launcher", f"unknown launcher {lc.name!r}; choose one of {', '.join(LAUNCHERS)}")]
     if lc.name == "local":
         return out
-    for key in ("nodes", "timeout_min", "signal_delay_s"):
+    for key in ("timeout_min", "signal_delay_s"):
         v = lc.get(key)
-        if not isinstance(v, (int, float)) or v <= 0:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
             out.append(Problem("launcher", f"launcher.{key}={v!r} must be a positive number"))
-    if not isinstance(lc.get("gpus_per_node"), int) or lc.gpus_per_node < 0:
-        out.append(Problem("launcher", f"launcher.gpus_per_node={lc.get('gpus_per_node')!r} must be an integer ≥ 0"))
+    for key in ("nodes", "tasks_per_node"):
+        v = lc.get(key)
+        if (v is not None or key == "nodes") and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            out.append(Problem("launcher", f"launcher.{key}={v!r} must be an integer ≥ 1"
+                                           + (" (or null: one process per GPU)" if key == "tasks_per_node" else "")))
+    gpus = lc.get("gpus_per_node")
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+        out.append(Problem("launcher", f"launcher.gpus_per_node={gpus!r} must be an integer ≥ 1 (GPUs per node)"))
+    elif gpus == 0 and lc.name == "slurm" and lc.get("tasks_per_node") is None:
+        out.append(Problem("launcher", "launcher.gpus_per_node=0 gives the job no GPU: set gpus_per_node ≥ 1, or "
+                                       "launcher.tasks_per_node=1 too for a CPU-only job"))
     if lc.get("tasks_per_node") is not None and lc.gpus_per_node and lc.tasks_per_node != lc.gpus_per_node:
         out.append(Problem("launcher", f"launcher.tasks_per_node={lc.tasks_per_node} but gpus_per_node="
                                        f"{lc.gpus_per_node}: one process per GPU is required (leave it null)"))

@@ -26,6 +26,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .checks import early_problems
+from .engine.artefacts import repair_finished
 from .engine.preflight import preflight_checked
 from .engine.signals import StopFlag
 from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, ConfigError, RunSpec, active_job, launcher_problems
@@ -105,6 +107,8 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
             out.pending.append(c)
             continue
         if status == "finished":
+            if not args.dry_run and not c.run_dir.is_symlink():  # a broken best_model.pt: as `train` repairs it
+                repair_finished(c.run_dir, say=lambda m: print(f"[reproduce] {m}"))
             print(f"[reproduce] {i}/{n} {c.name}: finished earlier, skipped")
             continue
         if not c.run_dir.is_symlink() and not c.run_dir.exists() and not getattr(args, "no_reuse", False):
@@ -317,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[reproduce] seeds {' '.join(map(str, seeds))} are not the experiment's "
               f"({' '.join(map(str, exp['scales'][args.scale]['seeds']))}): the table is written as "
               f"{exp['output_stem']}.md, beside the default one")
+    if not args.status and (early := early_problems(list(args.overrides))):  # before the plan reads or writes a run
+        print("[reproduce] refused before starting any job: " + "; ".join(early), file=sys.stderr)
+        return 2
     try:
         return _run(args, exp, seeds)
     except ConfigError as e:

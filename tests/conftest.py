@@ -1,12 +1,15 @@
 """Test tiers (docs/tests.md): `slow` (trains or starts processes), `gpu` (needs CUDA) and `unit` (everything else;
 added here at collection, so `pytest -m unit` is `make test-unit`). A unit test that trains or starts a process fails
 with "mark it @pytest.mark.slow"; every test has a timeout (pyproject's for slow and gpu, UNIT_TIMEOUT_S for unit).
-Helpers live in tests/helpers.py."""
+Each session starts with empty caches of its own (see `_fresh_caches`), as on a new machine. Helpers live in
+tests/helpers.py."""
 
 import importlib.util
 import multiprocessing.process
 import os
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 import torch
@@ -17,6 +20,39 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
+
+CACHES_ENV = "CONDATTN_TEST_CACHES"
+CACHE_VARS = {"MPLCONFIGDIR": "matplotlib", "XDG_CACHE_HOME": "xdg", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+
+
+def _fresh_caches() -> str | None:
+    """Point matplotlib's, the XDG and inductor's caches into one folder, so a run sees what a new machine sees and the
+    user's caches neither help nor break it. A new temporary folder per session (returned, to be removed at the end),
+    unless $CONDATTN_TEST_CACHES names one: set by the user to keep warm caches between runs, or by this session's
+    controller for its xdist workers and subprocesses (they inherit the environment)."""
+    root, created = os.environ.get(CACHES_ENV), None
+    if not root:
+        root = created = tempfile.mkdtemp(prefix="condattn-test-caches-")
+        os.environ[CACHES_ENV] = root
+    for var, sub in CACHE_VARS.items():
+        os.environ[var] = os.path.join(root, sub)
+        os.makedirs(os.environ[var], exist_ok=True)
+    return created
+
+
+def _warm_caches() -> None:
+    """What builds a cache in a subprocess on its first use, built now, before the unit guard would refuse it:
+    matplotlib's font cache (its first import runs fc-list)."""
+    import matplotlib.font_manager  # noqa: F401
+
+
+_CREATED_CACHES = _fresh_caches()
+_warm_caches()
+
+
+def pytest_unconfigure(config):
+    if _CREATED_CACHES:
+        shutil.rmtree(_CREATED_CACHES, ignore_errors=True)
 
 UNIT_TIMEOUT_S = 60  # a hang fails; a unit test should take well under UNIT_BUDGET_S
 UNIT_BUDGET_S = 2.0  # unit tests slower than this are listed at the end of the run

@@ -77,15 +77,60 @@ def test_a_corrupt_best_model_is_rebuilt_from_the_best_steps_checkpoint(finished
 
 
 @pytest.mark.slow
-def test_a_corrupt_best_model_of_a_finished_run_is_named_and_the_summary_stands(finished, tmp_path, capsys):
+def test_a_corrupt_best_model_of_a_finished_run_is_rebuilt_and_the_summary_stands(finished, tmp_path, capsys):
+    """`train` on a finished run: rebuilt from the best step's checkpoint, as for a run still training (and as
+    `reproduce` does: tests/test_artefacts.py::test_reproduce_rebuilds_a_zero_byte_best_model_as_train_does)."""
     from condattn.engine.trainer import train
 
     cfg, run, before = _copy(finished, tmp_path)
-    FAULTS["truncated"](run / "best_model.pt")
+    good = torch.load(run / "best_model.pt", weights_only=True)
+    FAULTS["zero bytes"](run / "best_model.pt")
     s = train(cfg)
     err = capsys.readouterr().err
-    assert "set it aside as best_model.pt.corrupt; the run had finished, so its summary stands" in err
+    assert (f"[condattn] {run / 'best_model.pt'} is unreadable (it is empty (0 bytes)); set it aside as "
+            "best_model.pt.corrupt; rebuilt it from step_0000004 (the best-validation step 4)") in err
     assert s["metrics"] == before["metrics"]
+    assert all(torch.equal(good[k], v) for k, v in torch.load(run / "best_model.pt", weights_only=True).items())
+
+
+def test_a_finished_run_without_its_best_steps_checkpoint_keeps_its_summary(tmp_path):
+    run = tmp_path / "run"
+    for step in (6, 8):
+        _ckpt(run, step, 4)
+    (run / "summary.json").write_text(json.dumps({"status": "finished", "metrics": {"test_acc": 0.5}}))
+    (run / "best_model.pt").write_bytes(b"")
+    lines = repair(run, say=lambda m: None)
+    assert len(lines) == 1 and lines[0].endswith(
+        "the run had finished, so its summary stands (its test metric was taken with those weights before the file "
+        "broke); no checkpoint of its best-validation step is kept, so those weights are lost (resume=never trains "
+        "the run again)"), lines
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000006", "step_0000008"]
+
+
+@pytest.mark.slow
+def test_reproduce_rebuilds_a_zero_byte_best_model_as_train_does(tmp_path, capsys):
+    """A table's finished cell with a zero-byte best_model.pt: `make reproduce-table-N` says so in one line and
+    rebuilds it from the best step's checkpoint (it used to skip the cell silently), then skips the cell."""
+    from test_reproduce import listops_only, tiny
+
+    from condattn.reproduce import main
+
+    args = [str(listops_only(tmp_path)), "--seeds", "0", *tiny(tmp_path)]
+    assert main(args) == 0
+    run = tmp_path / "runs" / "smoke" / "table4_lra_listops_none_smoke_s0"
+    good = torch.load(run / "best_model.pt", weights_only=True)
+    table = (tmp_path / "results" / "smoke" / "table4_lra.csv").read_text()
+    (run / "best_model.pt").write_bytes(b"")
+    capsys.readouterr()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    said = [ln for ln in out.splitlines() if "best_model.pt" in ln and "unreadable" in ln]
+    assert len(said) == 1 and said[0].startswith(f"[reproduce] {run / 'best_model.pt'} is unreadable (it is empty "
+                                                 "(0 bytes)); set it aside as best_model.pt.corrupt; rebuilt it from "
+                                                 "step_"), out
+    assert "table4_lra_listops_none_smoke_s0: finished earlier, skipped" in out
+    assert all(torch.equal(good[k], v) for k, v in torch.load(run / "best_model.pt", weights_only=True).items())
+    assert (tmp_path / "results" / "smoke" / "table4_lra.csv").read_text() == table
 
 
 def _ckpt(run: Path, step: int, best: int) -> None:

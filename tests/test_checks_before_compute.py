@@ -17,11 +17,12 @@ def _refusal(capsys) -> list[str]:
 
 
 def test_resume_maybe_is_refused_before_any_cell_trains(tmp_path, capsys):
+    """Before the plan: nothing printed (no "finished earlier, skipped" per cell), one line on stderr."""
     assert main([str(listops_only(tmp_path)), "--seeds", "0", *tiny(tmp_path), "resume=maybe"]) == 2
-    err = _refusal(capsys)
-    assert len(err) == 1 and err[0].startswith("[reproduce] refused before starting any job: resume='maybe' must be "
-                                               "auto (continue from the run dir's last checkpoint") \
-        and err[0].endswith("[all 3 cells]"), err
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == (
+        "[reproduce] refused before starting any job: resume='maybe' must be auto (continue from the run dir's last "
+        "checkpoint; a finished run is kept) or never (start the run over)")
     assert not (tmp_path / "runs").exists()
 
 
@@ -151,3 +152,81 @@ def test_the_results_folder_is_checked_for_table_cells_only(tmp_path, monkeypatc
     assert preflight.folder_problems(compose(ov)) == []  # `train` alone writes no table
     assert [m.split(":")[0] for m in preflight.folder_problems(compose([*ov, "run.table=t"]))] == [
         f"paths.results={results}"]
+
+
+BAD_VALUES = [("optim.lr=-1", "optim.lr=-1 must be a positive number"),
+              ("optim.lr=0", "optim.lr=0 must be a positive number"),
+              ("optim.weight_decay=-1", "optim.weight_decay=-1 must be a number ≥ 0"),
+              ("impl.threads=0", "impl.threads=0 must be a positive integer"),
+              ("impl.threads=-1", "impl.threads=-1 must be a positive integer")]
+
+
+@pytest.mark.parametrize(("override", "says"), [BAD_VALUES[i] for i in (0, 2, 3)])  # one per key: the rest as train
+def test_a_bad_number_is_refused_by_reproduce_before_any_cell(tmp_path, capsys, override, says):
+    """impl.threads=0 is refused, never read as "unset" (which made it a run variant of its own)."""
+    assert main([str(listops_only(tmp_path)), "--seeds", "0", *tiny(tmp_path), override]) == 2
+    err = _refusal(capsys)
+    assert len(err) == 1 and err[0].startswith(f"[reproduce] refused before starting any job: {says}"), err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("override", "says"), BAD_VALUES)
+def test_a_bad_number_is_refused_by_the_train_cli(tmp_path, capsys, monkeypatch, override, says):
+    from condattn.train import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli(["scale=smoke", "logger=none", f"paths.runs={tmp_path / 'runs'}", override]) == 2
+    err = _refusal(capsys)
+    assert len(err) == 1 and err[0].startswith(f"[condattn] {says}"), err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["file", "proc"])
+@pytest.mark.parametrize("key", ["paths.runs", "paths.results"])
+def test_a_runs_or_results_folder_that_is_a_file_or_under_proc_is_refused_before_the_plan(tmp_path, capsys, where,
+                                                                                           key):
+    """A regular file (was NotADirectoryError from the kept records' restore) or /proc, where root passes os.access
+    (the report crashed after every cell): one line, before anything is planned or written."""
+    bad = tmp_path / "a_file" if where == "file" else Path("/proc/condattn-test")
+    if where == "file":
+        bad.write_text("")
+    assert main([str(listops_only(tmp_path)), "--seeds", "0", *tiny(tmp_path), f"{key}={bad}"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    first = bad if where == "file" else Path("/proc")
+    why = "is not a directory" if where == "file" else "is not writable"
+    assert err.startswith(f"[reproduce] refused before starting any job: {key}={bad}: {first} {why}"), err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("gpus", "says"), [
+    ("0", "launcher.gpus_per_node=0 gives the job no GPU"),
+    ("-4", "launcher.gpus_per_node=-4 must be an integer ≥ 1")])
+def test_slurm_gpu_counts_below_one_are_refused(tmp_path, capsys, gpus, says):
+    exp = Path(__file__).resolve().parents[1] / "experiments" / "table4_lra.yaml"
+    assert main([str(exp), "--scale", "paper", "--launcher", "slurm", "--dry-run", "--rows", "listops",
+                 *tiny(tmp_path), f"launcher.gpus_per_node={gpus}"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "max()" not in err and "empty sequence" not in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_slurm_node_count_below_one_is_refused(tmp_path, capsys):
+    exp = Path(__file__).resolve().parents[1] / "experiments" / "table4_lra.yaml"
+    assert main([str(exp), "--scale", "paper", "--launcher", "slurm", "--dry-run", "--rows", "listops",
+                 *tiny(tmp_path), "launcher.nodes=0"]) == 2
+    err = capsys.readouterr().err
+    assert "launcher.nodes=0 must be an integer ≥ 1" in err and "max()" not in err, err
+
+
+def test_diagnose_refuses_a_typo_in_one_line_with_did_you_mean(tmp_path, capsys, monkeypatch):
+    from condattn.diagnose import main as diagnose
+
+    monkeypatch.chdir(tmp_path)
+    assert diagnose(["scale=smoke", "conditioning=spectrall"]) == 2
+    err = _refusal(capsys)
+    assert len(err) == 1 and err[0].startswith("diagnose: ") and "did you mean" in err[0] and "spectral" in err[0], err
+    assert diagnose(["scale=smoke", "impl.threads=0"]) == 2
+    assert _refusal(capsys) == ["diagnose: impl.threads=0 must be a positive integer (torch's intra-op threads, e.g. "
+                                "impl.threads=1), or null for torch's default"]
+    assert list(tmp_path.iterdir()) == []

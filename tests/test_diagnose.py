@@ -92,8 +92,8 @@ def test_jacobian_matrix_free_on_a_timm_vit():
     "args, message",
     [
         (["--method", "bogus"], "valid methods: none, spectral, embedded, spectral+embedded"),
-        (["conditioning=bogus"], "diagnose: bad override"),
-        (["model.no_such_key.x=1"], "diagnose: bad override"),
+        (["conditioning=bogus"], "diagnose: override 'conditioning=bogus': there is no configs/conditioning/bogus"),
+        (["model.no_such_key.x=1"], "diagnose: override 'model.no_such_key.x=1' names no key of the config"),
         (["--method", "embedded", "conditioning=spectral"], "contradicts"),
     ],
 )

@@ -144,7 +144,11 @@ def test_launcher_values_are_checked():
         return [str(p) for p in launch.launcher_problems(compose(["launcher=slurm", *ov]))]
 
     assert problems() == []
-    assert problems("launcher.gpus_per_node=-1") == ["launcher.gpus_per_node=-1 must be an integer ≥ 0"]
+    assert problems("launcher.gpus_per_node=-1") == ["launcher.gpus_per_node=-1 must be an integer ≥ 1 (GPUs per node)"]
+    assert problems("launcher.gpus_per_node=0") == ["launcher.gpus_per_node=0 gives the job no GPU: set gpus_per_node "
+                                                    "≥ 1, or launcher.tasks_per_node=1 too for a CPU-only job"]
+    assert problems("launcher.gpus_per_node=0", "launcher.tasks_per_node=1") == []  # the documented CPU-only job
+    assert problems("launcher.nodes=0") == ["launcher.nodes=0 must be an integer ≥ 1"]
     assert problems("launcher.gpus_per_node=4", "launcher.tasks_per_node=1") == [
         "launcher.tasks_per_node=1 but gpus_per_node=4: one process per GPU is required (leave it null)"]
     assert problems("launcher.timeout_min=1", "launcher.signal_delay_s=90") == [

@@ -55,7 +55,6 @@ def apply(model, method: str, **options) -> condattn.PatchReport:
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.slow
 def test_applies_or_refuses_in_one_line(method, name):
     case = CASES[name]
     model, inputs = case.build(), case.inputs()

@@ -63,7 +63,6 @@ def test_the_task_base_is_what_every_recipe_sets_and_recipe_keys_are_declared():
 
 
 @pytest.mark.parametrize("path", TASKS, ids=[p.stem for p in TASKS])
-@pytest.mark.slow
 def test_a_composed_recipe_reads_the_same_through_the_views(path):
     cfg = compose([f"task={path.stem}", "scale=smoke"])
     for node, view in ((cfg.impl, impl_config(cfg.impl)), (cfg.optim, optim_config(cfg.optim)),

@@ -89,18 +89,25 @@ def repair(run_dir: str | Path, say: Callable[[str], None] = _say) -> list[str]:
     return said
 
 
+def repair_finished(run_dir: str | Path, say: Callable[[str], None] = _say) -> list[str]:
+    """`repair` for a finished run that `reproduce` skips, when an artefact looks broken (cheap: the sizes and zip
+    directories; `repair` then checks in full), so a table never reads from a run `train` would have repaired."""
+    import zipfile
+
+    record = RunRecord(run_dir)
+    best, tok = record.best_model_path, record.dir / "tokenizer.json"
+    broken = (best.exists() and (best.stat().st_size == 0 or not zipfile.is_zipfile(best))) or \
+        (tok.exists() and tok.stat().st_size == 0)
+    return repair(run_dir, say) if broken else []
+
+
 def _best_weights_again(record: RunRecord) -> str:
-    """Make the best-validation weights come back (see the module doc); what was done, in words."""
-    if record.finished:
-        return ("the run had finished, so its summary stands (its test metric was taken with those weights before the "
-                "file broke); its best-validation weights are lost (resume=never trains the run again)")
+    """Make the best-validation weights come back (see the module doc); what was done, in words. The same rule for a
+    finished run (found by `train` or by `reproduce`) as for one still training: rebuilt from the best step's
+    checkpoint when it is kept."""
     ckpts = list_checkpoints(record.dir)
-    if not ckpts:
-        return "no checkpoint remains: training the run again from step 0 (forced by the corrupt best_model.pt)"
     best = next((b for c in reversed(ckpts) if (b := best_step(c)) is not None), None)
-    if best is None:
-        return "no checkpoint records an evaluation yet: the weights are written again at the next one"
-    at = [c for c in ckpts if _ckpt_step(c) == best and (c / "model.safetensors").is_file()]
+    at = [c for c in ckpts if best is not None and _ckpt_step(c) == best and (c / "model.safetensors").is_file()]
     if at:
         from safetensors.torch import load_file
 
@@ -108,6 +115,14 @@ def _best_weights_again(record: RunRecord) -> str:
         torch.save(load_file(str(at[0] / "model.safetensors")), tmp)
         tmp.replace(record.best_model_path)
         return f"rebuilt it from {at[0].name} (the best-validation step {best})"
+    if record.finished:
+        return ("the run had finished, so its summary stands (its test metric was taken with those weights before the "
+                "file broke); no checkpoint of its best-validation step is kept, so those weights are lost "
+                "(resume=never trains the run again)")
+    if not ckpts:
+        return "no checkpoint remains: training the run again from step 0 (forced by the corrupt best_model.pt)"
+    if best is None:
+        return "no checkpoint records an evaluation yet: the weights are written again at the next one"
     before = [c for c in ckpts if _ckpt_step(c) < best]
     for c in ckpts:
         if not before or _ckpt_step(c) > _ckpt_step(before[-1]):

@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from ..checks import RESUME_MODES, value_problems, writable_problem
 from ..runs import RunRecord
 from .checkpoint import architecture_mismatch
 from .optim import OPTIMIZERS, PROGRESS_SCHEDULES, STEP_SCHEDULES, schedule_problems
@@ -51,6 +52,8 @@ def batch_split(cfg: Any, world: int) -> tuple[int, int, int]:
     forward pass holds (memory): the micro-batch is the largest divisor of the per-process share that fits under the
     cap, and the rest is gradient accumulation. So any process count that divides the global batch works."""
     glob, cap = cfg.task.batch_size, cfg.impl.micro_batch_size
+    if world < 1:
+        raise ValueError(f"{world} processes: launcher.nodes × gpus_per_node (or tasks_per_node) must be at least 1")
     if not isinstance(glob, int) or isinstance(glob, bool) or glob < 1:
         raise ValueError(f"task.batch_size={glob!r} must be a positive integer (the global batch)")
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
@@ -128,25 +131,6 @@ def preflight_checked(cfg: Any, world: int | None = None, *, check_data: bool = 
     return replace(checked, problems=tuple(out))
 
 
-RESUME_MODES = ("auto", "never")
-
-
-def _writable(path: Path) -> str | None:
-    """Why the run or table files cannot be written under `path` (None: they can): the folder, or the nearest folder
-    above it that exists (it would be created there), must be a writable directory."""
-    import os
-
-    p = Path(path).expanduser().absolute()
-    probe = p
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        return f"{probe} is not a directory"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"{probe} is not writable" + ("" if probe == p else f" (it would hold {p})")
-    return None
-
-
 def folder_problems(cfg: Any) -> list[str]:
     """The runs folder (paths.runs: run dirs, checkpoints) and, for a cell of a table (run.table set, as `reproduce`
     sets it), the results folder (paths.results: the tables) must be writable before the first cell trains: a read-only
@@ -158,7 +142,7 @@ def folder_problems(cfg: Any) -> list[str]:
         value = OmegaConf.select(cfg, key)
         if value is None:
             continue
-        if why := _writable(Path(str(value))):
+        if why := writable_problem(Path(str(value))):
             env = {"paths.runs": "CONDATTN_RUNS", "paths.results": "CONDATTN_RESULTS"}[key]
             out.append(f"{key}={value}: {why}, so {what} cannot be written there; make it writable, or point {key}= "
                        f"(or ${env}) at a writable folder")
@@ -284,7 +268,7 @@ def check_config(cfg: Any) -> Checked:
     if dataset_entry(cfg.data.get("builder")) is None:
         out.append(unknown_builder(cfg.data.get("builder"), cfg.data.get("name")))
     optim, budget = _optim_problems(cfg)
-    out += optim
+    out += optim + value_problems(cfg)
     if out:
         return Checked(tuple(Problem("config", m) for m in out))
     return Checked((), conditioning=spec, budget=budget)

@@ -1,0 +1,95 @@
+"""Value checks that every entry point makes before any compute, one line each naming the value and the fix.
+
+`value_problems` (a composed config's numbers: lr, weight decay, threads) runs in the preflight of `train` and of every
+cell of `reproduce`; `threads_problem` also in `diagnose`. `early_problems` runs in `reproduce` before the plan: the
+`resume` mode and the runs and results folders, which the plan and the kept records' restore would otherwise touch
+first. `writable_problem` also writes a probe file: `os.access` says yes to root on /proc and some read-only mounts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+RESUME_MODES = ("auto", "never")
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def threads_problem(impl: Any) -> str | None:
+    """impl.threads: null (torch's default) or a positive integer; 0 or -1 is refused, never read as "unset"."""
+    v = impl.get("threads") if impl is not None else None
+    if v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        return None
+    return (f"impl.threads={v!r} must be a positive integer (torch's intra-op threads, e.g. impl.threads=1), or null "
+            "for torch's default")
+
+
+def value_problems(cfg: Any) -> list[str]:
+    """optim.lr > 0 and finite, optim.weight_decay ≥ 0 and finite, impl.threads (threads_problem)."""
+    out = []
+    lr = _number(OmegaConf.select(cfg, "optim.lr"))
+    if lr is None or not math.isfinite(lr) or lr <= 0:
+        out.append(f"optim.lr={OmegaConf.select(cfg, 'optim.lr')!r} must be a positive number (e.g. optim.lr=1e-4)")
+    wd = _number(OmegaConf.select(cfg, "optim.weight_decay"))
+    if wd is None or not math.isfinite(wd) or wd < 0:
+        out.append(f"optim.weight_decay={OmegaConf.select(cfg, 'optim.weight_decay')!r} must be a number ≥ 0 "
+                   "(0: no weight decay)")
+    if why := threads_problem(cfg.get("impl")):
+        out.append(why)
+    return out
+
+
+def writable_problem(path: str | Path) -> str | None:
+    """Why files cannot be written under `path` (None: they can): the folder, or the nearest folder above it that
+    exists (it would be created there), must be a directory that takes a new file."""
+    p = Path(path).expanduser().absolute()
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    held = "" if probe == p else f" (it would hold {p})"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable{held}"
+    try:  # os.access says yes to root on /proc and on some read-only mounts: write a file to be sure
+        fd, name = tempfile.mkstemp(prefix=".condattn-write-probe-", dir=probe)
+    except OSError as e:
+        return f"{probe} is not writable ({e.strerror or e}){held}"
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def _last_override(overrides: list[str], key: str) -> str | None:
+    values = [o.split("=", 1)[1] for o in overrides if "=" in o and o.split("=", 1)[0].lstrip("+~") == key]
+    return values[-1] if values else None
+
+
+def early_problems(overrides: list[str]) -> list[str]:
+    """`reproduce`'s checks before it plans a cell: the resume mode given as an override, and the runs and results
+    folders (paths.runs / paths.results overrides, else $CONDATTN_RUNS / $CONDATTN_RESULTS, else the project's)."""
+    from .config import PROJECT_ROOT
+
+    out = []
+    resume = _last_override(overrides, "resume")
+    if resume is not None and resume not in RESUME_MODES:
+        out.append(f"resume={resume!r} must be auto (continue from the run dir's last checkpoint; a finished run is "
+                   "kept) or never (start the run over)")
+    for key, env, default, what in (("paths.runs", "CONDATTN_RUNS", "runs", "the runs"),
+                                    ("paths.results", "CONDATTN_RESULTS", "results", "the tables")):
+        value = _last_override(overrides, key) or os.environ.get(env) or default
+        path = Path(value) if Path(value).is_absolute() else PROJECT_ROOT / value
+        if why := writable_problem(path):
+            out.append(f"{key}={value}: {why}, so {what} cannot be written there; make it writable, or point {key}= "
+                       f"(or ${env}) at a writable folder")
+    return out
