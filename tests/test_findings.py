@@ -217,3 +217,19 @@ def test_a_missing_table_json_is_refused_in_one_line_naming_the_command(tmp_path
     msg = str(e.value)
     assert "\n" not in msg and "table4_lra.json is missing" in msg
     assert "python -m condattn.reproduce experiments/table4_lra.yaml --scale small --report-only" in msg
+
+
+def test_every_small_table_has_its_json_and_findings_verdicts_are_the_tables():
+    """Each committed small table has its results/small/<table>.json, and every verdict findings prints is the one
+    the table's renderer computed (`outcome` in its rows; table 3's rows are untested, one pretraining unit)."""
+    csvs = sorted((REPO / "results" / "small").glob("table*.csv"))
+    assert csvs and all(p.with_suffix(".json").is_file() for p in csvs), "run the tables with --report-only"
+    found = findings.collect("small")
+    assert found
+    for f in found:
+        row = next(r for r in _committed(f.table) if (r.get("row") or r.get("column")) == f.row
+                   and r["method"] == f.method)
+        if f.verdict == "not tested":
+            assert "outcome" not in row or row["outcome"] in ("", "not tested"), (f.table, f.row)
+        else:
+            assert row["outcome"] == f.outcome and f.verdict.startswith(row["outcome"]), (f.table, f.row)
