@@ -1,10 +1,11 @@
 """The findings are generated from the committed tables (reporting/findings.py): the README's block and
-results/<scale>/findings.md must equal what the committed CSVs give now, and the recomputed tests follow the
-correction (a row is 'better' or 'worse' only when its adjusted p < 0.05)."""
+results/<scale>/findings.md must equal what the committed tables' JSON gives now, the recomputed tests follow the
+correction (a row is 'better' or 'worse' only when its adjusted p < 0.05), and a renderer's wording never changes a
+finding (findings reads typed fields, never the printed text)."""
 
 from __future__ import annotations
 
-import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -25,19 +26,27 @@ def test_readme_block_and_findings_file_agree_with_the_committed_csvs(scale):
         f"results/{scale}/findings.md is stale: run `make findings SCALE={scale}` and commit"
 
 
-def test_a_changed_csv_value_makes_the_readme_disagree(tmp_path):
+def _committed(stem: str) -> list[dict]:
+    return json.loads((REPO / "results" / "small" / f"{stem}.json").read_text())["rows"]
+
+
+def _write(results: Path, stem: str, rows: list[dict]) -> Path:
+    """A table's result as its renderer writes it (save_outputs' JSON), under `results`/small."""
+    (results / "small").mkdir(parents=True, exist_ok=True)
+    path = results / "small" / f"{stem}.json"
+    path.write_text(json.dumps({"table": stem.split(".")[0], "scale": "small", "stem": stem, "rows": rows}))
+    return path
+
+
+def test_a_changed_value_makes_the_readme_disagree(tmp_path):
     """The check can fail: one seed of the committed small ViT baseline moved by 5 points changes the block."""
     src = REPO / "results" / "small" / "table9_readings.csv"
-    rows = list(csv.DictReader(src.open(newline="")))
+    rows = _committed("table9_readings")
     base = next(r for r in rows if r["row"] == "vit_baseline")
     vals = base["values"].split()
     vals[0] = f"{float(vals[0]) - 5:.4f}"
     base["values"] = " ".join(vals)
-    (tmp_path / "small").mkdir()
-    with (tmp_path / "small" / "table9_readings.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    _write(tmp_path, "table9_readings", rows)
     changed = findings.summary("small", findings.collect("small", tmp_path))
     assert changed != findings.summary("small", findings.table_findings(src, "small"))
 
@@ -74,12 +83,9 @@ def test_write_refused_for_a_readme_without_the_block_writes_nothing(tmp_path):
 
 def test_partial_tables_are_not_findings(tmp_path):
     """A `--rows` or override table beside the default one (table9_readings.rows-vit_.csv) is left out."""
-    import shutil
-
-    (tmp_path / "small").mkdir()
-    src = REPO / "results" / "small" / "table9_readings.csv"
-    shutil.copy(src, tmp_path / "small" / "table9_readings.csv")
-    shutil.copy(src, tmp_path / "small" / "table9_readings.rows-vit_.csv")
+    rows = _committed("table9_readings")
+    _write(tmp_path, "table9_readings", rows)
+    _write(tmp_path, "table9_readings.rows-vit_", rows)
     assert {f.table for f in findings.collect("small", tmp_path)} == {"table9_readings"}
 
 
@@ -93,17 +99,12 @@ def test_a_table_says_when_cet_ran_with_its_causal_leak_accepted():
 
 def test_a_verdict_that_changes_at_twice_the_steps_is_a_limit(tmp_path):
     """The length check's verdict beside the one at 1× steps: where they differ, the finding says so."""
-    src = REPO / "results" / "small" / "table9_readings.csv"
-    rows = list(csv.DictReader(src.open(newline="")))
+    rows = _committed("table9_readings")
     for r in rows:
-        r["verdict_2x"], r["diff_2x"] = "", ""
+        r["verdict_2x"], r["outcome_2x"], r["mde_2x"], r["diff_2x"] = "", "", None, ""
     cet = next(r for r in rows if r["row"] == "vit_cet")
-    cet["verdict_2x"], cet["diff_2x"] = "no difference detected (MDE 0.9)", "-0.1000"
-    (tmp_path / "small").mkdir()
-    with (tmp_path / "small" / "table9_readings.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    cet["outcome_2x"], cet["mde_2x"], cet["diff_2x"] = "no difference detected", 0.9, "-0.1000"
+    _write(tmp_path, "table9_readings", rows)
     found = {f.row: f for f in findings.collect("small", tmp_path) if f.family == "vit"}
     assert found["vit_cet"].verdict == "worse"
     assert "at 2× steps: no difference detected (MDE 0.9) (Δ -0.10)" in found["vit_cet"].limits
@@ -113,9 +114,7 @@ def test_a_verdict_that_changes_at_twice_the_steps_is_a_limit(tmp_path):
 def test_descriptive_tables_say_what_they_show_and_test_nothing(tmp_path):
     """Table 6 (κ per quantity) and table 8 (the λ sweep) give lines read off their CSVs, never a verdict row; κ
     checks of a method whose runs end at chance are left out of the count, and say so."""
-    (tmp_path / "small").mkdir()
-    six = tmp_path / "small" / "table6_condition_numbers.csv"
-    fields = ["table", "scale", "row", "method", "quantity", "description", "stage", "mean", "values", "chance"]
+    six = "table6_condition_numbers"
     rows = [  # vit: CET lowers κ(X) (as claimed); SCA ends at chance. xcit: SCA learned and raises κ(J) (not claimed)
         ("vit", "none", "kappa_x/b0", "80", ""), ("vit", "embedded", "kappa_x/b0", "2", ""),
         ("vit", "none", "kappa_jacobian/l0", "10", ""), ("vit", "spectral", "kappa_jacobian/l0", "1000", ""),
@@ -123,18 +122,14 @@ def test_descriptive_tables_say_what_they_show_and_test_nothing(tmp_path):
         ("xcit", "none", "kappa_jacobian/l0", "10", ""), ("xcit", "spectral", "kappa_jacobian/l0", "50", ""),
         ("xcit", "none", "final_val_acc", "97", "10"), ("xcit", "spectral", "final_val_acc", "90", "10"),
     ]
-    with six.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows({"table": six.stem, "scale": "small", "row": g, "method": m, "quantity": q, "stage": "final",
-                     "description": f"{q} × 100" if q == "final_val_acc" else q, "mean": v, "values": v,
-                     "chance": ch} for g, m, q, v, ch in rows)
-    eight = tmp_path / "small" / "table8_sca_lambda.csv"
-    eight.write_text("table,scale,row,lam,n,top1_mean,top1_std,step0_entropy/mean\n"
-                     "table8_sca_lambda,small,lam0,0.0,3,96.0,1.0,2.83\n"
-                     "table8_sca_lambda,small,lam1,1.0,1,96.5,,1.45\n"
-                     "table8_sca_lambda,small,lam10,10.0,3,70.0,3.0,0.13\n"
-                     "table8_sca_lambda,small,lam20,20.0,0,,,\n")
+    _write(tmp_path, six, [{"table": six, "scale": "small", "row": g, "method": m, "quantity": q, "stage": "final",
+                            "description": f"{q} × 100" if q == "final_val_acc" else q, "mean": v, "values": v,
+                            "chance": ch} for g, m, q, v, ch in rows])
+    sweep = [("lam0", 0.0, 3, "96.0", "1.0", "2.83"), ("lam1", 1.0, 1, "96.5", "", "1.45"),
+             ("lam10", 10.0, 3, "70.0", "3.0", "0.13"), ("lam20", 20.0, 0, "", "", "")]
+    _write(tmp_path, "table8_sca_lambda", [
+        {"table": "table8_sca_lambda", "scale": "small", "row": r, "lam": lam, "n": n, "top1_mean": m,
+         "top1_std": sd, "step0_entropy/mean": e} for r, lam, n, m, sd, e in sweep])
     assert findings.collect("small", tmp_path) == []
     said = findings.collect_descriptive("small", tmp_path)
     kappa = said["table6_condition_numbers"]
@@ -151,11 +146,8 @@ def test_descriptive_tables_say_what_they_show_and_test_nothing(tmp_path):
     block = findings.summary("small", [], said)
     assert "**table6_condition_numbers** (descriptive, no test)" in block and "**table8_sca_lambda**" in block
     # a table 6 CSV without finished runs says nothing (no "0 of 0 checks")
-    with six.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows({"table": six.stem, "scale": "small", "row": g, "method": m, "quantity": q, "stage": "final",
-                     "description": q, "mean": "", "values": "", "chance": ""} for g, m, q, _, _ in rows)
+    _write(tmp_path, six, [{"table": six, "scale": "small", "row": g, "method": m, "quantity": q, "stage": "final",
+                            "description": q, "mean": "", "values": "", "chance": ""} for g, m, q, _, _ in rows])
     assert "table6_condition_numbers" not in findings.collect_descriptive("small", tmp_path)
 
 
@@ -165,3 +157,79 @@ def test_a_table_under_the_protocol_without_tests_is_not_called_old_protocol():
     assert found and all(f.verdict == "not tested" for f in found)
     assert not any("old protocol" in x for f in found for x in f.limits)
     assert all(any("one pretraining run per method" in x for x in f.limits) for f in found)
+
+
+STEP0 = {"entropy/mean": 2.0, "entropy_uniform/mean": 2.5, "maxprob/mean": 0.2, "self_argmax/mean": 0.1,
+         "gradnorm_wq/mean": 1e-2, "cls_self/mean": 0.3, "feature_spread": 0.5}
+
+
+def _synthetic_table9(tmp_path: Path, results: Path):
+    """Table 9 rendered by its real renderer from synthetic run summaries (3 seeds, three ViT rows) and a synthetic lr
+    grid whose SCA pick sits at the bound; returns the findings read from the JSON it wrote."""
+    from condattn.reporting import load_experiment
+    from condattn.reporting.metric import row_metric
+    from condattn.reporting.readings import write_table
+    from condattn.reporting.tables import methods_for
+
+    exp = load_experiment(REPO / "experiments" / "table9_readings.yaml")
+    exp["scales"]["small"]["rows"] = ["vit_baseline", "vit_sca10", "vit_cet"]
+    runs = tmp_path / "runs"
+    for row in exp["scales"]["small"]["rows"]:
+        (method,) = methods_for(exp, row)
+        for seed in (0, 1, 2):
+            d = runs / "small" / f"{exp['table']}_{row}_{method}_small_s{seed}"
+            d.mkdir(parents=True, exist_ok=True)
+            acc = (0.4 if row == "vit_sca10" else 0.8) + 0.01 * seed
+            summary = {"status": "finished", "run_dir": str(d), "metrics": {row_metric(exp, "small", row): acc},
+                       "steps": 10, "wall_time_s": 3.0, "diagnostics": {"step0": STEP0}}
+            (d / "summary.json").write_text(json.dumps(summary))
+    scores = {1.0: {100: 0.50, 101: 0.52}, 2.0: {100: 0.60, 101: 0.61}, 4.0: {100: 0.70, 101: 0.71}}
+    exp["lr_picks"] = {"vit_sca10": {"pick": 4.0, "lr": 4e-3, "base_lr": 1e-3, "at_bound": True, "flat": False,
+                                     "scores": scores, "means": {m: sum(s.values()) / 2 for m, s in scores.items()},
+                                     "key": "val_acc"}}
+    md = write_table(exp, "small", runs, results, [0, 1, 2])[1]
+    return md, findings.collect("small", results)
+
+
+def test_a_renderers_wording_does_not_change_the_findings(tmp_path, monkeypatch):
+    """The lr column printed in other words (and the convergence and plateau lines too) leaves every finding as it
+    was: findings reads the JSON's typed fields (`lr_at_bound`, `plateau`, `converged_2x`, ...), not the text."""
+    from condattn.reporting import protocol, reach
+
+    md, found = _synthetic_table9(tmp_path / "a", tmp_path / "a" / "results")
+    sca = next(f for f in found if f.row == "vit_sca10")
+    assert "lr pick at the bound" in sca.limits and sca.verdict == "worse"
+    assert "×4 (4e-03, bound binding)" in md
+    monkeypatch.setattr(protocol, "lr_text", lambda exp, row: "picked at the edge we allow")
+    monkeypatch.setattr(protocol, "plateau_text", lambda steps, total: "Levels off: early.")
+    monkeypatch.setattr(reach, "convergence_text", lambda family, *a, **k: f"Still moving ({family}): who knows.")
+    md2, found2 = _synthetic_table9(tmp_path / "b", tmp_path / "b" / "results")
+    assert "picked at the edge we allow" in md2 and "×4 (4e-03, bound binding)" not in md2
+    assert found2 == found
+    assert findings.render("small", found2) == findings.render("small", found)
+
+
+def test_a_missing_table_json_is_refused_in_one_line_naming_the_command(tmp_path):
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "table4_lra.csv").write_text("table,row\n")
+    with pytest.raises(ValueError) as e:
+        findings.collect("small", tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg and "table4_lra.json is missing" in msg
+    assert "python -m condattn.reproduce experiments/table4_lra.yaml --scale small --report-only" in msg
+
+
+def test_every_small_table_has_its_json_and_findings_verdicts_are_the_tables():
+    """Each committed small table has its results/small/<table>.json, and every verdict findings prints is the one
+    the table's renderer computed (`outcome` in its rows; table 3's rows are untested, one pretraining unit)."""
+    csvs = sorted((REPO / "results" / "small").glob("table*.csv"))
+    assert csvs and all(p.with_suffix(".json").is_file() for p in csvs), "run the tables with --report-only"
+    found = findings.collect("small")
+    assert found
+    for f in found:
+        row = next(r for r in _committed(f.table) if (r.get("row") or r.get("column")) == f.row
+                   and r["method"] == f.method)
+        if f.verdict == "not tested":
+            assert "outcome" not in row or row["outcome"] in ("", "not tested"), (f.table, f.row)
+        else:
+            assert row["outcome"] == f.outcome and f.verdict.startswith(row["outcome"]), (f.table, f.row)

@@ -230,6 +230,12 @@ def delta_trend(label: str, base1: dict[int, float], base2: dict[int, float], ar
     return Trend(label, at1, at2, change, min(len(sa), len(sb)))
 
 
+def converged(gain: DiffCI | None, effect: float | None) -> bool | None:
+    """The convergence test: the whole 95 % interval of the baseline's 2× gain under the effect the table tests; None
+    when it cannot be judged (no gain measured, or no paper's effect)."""
+    return None if gain is None or effect is None else gain.high < effect
+
+
 def convergence_text(family: str, gain: DiffCI | None, n: int, effect: float | None, effect_why: str,
                      trends: Sequence[Trend], unit: str = "points", digits: int = 2) -> str:
     """The convergence line: converged when the whole 95 % interval of the baseline's 2× gain lies under the effect
@@ -241,7 +247,7 @@ def convergence_text(family: str, gain: DiffCI | None, n: int, effect: float | N
             f"{gain.text(digits)}{units} (95 % paired interval, the same {n} seeds at 1×)")
     if effect is None:
         return said + "; no paper's number sets an effect to judge it against: convergence not judged."
-    ok = gain.high < effect
+    ok = converged(gain, effect)
     said += (f", {'under' if ok else 'NOT under'} the paper-sized effect here, {effect:.{digits}g}{units} "
              f"({effect_why}): ")
     if ok:

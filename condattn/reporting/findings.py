@@ -1,23 +1,26 @@
 """The findings, generated from the committed tables, never written by hand.
 
 `make findings SCALE=small` (`python -m condattn.reporting.findings --scale small`) reads every
-`results/<scale>/<table>.csv` that carries per-seed values, recomputes each comparison with the tests the tables use
-(reporting/protocol.py `verdicts`: Welch, Holm over each family's primary rows, a Benjamini–Hochberg q over its
-exploratory rows, an exact permutation p) and writes `results/<scale>/findings.md`: for each claim of each paper (the
-experiment files' paper numbers) and each rival method, our Δ, interval, adjusted p, verdict, n, scale, and the limits
-that apply (a baseline below its floor, an lr pick at the bound, on a flat grid or made by the old one-seed protocol, a
-plateau, too few seeds, runs from several commits). Tables that describe rather than test (table 6's κ over training,
-table 8's λ sweep) get a few lines read off their CSVs instead (claimed directions, final accuracy, the sweep), never a
-verdict. It then rewrites the README's findings block (between the markers `<!-- findings:<scale>:begin -->` and
-`<!-- findings:<scale>:end -->`) with that file's summary.
-tests/test_findings.py fails when the README or the findings file disagree with the committed CSVs.
+`results/<scale>/<table>.json` (the table's rows as its renderer wrote them, reporting/tables.py `save_outputs`) that
+carries per-seed values, recomputes each comparison with the tests the tables use (reporting/protocol.py `verdicts`:
+Welch, Holm over each family's primary rows, a Benjamini–Hochberg q over its exploratory rows, an exact permutation p)
+and writes `results/<scale>/findings.md`: for each claim of each paper (the experiment files' paper numbers) and each
+rival method, our Δ, interval, adjusted p, verdict, n, scale, and the limits that apply (a baseline below its floor,
+an lr pick at the bound, on a flat grid or made by the old one-seed protocol, a plateau, too few seeds, runs from
+several commits). The limits come from the rows' typed fields (`lr_at_bound`, `lr_flat`, `lr_weak_pick`,
+`lr_selection_seeds`, `outcome_2x`, `mde_2x`, `plateau`, `converged_2x`, `n_commits`), never from the printed text,
+so a renderer's wording cannot change a finding. Tables that describe rather than test (table 6's κ over training,
+table 8's λ sweep) get a few lines read off their rows instead (claimed directions, final accuracy, the sweep), never
+a verdict. It then rewrites the README's findings block (between the markers `<!-- findings:<scale>:begin -->` and
+`<!-- findings:<scale>:end -->`) with that file's summary. A table whose JSON is missing is refused in one line naming
+the command that writes it.
+tests/test_findings.py fails when the README or the findings file disagree with the committed tables.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import re
+import json
 import statistics
 import sys
 from dataclasses import dataclass, field, replace
@@ -27,7 +30,7 @@ from .floors import load as load_floors
 from .metric import families, higher_is_better, hypothesis
 from .protocol import verdicts
 from .reach import CLAIMS, PrimaryTest, family_reach, holm_lines, speak_sentence
-from .stats import fmt_p
+from .stats import fmt_num, fmt_p, verdict_text
 from .tables import METHOD_LABELS, load_experiment, multiplier
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +57,8 @@ class Finding:
     limits: list[str] = field(default_factory=list)
     p: float | None = None  # the raw Welch p (the project-wide Holm line)
     speaks: str = ""  # the family's lead sentence: which claims its verdicts can speak to
+    outcome: str = "not tested"  # the test's verdict as a word (Verdict.outcome)
+    mde: float | None = None  # the MDE a "no difference detected" verdict names
 
     @property
     def n(self) -> str:
@@ -61,8 +66,13 @@ class Finding:
 
 
 def _read(path: Path) -> list[dict]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+    """The rows of a table's result, `results/<scale>/<table>.json` beside `path` (its csv): typed fields, never
+    the rendered md. A missing file is refused in one line naming the command that writes it."""
+    result = path.with_suffix(".json")
+    if not result.is_file():
+        raise ValueError(f"{result} is missing: write it with `python -m condattn.reproduce "
+                         f"experiments/{path.stem}.yaml --scale {path.parent.name} --report-only`")
+    return json.loads(result.read_text())["rows"]
 
 
 def _values(rec: dict) -> list[float]:
@@ -83,16 +93,15 @@ def _paper_claim(exp: dict, row: str, method: str) -> str:
     return f"{who}: gains claimed (paper)"
 
 
-def _limits(exp: dict, scale: str, fam: str, recs: dict, base_rec: dict, rec: dict, floors: dict,
-            md: str) -> list[str]:
+def _limits(exp: dict, scale: str, fam: str, t, base_rec: dict, rec: dict, floors: dict) -> list[str]:
     out = []
-    if "p_adjusted" not in rec and not re.search(r"\(s\d+=", rec.get("lr_grid_scores") or ""):
-        # the protocol's CSVs carry adjusted p's, or (untested tables) the grid scores per selection seed
+    if "p_adjusted" not in rec and not rec.get("lr_selection_seeds"):
+        # the protocol's rows carry adjusted p's, or (untested tables) the grid scores per selection seed
         out.append("old protocol (lr picked by one reported seed, ×0.5–×2)")
-    lr = rec.get("lr") or ""
-    if "bound" in lr or "grid edge" in lr:
-        out.append(f"lr pick at the {'bound' if 'bound' in lr else 'grid edge'}")
-    if "flat" in lr:
+    picked = rec.get("lr_multiplier") is not None
+    if picked and rec.get("lr_at_bound") and not rec.get("lr_flat"):
+        out.append("lr pick at the bound")
+    if picked and rec.get("lr_flat"):
         out.append("lr grid flat (the same score at every lr)")
     n_base = len(_values(base_rec))
     if hypothesis(exp, rec["row"]) == "primary" and min(len(_values(rec)), n_base) < PRIMARY_SEEDS:
@@ -107,28 +116,24 @@ def _limits(exp: dict, scale: str, fam: str, recs: dict, base_rec: dict, rec: di
         if (mean <= value) if higher else (mean >= value):
             label = top["label"].removeprefix("floor: ")
             out.append(f"baseline below its floor ({label} {value:.{2 if higher else 3}f})")
-    section = md.split(f"**{fam}**", 1)[1].split("\n**", 1)[0] if f"**{fam}**" in md else ""
-    if f"{fam}: Plateau" in md or "Plateau:" in section:
+    if base_rec.get("plateau"):
         out.append("baseline on an early plateau")
-    if (at2 := rec.get("verdict_2x")) and at2.split(" (")[0] != (rec.get("verdict") or "").split(" (")[0]:
-        out.append(f"at 2× steps: {at2} (Δ {float(rec['diff_2x']):+.2f})" if rec.get("diff_2x") else
-                   f"at 2× steps: {at2}")
-    if _at_budget(md, fam):
+    if (at2 := rec.get("outcome_2x")) and at2 != t.outcome:
+        said = verdict_text(at2, rec.get("mde_2x"))
+        out.append(f"at 2× steps: {said} (Δ {float(rec['diff_2x']):+.2f})" if rec.get("diff_2x") else
+                   f"at 2× steps: {said}")
+    if _at_budget(base_rec):
         out.append("baseline not converged (its 2× gain is not under the paper-sized effect): verdict at a budget")
-    if "weak pick" in lr:
+    if picked and rec.get("lr_weak_pick"):
         out.append("weak lr pick (its lead over its neighbour is under one standard error)")
-    commits = set((rec.get("commit") or "").split())
-    if len(commits) > 1:
-        out.append(f"runs from {len(commits)} commits")
+    if (n := int(rec.get("n_commits") or 0)) > 1:
+        out.append(f"runs from {n} commits")
     return out
 
 
-def _at_budget(md: str, fam: str) -> bool:
-    """The table's convergence line for `fam` says NOT converged (or, before the effect-tied rule, NOT under its
-    MDE)."""
-    tag = next((t for t in (f"Convergence ({fam}):", f"Convergence ({fam}),") if t in md), None)
-    line = md.split(tag, 1)[1].split("\n")[0] if tag else ""
-    return "NOT converged" in line or "NOT under its MDE" in line
+def _at_budget(base_rec: dict) -> bool:
+    """The family's convergence test (its baseline's row, `converged_2x`) says NOT converged."""
+    return base_rec.get("converged_2x") is False
 
 
 def _is_descriptive(rows: list[dict]) -> bool:
@@ -191,14 +196,18 @@ def _condition_number_lines(rows: list[dict]) -> list[str]:
 
 
 def _lambda_sweep_lines(rows: list[dict]) -> list[str]:
-    pts = sorted(((float(r["lam"]), float(r["top1_mean"]), r.get("top1_std") or "", int(r.get("n") or 0),
-                   r.get("step0_entropy/mean")) for r in rows if r.get("top1_mean")), key=lambda t: t[0])
-    missing = sorted(float(r["lam"]) for r in rows if not r.get("top1_mean"))
+    def has(v) -> bool:  # a number (0.0 included) rather than a blank: the JSON keeps numbers typed
+        return v is not None and v != ""
+
+    pts = sorted(((float(r["lam"]), float(r["top1_mean"]), r.get("top1_std") if has(r.get("top1_std")) else "",
+                   int(r.get("n") or 0), r.get("step0_entropy/mean")) for r in rows if has(r.get("top1_mean"))),
+                 key=lambda t: t[0])
+    missing = sorted(float(r["lam"]) for r in rows if not has(r.get("top1_mean")))
     if not pts:
         return []
 
-    def cell(m: float, sd: str, n: int) -> str:
-        return f"{m:.1f}, n = 1 (no spread)" if n == 1 or not sd else f"{m:.1f} ± {float(sd):.1f} (n={n})"
+    def cell(m: float, sd: str | float, n: int) -> str:
+        return f"{m:.1f}, n = 1 (no spread)" if n == 1 or sd == "" else f"{m:.1f} ± {float(sd):.1f} (n={n})"
 
     best = max(pts, key=lambda t: t[1])
     zero = next((t for t in pts if t[0] == 0), pts[0])
@@ -208,7 +217,7 @@ def _lambda_sweep_lines(rows: list[dict]) -> list[str]:
              f"highest mean at λ = {best[0]:g} ({best[1]:.1f})" + (
                  " = no λI at all" if best[0] == 0 else f"; λ = {zero[0]:g} gives {zero[1]:.1f}")
              + " (means read off, not tested" + (", over a partial sweep" if missing else "") + ")"]
-    ent = [(lam, float(e)) for lam, _, _, _, e in pts if e]
+    ent = [(lam, float(e)) for lam, _, _, _, e in pts if has(e)]
     if ent:
         lines.append("step-0 attention entropy (nats, mean over layers): "
                      + "; ".join(f"λ = {lam:g}: {e:.3f}" for lam, e in ent))
@@ -225,8 +234,6 @@ def table_findings(csv_path: Path, scale: str, experiments: Path = REPO / "exper
     exp = load_experiment(experiments / f"{csv_path.stem}.yaml")
     by_key = {(r["row"], r["method"]): r for r in rows}
     floors = load_floors(csv_path.parents[1], scale, exp["table"])
-    md_path = csv_path.with_suffix(".md")
-    md = md_path.read_text() if md_path.exists() else ""
     out = []
     for fam, members in families(exp, scale).items():
         present = [m for m in members if m in by_key]
@@ -240,10 +247,10 @@ def table_findings(csv_path: Path, scale: str, experiments: Path = REPO / "exper
         label = {m: METHOD_LABELS.get(m[1], m[1]) for m, _, _ in arms}
         r = family_reach(exp, fam, members[0][0], base, [(label[m], m[0], m[1], v) for m, v, _ in arms], mde)
         speaks = speak_sentence(f"{exp['table']}, {fam}", r, {label[m]: tests[m].word for m, _, _ in arms},
-                                _at_budget(md, fam), bool(exp.get("pretrain")))
+                                _at_budget(base_rec), bool(exp.get("pretrain")))
         for m, vals, hyp in arms:
             t, rec = tests[m], by_key[m]
-            limits = _limits(exp, scale, fam, by_key, base_rec, {**rec, "verdict": t.word}, floors, md)
+            limits = _limits(exp, scale, fam, t, base_rec, rec, floors)
             if exp.get("pretrain"):  # one pretraining run per method: one unit, no test over fine-tuning seeds
                 t = replace(t, p=None, p_adj=None)
                 limits.append("one pretraining run per method (n = 1 unit): not tested")
@@ -251,13 +258,16 @@ def table_findings(csv_path: Path, scale: str, experiments: Path = REPO / "exper
                 exp["table"], fam, m[0], m[1], rec.get("reading") or METHOD_LABELS.get(m[1], m[1]), hyp,
                 _paper_claim(exp, *m), vals, base, t.ci.diff if t.ci else None, t.ci.text(3 if exp.get(
                     "metric_multiplier") == 1 else 2) if t.ci and not exp.get("pretrain") else "–", t.p_adj,
-                t.correction, "not tested" if exp.get("pretrain") else t.word, limits, t.p, speaks))
+                t.correction, "not tested" if exp.get("pretrain") else t.word, limits, t.p, speaks,
+                t.outcome, t.mde_printed))
     return out
 
 
 def _default_tables(scale: str, results: Path) -> list[Path]:
     # the default tables only: `<table>.rows-…` and `<table>.<overrides>` are partial
-    return [p for p in sorted((results / scale).glob("table*.csv")) if "." not in p.stem]
+    # (a table's csv names it; its json holds what findings reads: `_read` refuses a csv without its json)
+    found = {p.with_suffix(".csv") for ext in ("csv", "json") for p in (results / scale).glob(f"table*.{ext}")}
+    return [p for p in sorted(found) if "." not in p.stem]
 
 
 def collect(scale: str, results: Path = REPO / "results") -> list[Finding]:
@@ -326,15 +336,15 @@ def summary(scale: str, found: list[Finding], described: dict[str, list[str]] | 
             said = []
             for word in ("better", "worse"):
                 names = [f"{f.what}{' (exploratory)' if f.hypothesis == 'exploratory' else ''} ({f.ci})"
-                         for f in fs if f.verdict == word]
+                         for f in fs if f.verdict != "not tested" and f.outcome == word]
                 if names:
                     said.append(f"{word} than the baseline: {'; '.join(names)}")
             untested = [f.what for f in fs if f.verdict == "not tested"]
             if untested:
                 said.append(f"not tested: {'; '.join(untested)}")
-            level = [f for f in fs if f.verdict.startswith("no difference")]
+            level = [f for f in fs if f.verdict != "not tested" and f.outcome == "no difference detected"]
             if level:
-                mdes = [f.verdict.split("MDE ")[-1].rstrip(")") for f in level if "MDE" in f.verdict]
+                mdes = [fmt_num(f.mde) for f in level if f.mde is not None]
                 said.append(f"no difference detected: {len(level)} of {len(fs)} rows"
                             + (f" (MDE {mdes[0]})" if len(set(mdes)) == 1 else ""))
             shared = [lim for lim in fs[0].limits if all(lim in f.limits for f in fs)]

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..runs import RunId, RunRecord
 from .floors import load as load_floors
 from .metric import row_metric
-from .protocol import grid_text, lr_text, pick_key
+from .protocol import family_facts, grid_text, lr_facts, lr_text, pick_key
 from .tables import (
     METHOD_LABELS,
     collect,
@@ -89,10 +89,10 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
                              "n": len(v[m]), "median": "" if x is None else f"{x:.4f}",
                              "values": " ".join(f"{y:.4f}" for y in v[m]),
                              "lr": lr_text(exp, pk) if pk else "", "lr_grid_scores": grid_text(exp, pk) if pk else "",
-                             "pretraining_runs": 1 if exp.get("pretrain") else ""})
+                             "pretraining_runs": 1 if exp.get("pretrain") else "", **lr_facts(exp, pk or "")})
         csv_rows.append({"table": exp["table"], "scale": scale, "column": "average", "label": "average", "method": m,
                          "n": "", "median": "" if avg is None else f"{avg:.4f}", "values": "", "lr": "",
-                         "lr_grid_scores": "", "pretraining_runs": ""})
+                         "lr_grid_scores": "", "pretraining_runs": "", **lr_facts(exp, "")})
 
     if exp.get("pretrain"):
         lines += ["", "Pretraining (one run per method; every fine-tuning run of that method starts from its final "
@@ -100,10 +100,13 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
                   "| method | run | steps | tokens/s | budget | final MLM val loss | training time |",
                   "|---|---|---|---|---|---|---|"]
         lines += [_pretrain_line(exp, scale, runs_root, m) for m in methods]
+    facts: dict[str, dict] = {}
     lines += protocol_lines(exp, scale, {k: v for k, v in cells.items() if k[0] != "pretrain"}, METHOD_LABELS, 1,
-                            load_floors(results_root, scale, exp["table"]), done=trained(exp, scale, runs_root))
+                            load_floors(results_root, scale, exp["table"]), done=trained(exp, scale, runs_root),
+                            facts=facts)
+    csv_rows = [{**r, **family_facts(facts, r["column"])} for r in csv_rows]
     lines += ["", provenance_line(exp, scale, cells)]  # the scale's note follows (save_outputs: notes.table_notes)
     return save_outputs(exp, scale, results_root, "\n".join(lines) + "\n", csv_rows,
                         lambda png: plot_curves(exp, scale, cells, png), "validation curves",
                         ["table", "scale", "column", "label", "method", "n", "median", "values", "lr", "lr_grid_scores",
-                         "pretraining_runs"])
+                         "pretraining_runs", *lr_facts(exp, ""), "plateau", "converged_2x"])

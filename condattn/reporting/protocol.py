@@ -56,13 +56,48 @@ def lr_text(exp: dict, row: str) -> str:
         return "–"
     if p["pick"] is None:
         return f"{p['base_lr']:.0e} (grid unfinished)"
-    strength = pick_strength({float(m): list(by_seed.values()) for m, by_seed in (p.get("scores") or {}).items()},
-                             p["pick"], higher_is_better(exp), bool(p.get("at_bound")))
-    marks = ["flat"] if p.get("flat") else [x for x in ("bound binding" if strength == "bound binding" else
-                                                         "bound" if p.get("at_bound") else "",
-                                                         "weak pick" if strength == "weak pick" else "") if x]
+    f = lr_facts(exp, row)
+    marks = ["flat"] if f["lr_flat"] else [x for x, on in (("bound binding", f["lr_bound_binding"]),
+                                                            ("bound", f["lr_at_bound"] and not f["lr_bound_binding"]),
+                                                            ("weak pick", f["lr_weak_pick"])) if on]
     mark = "".join(f", {x}" for x in marks)
     return f"×{p['pick']:g} ({p['lr']:.0e}{mark})"
+
+
+def lr_facts(exp: dict, row: str) -> dict:
+    """The pick named `row` (a `pick_key`) as typed fields for the CSV/JSON rows: `lr_multiplier` and `lr_value` (None
+    without a grid or with it unfinished), `lr_at_bound` (the pick sits at the declared bound), `lr_bound_binding`
+    (and still beats its inner neighbour), `lr_flat` (every lr scored the same), `lr_weak_pick` (its lead is under one
+    standard error: evidence.pick_strength), `lr_selection_seeds` (the most selection seeds any grid value has)."""
+    p = (exp.get("lr_picks") or {}).get(row) or {}
+    scores = p.get("scores") or {}
+    out = {"lr_multiplier": None, "lr_value": None, "lr_at_bound": bool(p.get("at_bound")), "lr_bound_binding": False,
+           "lr_flat": False, "lr_weak_pick": False,
+           "lr_selection_seeds": max((len(by_seed) for by_seed in scores.values()), default=0)}
+    if not p or p.get("pick") is None:
+        return out
+    strength = pick_strength({float(m): list(by_seed.values()) for m, by_seed in scores.items()},
+                             p["pick"], higher_is_better(exp), bool(p.get("at_bound")))
+    flat = bool(p.get("flat"))
+    return {**out, "lr_multiplier": float(p["pick"]), "lr_value": float(p["lr"]), "lr_flat": flat,
+            "lr_bound_binding": not flat and strength == "bound binding",
+            "lr_weak_pick": not flat and strength == "weak pick"}
+
+
+def typed_fields(exp: dict, key: str, t: Verdict | None, lt: Verdict | None, summaries: list[dict]) -> dict:
+    """The typed facts of one csv/json row that findings reads (never the printed text): the lr pick (`lr_facts`),
+    the verdict as a word and the MDE it names, at 1× (`outcome`, `mde`) and at 2× steps (`outcome_2x`, `mde_2x`; ""
+    without a length check), and how many commits made its runs."""
+    return {**lr_facts(exp, key), "outcome": t.outcome if t else "", "mde": t.mde_printed if t else None,
+            "outcome_2x": lt.outcome if lt else "", "mde_2x": lt.mde_printed if lt else None,
+            "n_commits": len({s.get("commit", "") for s in summaries} - {""})}
+
+
+def family_facts(facts: dict, family: str) -> dict:
+    """A family's `plateau` (the baseline reaches its final level in the first half of training) and `converged_2x`
+    (the convergence test at 2× steps; None: not judged) from protocol_lines' `facts`."""
+    f = facts.get(family) or {}
+    return {"plateau": bool(f.get("plateau")), "converged_2x": f.get("converged_2x")}
 
 
 def grid_text(exp: dict, row: str) -> str:
@@ -194,13 +229,20 @@ def steps_column(summaries: list[dict], target: float | None, key: str, multipli
     return (f"> {last}" if med is None else f"{med:g}"), steps
 
 
+def plateau_step(steps: list[int | None], total: int) -> float | None:
+    """The baseline's median step to its final level when that is in the first half of training (a plateau), else
+    None (`plateau_text` says it in words; the CSV/JSON's `plateau` is whether it is not None)."""
+    med = median_steps(steps) if steps else None
+    return None if med is None or not total or med > total / 2 else med
+
+
 def plateau_text(steps: list[int | None], total: int) -> str:
     """A line when the baseline got to its own final level in the first half of training (median over seeds): its
     convergence figure then holds because it plateaued early, not because it learned the task, and the table says
     so; "" otherwise. `steps`: the baseline's per-seed steps to its final mean validation level (`Target.final`, not
     the half-training target, which half its seeds reach by half by construction); `total`: its last evaluated step."""
-    med = median_steps(steps) if steps else None
-    if med is None or not total or med > total / 2:
+    med = plateau_step(steps, total)
+    if med is None:
         return ""
     return (f"Plateau: the baseline reaches its final validation level by step {med:g} of {total} (median over seeds), "
             "in the first half of training: its convergence figure reads an early plateau, so this task's readings "

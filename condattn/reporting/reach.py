@@ -10,6 +10,7 @@ from .evidence import (
     PrimaryTest,
     Reach,
     Scale,
+    converged,
     convergence_text,
     delta_trend,
     paired_gain,
@@ -60,15 +61,19 @@ def _by_seed(cell) -> dict[int, float]:
 
 
 def convergence_line(r: Reach | None, family: str, base_cell, long_base, arms: list[tuple[str, object, object]],
-                     higher: bool, unit: str = "points", digits: int = 2) -> str:
+                     higher: bool, unit: str = "points", digits: int = 2, facts: dict | None = None) -> str:
     """The convergence line of a family: the baseline's 2× gain with its interval against the smallest claimed effect
-    here; `arms`: (label, cell at 1×, cell at 2× or None). Without runs at 2×: not tested yet."""
+    here; `arms`: (label, cell at 1×, cell at 2× or None). Without runs at 2×: not tested yet. `facts` (a dict) gets
+    `converged_2x`: the test's outcome (None: not judged)."""
+    facts = {} if facts is None else facts
+    facts["converged_2x"] = None
     if base_cell is None or long_base is None:
         return (f"Convergence ({family}): not tested yet: the baseline has no run at 2× its steps (the length check "
                 "runs once the baseline and the primary rows have finished).")
     one, two = _by_seed(base_cell), _by_seed(long_base)
     gain = paired_gain(one, two, higher)
     effect = r.smallest if r is not None else None
+    facts["converged_2x"] = converged(gain, effect)
     why = ""
     if r is not None and effect is not None:
         a = min(r.rows, key=lambda t: t[1])[0]
@@ -82,7 +87,7 @@ def convergence_line(r: Reach | None, family: str, base_cell, long_base, arms: l
 
 def family_lines(exp: dict, family: str, base_row: str, base_cell, long_base,
                  arms: list[tuple[str, str, str, object, object]], mde: float | None, length_check: bool,
-                 unit: str = "points", digits: int = 2) -> list[str]:
+                 unit: str = "points", digits: int = 2, facts: dict | None = None) -> list[str]:
     """The reach line and (with a length check) the convergence line of one family. `arms`: (label, row, method, cell
     at 1×, cell at 2× or None) of its other rows; `mde`: the family's MDE at its corrected α."""
     r = family_reach(exp, family, base_row, base_cell.values,
@@ -91,13 +96,14 @@ def family_lines(exp: dict, family: str, base_row: str, base_cell, long_base,
            f"Reach ({family}): no test (fewer than 2 seeds or no MDE): this family rules out no effect size."]
     if length_check:
         out.append(convergence_line(r, family, base_cell, long_base, [(lab, c, lc) for lab, _, _, c, lc in arms],
-                                    higher_is_better(exp, base_row), unit, digits))
+                                    higher_is_better(exp, base_row), unit, digits, facts))
     return out
 
 
 def table_evidence(exp: dict, scale: str, row: str, methods: list[str], cells: dict, tests: dict, long: dict | None,
-                   labels: dict[str, str], digits: int) -> list[str]:
-    """protocol_lines' hook (tables 1, 3, 4, 5): one family per row, the baseline its first method."""
+                   labels: dict[str, str], digits: int, facts: dict | None = None) -> list[str]:
+    """protocol_lines' hook (tables 1, 3, 4, 5): one family per row, the baseline its first method (`facts`:
+    convergence_line's)."""
     if exp.get("pretrain"):
         return [f"Reach ({row}): not tested (one pretraining run per method): this table rules out no effect size "
                 "and its rows print no interval."]
@@ -106,10 +112,11 @@ def table_evidence(exp: dict, scale: str, row: str, methods: list[str], cells: d
     arms = [(labels.get(m, m), row, m, cells[(row, m)], long.get((row, m))) for m in methods[1:]]
     unit = "points" if float(exp.get("metric_multiplier", 100)) == 100 else ""
     return family_lines(exp, row, row, cells[(row, methods[0])], long.get((row, methods[0])), arms, mde,
-                        bool((exp["scales"].get(scale) or {}).get("length_check")), unit, digits)
+                        bool((exp["scales"].get(scale) or {}).get("length_check")), unit, digits, facts)
 
 
-def readings_evidence(exp: dict, rows: list[dict], task: str, labels: dict[str, str]) -> list[str]:
+def readings_evidence(exp: dict, rows: list[dict], task: str, labels: dict[str, str],
+                      facts: dict | None = None) -> list[str]:
     """readings' hook (table 9): one family per task; a row's label is its method's when it is primary (the paper's
     stated method or a rival), else its reading."""
     fam = [x for x in rows if x["task"] == task]
@@ -119,7 +126,7 @@ def readings_evidence(exp: dict, rows: list[dict], task: str, labels: dict[str, 
     mde = next((x["test"].mde_corrected for x in fam if x["test"] and x["test"].mde_corrected), None)
     arms = [(labels.get(x["method"], x["method"]) if x["hypothesis"] == "primary" else x["reading"], x["row"],
              x["method"], x["cell"], x["long_cell"]) for x in fam if not x["is_baseline"]]
-    return family_lines(exp, task, base["row"], base["cell"], base["long_cell"], arms, mde, True)
+    return family_lines(exp, task, base["row"], base["cell"], base["long_cell"], arms, mde, True, facts=facts)
 
 
 def speak_sentence(where: str, r: Reach | None, words: dict[str, str], at_budget: bool, untested: bool) -> str:

@@ -23,6 +23,7 @@ from . import protocol
 from .floors import SCALES as FLOOR_SCALES
 from .floors import load as load_floors
 from .metric import families, higher_is_better, hypothesis, methods_for, row_metric
+from .protocol import family_facts, typed_fields
 from .reach import readings_evidence
 from .stats import Verdict, fmt_num, fmt_p
 from .tables import (
@@ -153,10 +154,10 @@ def _long_text(r: dict) -> str:
     return protocol.length_text(r["is_baseline"], r["long_cell"], r["long"], r["test"])
 
 
-def convergence_line(exp: dict, rows: list[dict], task: str) -> str:
+def convergence_line(exp: dict, rows: list[dict], task: str, facts: dict | None = None) -> str:
     """The task's reach line (its MDE beside the papers' claims) and its convergence line (the baseline's gain at 2×
-    steps, same seeds, against the effect the table tests), one paragraph apart."""
-    return "\n\n".join(readings_evidence(exp, rows, task, METHOD_LABELS))
+    steps, same seeds, against the effect the table tests), one paragraph apart (`facts`: gets `converged_2x`)."""
+    return "\n\n".join(readings_evidence(exp, rows, task, METHOD_LABELS, facts))
 
 
 def _csv_row(exp: dict, scale: str, r: dict) -> dict:
@@ -194,7 +195,8 @@ def _csv_row(exp: dict, scale: str, r: dict) -> dict:
            **_convergence_csv(r),
            "wall_time_s": " ".join(f"{w:.1f}" for w in c.wall),
            "commit": " ".join(sorted({s.get("commit", "") for s in c.summaries})),
-           "code": " ".join(sorted({code_text(s) for s in c.summaries}))}
+           "code": " ".join(sorted({code_text(s) for s in c.summaries})),
+           **typed_fields(exp, r["row"], t, lt, c.summaries)}  # lr_at_bound keeps its place, typed
     for k, st in {**r["step0"], **r["extra"]}.items():
         row[f"step0_{k}"] = f"{st[0]:.6g}" if st else ""
     return row
@@ -217,7 +219,7 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
              "entropy as a share of uniform attention (1 = uniform, 0 = one-hot), max attention probability, the "
              "share of (query, head) pairs whose attention argmax is the query itself, and ‖∇W_Q‖_F.")
     lines = table_start(exp, intro, head)[:2] + [intro]
-    csv_rows = []
+    csv_rows, facts = [], {}
     for task in dict.fromkeys(r["task"] for r in rows):
         metric = next(x["metric"] for x in rows if x["task"] == task)
         lines += ["", f"**{task}** (`{metric}`)", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -237,20 +239,22 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
             lines.append(f"| {f['label']} | – | {100 * f['value']:.2f} ({f['split']}{fit}) | – |"
                          + " – |" * (len(head) - 4))
         base = next((x for x in rows if x["task"] == task and x["is_baseline"]), None)
-        lines += ["", convergence_line(exp, rows, task)]
+        facts[task] = {"converged_2x": None, "plateau": False}
+        lines += ["", convergence_line(exp, rows, task, facts[task])]
         if base and base["target"]:
             lines += ["", base["target"].text()]
             total = max((int(s.get("steps") or 0) for s in base["cell"].summaries), default=0)
             to_final = protocol.steps_column(base["cell"].summaries, base["target"].final,
                                              (exp.get("curve") or {}).get("key", "acc"), multiplier(exp),
                                              higher_is_better(exp))[1]
+            facts[task]["plateau"] = protocol.plateau_step(to_final, total) is not None
             if plateau := protocol.plateau_text(to_final, total):
                 lines += ["", plateau]
     found = [(f"{r['task']}: {r['reading']}" + (" (exploratory)" if r["hypothesis"] == "exploratory" else ""),
               r["test"]) for r in rows if r["test"] is not None]
     lines += ["", protocol.verdict_line(found), "", protocol.FOOTER, "", cost_line(exp, scale, rows, done), "",
               code_line(rows), "", provenance_line(exp, scale, cells)]
-    return "\n".join(lines) + "\n", csv_rows
+    return "\n".join(lines) + "\n", [{**r, **family_facts(facts, r["task"])} for r in csv_rows]
 
 
 def code_text(summary: dict) -> str:

@@ -196,15 +196,34 @@ class Verdict:
     higher_is_better: bool = True
 
     @property
-    def word(self) -> str:
-        """"better" / "worse" only when the adjusted p < 0.05; else "no difference detected (MDE x)"."""
+    def outcome(self) -> str:
+        """The verdict as a word: "better" / "worse" only when the adjusted p < 0.05, else "no difference detected";
+        "not tested" without an interval or an adjusted p."""
         if self.ci is None or self.p_adj is None:
-            return "–"
+            return "not tested"
         if self.p_adj < ALPHA:
             up = self.ci.diff > 0
             return "better" if up == self.higher_is_better else "worse"
-        m = self.mde_corrected if self.mde_corrected is not None else self.mde
-        return "no difference detected" + (f" (MDE {fmt_num(m)})" if m is not None else "")
+        return "no difference detected"
+
+    @property
+    def mde_printed(self) -> float | None:
+        """The MDE the verdict names: at the corrected α, else at 0.05."""
+        return self.mde_corrected if self.mde_corrected is not None else self.mde
+
+    @property
+    def word(self) -> str:
+        """The verdict as printed: "better", "worse", "no difference detected (MDE x)" or "–" (`verdict_text`)."""
+        return verdict_text(self.outcome, self.mde_printed)
+
+
+def verdict_text(outcome: str, mde: float | None) -> str:
+    """A verdict's printed form from its typed parts (`Verdict.outcome`, `Verdict.mde_printed`)."""
+    if outcome == "not tested":
+        return "–"
+    if outcome == "no difference detected":
+        return outcome + (f" (MDE {fmt_num(mde)})" if mde is not None else "")
+    return outcome
 
 
 def fmt_p(p: float | None) -> str:

@@ -23,12 +23,15 @@ from .protocol import (
     FOOTER,
     Target,
     baseline_target,
+    family_facts,
     grid_text,
     length_text,
     lr_text,
     pick_key,
+    plateau_step,
     plateau_text,
     steps_column,
+    typed_fields,
     verdict_line,
     verdicts,
 )
@@ -321,8 +324,12 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell], floors: dict | 
                 "diff_2x_ci95_high": f"{lt.ci.high:.4f}" if lt and lt.ci else "",
                 "p_adjusted_2x": f"{lt.p_adj:.6g}" if lt and lt.p_adj is not None else "",
                 "verdict_2x": lt.word if lt else "",
+                **typed_fields(exp, pick_key(exp, row, c.method), t, lt, c.summaries),
             })
-    lines += protocol_lines(exp, scale, cells, METHOD_LABELS, 2 if multiplier(exp) == 100 else 3, floors, long, done)
+    facts: dict[str, dict] = {}
+    lines += protocol_lines(exp, scale, cells, METHOD_LABELS, 2 if multiplier(exp) == 100 else 3, floors, long, done,
+                            facts)
+    csv_rows = [{**r, **family_facts(facts, r["row"])} for r in csv_rows]
     lines += tokenizer_notes([s for c in cells.values() for s in c.summaries])
     lines += patch_notes([s for c in cells.values() for s in c.summaries])
     lines += ["", provenance_line(exp, scale, cells)]
@@ -358,13 +365,14 @@ def length_verdicts(exp: dict, row: str, methods: list[str], long: dict[tuple, T
 
 def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], digits: int = 2,
                    floors: dict | None = None, long: dict[tuple, TableCell] | None = None,
-                   done: list[dict] | None = None) -> list[str]:
+                   done: list[dict] | None = None, facts: dict | None = None) -> list[str]:
     """The fair protocol's block under a table whose scale has an lr grid (tables 1, 3, 4, 5 at small): per row, one
     line per method with its held-out metric (mean ± std), Δ to the row's baseline (the first method) with its 95%
     interval, the lr it picked, the MDE and steps-to-target; then the baseline's convergence figure (and the plateau
     line), the baseline against its floors (`floors`: {row: cached entry}), a verdict, the protocol's footer and the
     cost line (the runs shown, and `done`: every run the plan trained). `cells`: {(row, method): TableCell}; [] without
-    an lr grid."""
+    an lr grid. `facts` (a dict) gets {row: {"plateau": bool, "converged_2x": bool | None}} (`family_facts`)."""
+    facts = {} if facts is None else facts
     if not (exp["scales"].get(scale) or {}).get("lr_grid"):
         return []
     key = (exp.get("curve") or {}).get("key", "acc")
@@ -405,8 +413,9 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
                          f"{steps[0]} |")
             if t is not None:
                 found.append((f"{row} {labels.get(m, m)}", t))
+        facts[row] = {"converged_2x": None}
         notes += [f"{row}: {target.text()}",
-                  *table_evidence(exp, scale, row, methods, cells, tests, long, labels, digits)]
+                  *table_evidence(exp, scale, row, methods, cells, tests, long, labels, digits, facts[row])]
         entry, metric = (floors or {}).get(row), row_metric(exp, scale, row)
         if entry and entry.get("metric") != metric:  # cached for another metric (split): not this table's floors
             notes.append(f"{row}: its cached floors are for {entry.get('metric')}, not {metric}: rerun `python -m "
@@ -415,6 +424,7 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
             notes.append(verdict)
         total = max((int(s.get("steps") or 0) for s in base.summaries), default=0)
         to_final = steps_column(base.summaries, target.final, key, mult, higher)[1]
+        facts[row]["plateau"] = plateau_step(to_final, total) is not None
         if plateau := plateau_text(to_final, total):
             notes.append(f"{row}: {plateau}")
     if exp.get("pretrain"):
@@ -494,7 +504,7 @@ def save_outputs(exp: dict, scale: str, results_root: str | Path, md: str, csv_r
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=fieldnames or (list(csv_rows[0]) if csv_rows else ["table"]))
     w.writeheader()
-    w.writerows(csv_rows)
+    w.writerows([{k: str(v).lower() if isinstance(v, bool) else v for k, v in r.items()} for r in csv_rows])
     result = json.dumps({"table": exp["table"], "scale": scale, "stem": stem, "made_with": exp.get("made_with"),
                          "columns": w.fieldnames, "rows": csv_rows}, indent=1, default=str) + "\n"
     texts = {out_dir / f"{stem}.csv": buf.getvalue(), out_dir / f"{stem}.json": result}
