@@ -87,7 +87,7 @@ def test_applies_or_refuses_in_one_line(method, name):
     assert torch.isfinite(out).all() and (not torch.equal(out, ref) or (method, name) in NO_EFFECT)
     if method == "mimetic_init":  # init only: nothing attached, nothing to remove
         assert model._condattn.handles == []
-        with pytest.raises(RuntimeError, match="mimetic_init changed the weights themselves"):
+        with pytest.raises(RuntimeError, match="mimetic_init set the weights. values once"):
             condattn.remove_conditioning(model)
         return
     condattn.remove_conditioning(model)
