@@ -2,7 +2,7 @@
 
 Layers, top to bottom (a module may import its own layer and the layers below it, never one above):
 
-1. entry points: train, reproduce, launch, compare, bench, diagnose, reporting
+1. entry points: train, reproduce, launch, compare, bench, diagnose, reporting, medium_claim (+ its report)
 2. the engine: engine (trainer and its parts, optimizer, preflight), config (Hydra composition)
 3. the zoo: models, data, tasks
 4. leaves of the harness: runs (the run record), utils
@@ -24,7 +24,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "condattn"
 
 LAYERS: list[list[str]] = [
     ["condattn.train", "condattn.reproduce", "condattn.reproduce_all", "condattn.launch", "condattn.compare",
-     "condattn.bench", "condattn.diagnose", "condattn.reporting", "condattn.table", "condattn.floors"],
+     "condattn.bench", "condattn.diagnose", "condattn.reporting", "condattn.table", "condattn.floors",
+     "condattn.medium_claim", "condattn.medium_claim_report"],
     ["condattn.engine", "condattn.config", "condattn.experiment"],
     ["condattn.models", "condattn.data", "condattn.tasks"],
     ["condattn.runs", "condattn.utils"],
