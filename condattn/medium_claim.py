@@ -48,6 +48,8 @@ def recipe(overrides: dict) -> tuple[dict, dict]:
     model.update(vit["model"])
     model.update(shared["model"])
     model.update(img_size=32, num_classes=100, **overrides)
+    if overrides:
+        model["name"] += " with " + ",".join(f"{k}={v}" for k, v in overrides.items())
     optim, task = shared["optim"], shared["task"]
     return model, {"lr": optim["lr"], "weight_decay": optim["weight_decay"], "betas": tuple(optim["betas"]),
                    "eps": optim["eps"], "warmup_lr": optim["warmup_lr"], "min_lr": optim["min_lr"],
@@ -143,6 +145,9 @@ class Group:
             self.params, self.buffers = stack_module_state(self.models)
             self.base = self.models[0]
             self.cet = self._cet_hook(self.base)
+            if len(self.base.blocks[0]._forward_pre_hooks) != (self.cet is not None):  # the split forward skips them
+                raise RuntimeError(f"--mode vmap: the first block of arm {arm} carries hooks other than CET's; "
+                                   "use --mode loop")
             self.opts = [torch.optim.AdamW(list(self.params.values()), **kw)]
         else:
             self.opts = [torch.optim.AdamW(m.parameters(), **kw) for m in self.models]
@@ -301,7 +306,7 @@ def parse(argv):
     p.add_argument("--mode", choices=("auto", "vmap", "loop"), default="auto",
                    help="seeds at once (vmap) or one after another (loop); auto: the faster in the warm-up")
     p.add_argument("--budget-s", type=float, default=780.0, help="refuse when the projected time exceeds it")
-    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--warmup-steps", type=int, default=5, help="timed steps per arm and mode before the projection")
     p.add_argument("--model", default="", help="model overrides KEY=VALUE,... (e.g. depth=1,embed_dim=32)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--allow-cpu", action="store_true", help="train on CPU (tests, toy data)")

@@ -52,6 +52,7 @@ def write(out: Path, acc: dict, arms: list[str], steps: int, seeds: list[int], i
             "model": info["model"], "recipe": info["recipe"],
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     out.mkdir(parents=True, exist_ok=True)
+    mod, rec = info["model"], info["recipe"]
     js, md = out / "claim_vit_cet.json", out / "claim_vit_cet.md"
     js.write_text(json.dumps({"claim": "table 1 ViT row: CET (embedded) vs baseline (none), CIFAR-100 top-1 test acc",
                               "arms": arms, "budgets": rows, "trend": tr, "provenance": prov}, indent=2, default=str))
@@ -60,6 +61,11 @@ def write(out: Path, acc: dict, arms: list[str], steps: int, seeds: list[int], i
              f"{2 * steps} steps at batch {info['recipe']['batch']} (crop + flip; python -m condattn.medium_claim). "
              f"Commit {prov['commit']}, {hw}, torch {prov['torch']}, mode {info['mode']}, {prov['wall_s']} s in all "
              f"(projected {prov['projected_s']} s), {prov['date']}.", "",
+             f"Model {mod.get('name')} ({mod['depth']} blocks × {mod['embed_dim']}, patch {mod['patch_size']}); "
+             f"recipe: the medium scale's AdamW (lr {rec['lr']}, weight decay {rec['weight_decay']}), label smoothing "
+             f"{rec['label_smoothing']}, drop-path {mod.get('drop_path_rate', 0)}, warm-up over 10 % of the steps "
+             "then cosine, with random crop (4-px padding) and flip only (no RandAugment, mixup, CutMix or erasing); "
+             "one lr for both arms.", "",
              "| steps | baseline | CET | Δ (CET − baseline) [Welch 95 %] | p (Welch) | MDE | verdict |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -67,7 +73,7 @@ def write(out: Path, acc: dict, arms: list[str], steps: int, seeds: list[int], i
         lines.append(f"| {r['steps']} | {b['mean']:.2f} ± {b['std']:.2f} | {c['mean']:.2f} ± {c['std']:.2f} | "
                      f"{r['delta']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}] | {fmt_p(r['p_welch'])} | "
                      f"{r['mde']:.2f} | {r['verdict']} |")
-    agree = rows[0]["verdict"] == rows[1]["verdict"]
+    agree = rows[0]["verdict"].split(" (")[0] == rows[1]["verdict"].split(" (")[0]
     lines += ["", f"Δ(2B) − Δ(B) = {tr['change']:+.2f} [{tr['ci95'][0]:+.2f}, {tr['ci95'][1]:+.2f}] ({tr['method']}); "
               f"the verdicts at B and 2B {'agree' if agree else 'differ'}.", "",
               "MDE: the two-sided Welch test's minimum detectable effect at 80 % power, α = 0.05, from both arms' "
