@@ -33,7 +33,8 @@ def toy_cifar(tmp_path):
 @pytest.mark.slow
 def test_trains_and_writes_the_report(toy_cifar, tmp_path, capsys):
     out = tmp_path / "out"
-    assert mc.main(["--data", str(toy_cifar), "--steps", "2", "--out", str(out), "--warmup-steps", "1", *TINY]) == 0
+    assert mc.main(["--data", str(toy_cifar), "--steps", "2", "--out", str(out), "--warmup-steps", "1",
+                    "--mode", "vmap", *TINY]) == 0
     text = capsys.readouterr().out
     assert "plan: arms ['baseline', 'CET'], 2 seeds each, B = 2 and 2B = 4 steps" in text
     assert "projected" in text and "CPU estimate" in text
@@ -49,11 +50,12 @@ def test_trains_and_writes_the_report(toy_cifar, tmp_path, capsys):
         assert b["ci95"][0] <= b["delta"] <= b["ci95"][1] and b["verdict"]
     prov = res["provenance"]
     assert prov["seeds"] == [0, 1] and prov["steps"] == [2, 4] and prov["torch"] == torch.__version__
-    assert prov["commit"] and prov["device"] and prov["wall_s"] > 0 and prov["mode"] in ("vmap", "loop")
+    assert prov["commit"] and prov["device"] and prov["wall_s"] > 0 and prov["mode"] == "vmap"
     md = (out / "claim_vit_cet.md").read_text()
     assert md.count("\n| 2 | ") == 1 and md.count("\n| 4 | ") == 1 and "Δ(2B) − Δ(B)" in md
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_plan_and_trains_nothing(toy_cifar, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DRY_RUN", "1")
     trained = []
