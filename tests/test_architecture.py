@@ -2,7 +2,8 @@
 
 Layers, top to bottom (a module may import its own layer and the layers below it, never one above):
 
-1. entry points: train, reproduce, launch, compare, bench, diagnose, reporting
+1. entry points: train, reproduce, launch, compare, bench, diagnose, reporting, table, floors, medium_claim (+ its
+   report)
 2. the engine: engine (trainer and its parts, optimizer, preflight), config (Hydra composition), checks (values)
 3. the zoo: models, data, tasks
 4. leaves of the harness: runs (the run record), utils
@@ -24,7 +25,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "condattn"
 
 LAYERS: list[list[str]] = [
     ["condattn.train", "condattn.reproduce", "condattn.reproduce_all", "condattn.launch", "condattn.compare",
-     "condattn.bench", "condattn.diagnose", "condattn.reporting", "condattn.table", "condattn.floors"],
+     "condattn.bench", "condattn.diagnose", "condattn.reporting", "condattn.table", "condattn.floors",
+     "condattn.medium_claim", "condattn.medium_claim_report"],
     ["condattn.engine", "condattn.config", "condattn.experiment", "condattn.checks"],
     ["condattn.models", "condattn.data", "condattn.tasks"],
     ["condattn.runs", "condattn.utils"],
