@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from test_reproduce import listops_only, tiny
 
-from condattn.reproduce import main, override_slug
+from condattn.reproduce import main
+from condattn.table.cells import override_slug
 
 
 def test_override_slug_names_the_overrides():

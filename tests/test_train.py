@@ -130,7 +130,7 @@ def test_preflight_names_each_bad_value(tmp_path):
     cfg = compose(["conditioning=spectral", "conditioning.lam=x", "task.steps=abc",
                    "optim.schedule=cosinus", "impl.precision=fp64", f"paths.runs={tmp_path}"])
     msgs = [str(p) for p in preflight(cfg, check_data=False)]
-    assert "conditioning.lam='x' must be a number" in msgs
+    assert "conditioning.lam='x' must be a number, not a string" in msgs
     assert "task.steps='abc' must be a positive integer" in msgs
     assert any(m.startswith("unknown schedule optim.schedule='cosinus'; known: linear, cosine") for m in msgs)
     assert "impl.precision='fp64': choose no, bf16 or fp16" in msgs
@@ -281,7 +281,7 @@ def test_train_cli_bad_value_is_one_line_and_writes_nothing(tmp_path):
     out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "RANK": "0", "PYTHONPATH": str(REPO)})
     assert out.returncode == 2, out.stderr
-    assert out.stderr.strip() == "[condattn] conditioning.lam='x' must be a number"
+    assert out.stderr.strip() == "[condattn] conditioning.lam='x' must be a number, not a string"
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no runs/, outputs/, .hydra, train.log
 
 

@@ -105,7 +105,7 @@ def test_small_member_counts(family):
     assert mcfg["attention_layers"] == sum(expected.values())
     for method in ["spectral", "embedded", "spectral+embedded"]:
         model = build(mcfg)
-        rep = condattn.apply_conditioning(model, method, lam=2.0)
+        rep = condattn.apply_conditioning(model, method, **({"lam": 2.0} if "spectral" in method else {}))
         rep.check(attention_layers=mcfg["attention_layers"])
         assert {k: v for k, v in rep.counts.items() if k.startswith("spectral")} == (
             expected if "spectral" in method else {})
@@ -170,7 +170,7 @@ def test_trains_a_few_steps_under_both_methods(family):
     x, y = images(4), torch.tensor([0, 1, 2, 3])
     for method in methods:
         model = build(mcfg).train()
-        condattn.apply_conditioning(model, method, lam=2.0)
+        condattn.apply_conditioning(model, method, **({"lam": 2.0} if "spectral" in method else {}))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         losses = []
         for _ in range(3):

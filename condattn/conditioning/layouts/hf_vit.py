@@ -41,9 +41,11 @@ def hf_vit_tokens(name: str, m: nn.Module) -> TokenSite | None:
         return None
     from transformers.models.vit.modeling_vit import ViTModel
 
+    if not isinstance(m, ViTModel):
+        return None
     # transformers 5: `layers`, forward(..., attention_mask) 4th; 4.x: `encoder.layer`, no attention mask
     layers, at = (m.layers, "layers") if hasattr(m, "layers") else (getattr(m.encoder, "layer", []), "encoder.layer")
-    if not isinstance(m, ViTModel) or len(layers) == 0:
+    if len(layers) == 0:
         return None
     return TokenSite(
         layout="hf_vit",
