@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -308,6 +309,16 @@ def test_reproduce_runs_both_stages_locally_and_reuses_them(tmp_path, capsys):
     assert main([*args, "--report-only", "--force"]) == 0
     md = (tmp_path / "results" / "smoke" / "table4_lra.seeds-0+1.md").read_text()  # not the experiment's seeds
     assert "grid unfinished" not in md and f"({best:.0e}" in md
+    # a fresh clone (no runs, the kept records): one plan reads the kept stage-1 records where they lie, so the pick,
+    # the other seeds and their records come in one plan and one restore, and nothing trains again
+    trained = sorted(p.name for p in (tmp_path / "results" / "smoke" / "runs").iterdir())
+    assert len(trained) == 6
+    shutil.rmtree(tmp_path / "runs")
+    capsys.readouterr()
+    assert main([*args, "--report-only"]) == 0
+    assert capsys.readouterr().out.count("restored 6 finished runs") == 1  # one plan, one restore
+    assert {p.name for p in (tmp_path / "runs" / "smoke").iterdir() if not p.name.startswith(".")} == \
+        {n.removesuffix(".json.gz") for n in trained}
 
 
 def test_one_renderer_cli_uses_the_experiments_renderer_and_refuses_an_lr_grid(tmp_path, capsys):

@@ -322,24 +322,3 @@ def test_restore_kept_never_restores_weights_a_cell_still_needs_nor_a_run_set_as
     keep(other.name)
     (runs / f"{other.name}.stale-1").mkdir()
     assert restore_kept(Plan(exp, [other], {}, tmp_path / "runs", tmp_path / "results"), "small") == 0
-
-
-@pytest.mark.slow
-def test_one_plan_reads_the_kept_records_and_restores_every_wave_a_restored_pick_adds(tmp_path, capsys):
-    """A fresh clone of a grid table: the plan reads the kept stage-1 records where they lie, so its lr pick, the row's
-    other seeds and their records come in one plan and one restore, and nothing trains again."""
-    exp = listops_only(tmp_path, steps=2)
-    raw = yaml.safe_load(exp.read_text())
-    raw["methods"] = ["none"]
-    raw["scales"]["smoke"].update(lr_grid=[1, 2], lr_bound=[1, 2], selection_seeds=[100, 101])
-    exp.write_text(yaml.safe_dump(raw, sort_keys=False))
-    args = [str(exp), "--scale", "smoke", "--seeds", "0 1", *tiny(tmp_path)]
-    assert main(args) == 0
-    trained = sorted(p.name for p in (tmp_path / "results" / "smoke" / "runs").iterdir())
-    assert len(trained) == 6  # stage 1: two selection seeds at ×1 and ×2; stage 2: seeds 0 and 1 at the pick
-    shutil.rmtree(tmp_path / "runs")
-    capsys.readouterr()
-    assert main([*args, "--report-only"]) == 0
-    assert capsys.readouterr().out.count("restored 6 finished runs") == 1  # one plan, one restore
-    assert {p.name for p in (tmp_path / "runs" / "smoke").iterdir() if not p.name.startswith(".")} == \
-        {n.removesuffix(".json.gz") for n in trained}
