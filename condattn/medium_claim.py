@@ -56,13 +56,20 @@ def recipe(overrides: dict) -> tuple[dict, dict]:
                    "batch": task["batch_size"], "label_smoothing": task["label_smoothing"]}
 
 
-def load_data(root: str, device: torch.device) -> dict:
-    """CIFAR-100's train/test splits as uint8 [N, 3, 32, 32] and int64 labels, resident on `device`."""
+def load_data(root: str, device: torch.device, planning: bool = False) -> dict:
+    """CIFAR-100's train/test splits as uint8 [N, 3, 32, 32] and int64 labels, resident on `device`. `planning` (a
+    dry run): without the data, zero images of its sizes (50,000 train / 10,000 test) stand in, said in one line."""
     from .data import cifar
 
     try:
         splits, checksum, _ = cifar.load(root, 100)
     except FileNotFoundError as e:
+        if planning:
+            print(f"[medium-claim] CIFAR-100 not found under {root}: planned with its sizes and zero images (the run "
+                  "needs it: --data DIR or $CONDATTN_DATA)", flush=True)
+            return {"checksum": None, **{split: (torch.zeros(n, 3, 32, 32, dtype=torch.uint8, device=device),
+                                                 torch.zeros(n, dtype=torch.long, device=device))
+                                         for split, n in (("train", 50_000), ("val", 10_000))}}
         raise fail(f"{e} On a machine without internet: download cifar-100-python.tar.gz elsewhere, copy it here, "
                    f"then `tar xzf cifar-100-python.tar.gz -C {root}`; or pass --data DIR.") from None
     out = {"checksum": checksum}
@@ -267,30 +274,25 @@ def step_seconds(model_cfg, rc, arm, seeds, data, device, mode, n: int) -> float
 
 
 def cpu_plan(model_cfg, rc, arms, args, n_test: int) -> int:
-    """The dry run's plan on a CPU, where a warm-up step of the full model takes seconds per seed: no measured
-    projection, but the counted FLOPs and what they allow at an H200's bf16 peak (a bound, not a projection)."""
-    from .engine.flops import peak_flops, training_step_flops
+    """The dry run's plan on a CPU, where a warm-up step of the full model takes seconds per seed: the projected GPU
+    time from the counted FLOPs and the host's time per step (condattn/medium_projection.py), and the B it fits."""
+    from .engine.flops import training_step_flops
+    from .medium_projection import fitting_steps, lines, project
 
     x, y = torch.zeros(2, 3, 32, 32), torch.zeros(2, dtype=torch.long)
     per = {a: training_step_flops(build(model_cfg, a, 0, torch.device("cpu")),
                                   lambda m: F.cross_entropy(m(x), y)) / 2 for a in arms}
-    peak = peak_flops("NVIDIA H200", "bf16")
-    per_step = sum(per.values()) * args.seeds * rc["batch"]  # one step of every seed of both arms
-    evals = 4 * args.seeds * n_test * sum(per.values()) / 2 / 3
-    print("[medium-claim] no projection measured on this CPU: one training step of this model takes seconds per seed "
-          "here; the GPU run times its own warm-up and prints its projection before it trains")
     print("[medium-claim] counted FLOPs per training image: " + ", ".join(f"{a} {f / 1e9:.3f} GFLOP"
-                                                                          for a, f in per.items()))
-    if args.steps:
-        bound = (3 * args.steps * per_step + evals) / peak
-        print(f"[medium-claim] plan: arms {arms}, {args.seeds} seeds each, B = {args.steps} and 2B = {2 * args.steps} "
-              f"steps; at an H200's bf16 peak ({peak / 1e12:.0f} TFLOP/s) the training alone takes at least "
-              f"{bound:.0f} s (a lower bound: a model this small reaches a fraction of the peak)")
-    else:
-        most = int((args.budget_s * peak - evals) / (3 * per_step))
-        print(f"[medium-claim] plan: arms {arms}, {args.seeds} seeds each, B and 2B steps with B chosen on the GPU "
-              f"from its warm-up to fit --budget-s {args.budget_s:.0f}; at an H200's bf16 peak "
-              f"({peak / 1e12:.0f} TFLOP/s) B could be at most {most} steps (a bound)")
+                                                                          for a, f in per.items()), flush=True)
+    seeds = list(range(args.seeds))
+    modes = ["vmap", "loop"] if args.mode == "auto" else [args.mode]
+    p = project(Group, model_cfg, rc, arms, seeds, per, n_test, modes)
+    steps = args.steps or fitting_steps(p, args.budget_s)
+    print(f"[medium-claim] plan: arms {arms}, {args.seeds} seeds each, B = {steps} and 2B = {2 * steps} steps (each a "
+          f"run of its own), " + ("B as given" if args.steps else f"B the largest multiple of 100 the projection fits "
+                                  f"in 90 % of --budget-s {args.budget_s:.0f}"))
+    for line in lines(p, steps, args.budget_s):
+        print(line)
     print("[medium-claim] DRY_RUN: nothing trained")
     return 0
 
@@ -338,7 +340,7 @@ def main(argv=None) -> int:
     if device.type == "cpu" and not (args.dry_run or args.allow_cpu):
         raise fail("no CUDA device (torch.cuda.is_available() is False): run it on a GPU, DRY_RUN=1 for the plan "
                    "only, or --allow-cpu to train on CPU")
-    data = load_data(args.data, device)
+    data = load_data(args.data, device, planning=args.dry_run)
     model_cfg, rc = recipe(overrides(args.model))
     if args.batch:
         rc["batch"] = args.batch

@@ -31,6 +31,7 @@ PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     ("A40", {"bf16": 149.7, "fp16": 149.7, "fp32": 37.4}),
     ("A10", {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2}),
     ("RTX 4090", {"bf16": 165.2, "fp16": 165.2, "fp32": 82.6}),
+    ("RTX 3090", {"bf16": 71.0, "fp16": 71.0, "fp32": 35.6}),  # tensor cores with fp32 accumulate (AMP)
     ("V100", {"fp16": 125.0, "fp32": 15.7}),
 ]
 
