@@ -59,6 +59,8 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "tra
         raise FileNotFoundError(f"config directory {CONFIG_DIR} not found; set CONDATTN_CONFIG_DIR")
     key = _inputs(overrides, config_name)
     if key not in _COMPOSED:
+        if len(_COMPOSED) >= 256:  # bounded: the oldest goes first
+            del _COMPOSED[next(iter(_COMPOSED))]
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             _COMPOSED[key] = resolve_paths(hydra_compose(config_name=config_name, overrides=list(overrides)))
