@@ -527,7 +527,7 @@ class RunLock:
                 told = True
             if timeout_s is not None and time.time() - t0 > timeout_s:
                 raise TimeoutError(f"{self.run_dir} is still locked by {self.holder()} after {timeout_s:.0f} s")
-            time.sleep(self.poll_s)
+            time.sleep(self.poll_s if timeout_s is None else min(self.poll_s, max(0.0, t0 + timeout_s - time.time())))
 
     def release(self) -> None:
         if self._fd is not None:

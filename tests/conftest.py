@@ -12,7 +12,6 @@ import subprocess
 import tempfile
 
 import pytest
-import torch
 
 pytest_plugins = ("pytester",)  # tests/test_tiers.py runs the tier rules in a session of its own
 
@@ -63,6 +62,8 @@ class UnitTierViolation(RuntimeError):
 
 
 def pytest_collection_modifyitems(config, items):
+    import torch  # here, not at the top: xdist's controller neither collects nor runs tests (2 s of start-up saved)
+
     skip_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         tiers = [m for m in ("slow", "gpu") if item.get_closest_marker(m)]
@@ -170,6 +171,8 @@ def pytest_terminal_summary(terminalreporter):
 def one_thread():
     """Tiny models: one intra-op thread is faster, and far faster on a loaded machine (OpenMP sync dominates). A test
     module opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -1,5 +1,6 @@
 """Every value is checked before any compute (issue 36): `resume`, the runs and results folders, a bad override once
-with its cause first, λ far beyond the weights' scale. Unit tier: the guard fails a test that would train."""
+with its cause first, λ far beyond the weights' scale. Unit tier (the guard fails a test that would train), but for
+the refusals through `reproduce` that first plan a whole table (slow: each composes and costs every cell)."""
 
 import os
 from pathlib import Path
@@ -161,6 +162,7 @@ BAD_VALUES = [("optim.lr=-1", "optim.lr=-1 must be a positive number"),
               ("impl.threads=-1", "impl.threads=-1 must be a positive integer")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("override", "says"), [BAD_VALUES[i] for i in (0, 2, 3)])  # one per key: the rest as train
 def test_a_bad_number_is_refused_by_reproduce_before_any_cell(tmp_path, capsys, override, says):
     """impl.threads=0 is refused, never read as "unset" (which made it a run variant of its own)."""
@@ -199,6 +201,7 @@ def test_a_runs_or_results_folder_that_is_a_file_or_under_proc_is_refused_before
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("gpus", "says"), [
     ("0", "launcher.gpus_per_node=0 gives the job no GPU"),
     ("-4", "launcher.gpus_per_node=-4 must be an integer ≥ 1")])
@@ -211,6 +214,7 @@ def test_slurm_gpu_counts_below_one_are_refused(tmp_path, capsys, gpus, says):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_slurm_node_count_below_one_is_refused(tmp_path, capsys):
     exp = Path(__file__).resolve().parents[1] / "experiments" / "table4_lra.yaml"
     assert main([str(exp), "--scale", "paper", "--launcher", "slurm", "--dry-run", "--rows", "listops",

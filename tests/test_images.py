@@ -267,6 +267,7 @@ def test_train_imagenet_recipe_on_the_stand_in(tmp_path):
 # ---------------------------------------------------------------- table 8 renderer
 
 
+@pytest.mark.slow
 def test_ablation_table_from_run_summaries(tmp_path):
     from condattn.reporting import load_experiment
     from condattn.reporting.ablation import write_table

@@ -268,6 +268,7 @@ def test_node_memory_scales_with_processes_and_workers():
     assert mem("launcher.gpus_per_node=4", "launcher.mem_gb=128") == "128GB"  # as given
 
 
+@pytest.mark.slow
 def test_without_srun_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(launch.shutil, "which", lambda name: None)
     exp = str(listops_only(tmp_path))

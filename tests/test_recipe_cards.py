@@ -106,6 +106,7 @@ def test_card_file_is_well_formed_and_every_card_is_used():
     assert used == set(cards)
 
 
+@pytest.mark.slow
 def test_paper_table_prints_the_differences():
     exp = load_experiment(str(next(p for p in PAPER if p.stem == "table4_lra")))
     lines = table_notes(exp, "paper", list(exp["rows"]))
@@ -116,6 +117,7 @@ def test_paper_table_prints_the_differences():
     assert any("same run twice" in line for line in table_notes(t1, "smoke", list(t1["rows"])))
 
 
+@pytest.mark.slow
 def test_a_note_about_rows_or_scales_prints_only_where_they_apply():
     exp = copy.deepcopy(load_experiment(str(next(p for p in PAPER if p.stem == "table1_imagenet"))))
     exp["notes"] = [{"rows": ["vit_base", "deit_base"], "text": "same run\n twice"},

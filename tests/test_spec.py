@@ -220,6 +220,7 @@ def config_checks(monkeypatch):
     return counts
 
 
+@pytest.mark.slow
 def test_reproduce_dry_run_checks_each_cell_once(tmp_path, config_checks, capsys):
     import yaml
 

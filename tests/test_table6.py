@@ -168,6 +168,7 @@ def _fake_run(runs: Path, name: str, model: str, kx: float, seed_shift: float, s
     (d / "summary.json").write_text(json.dumps(summary))
 
 
+@pytest.mark.slow
 def test_curves_renderer_on_fake_runs(tmp_path):
     from condattn.reporting import load_experiment
     from condattn.reporting.curves import write_table

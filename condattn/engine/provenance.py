@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -114,6 +115,7 @@ def _files(paths: tuple[str, ...], root: Path | None = None) -> list[Path]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)  # keyed by the bytes themselves: a table plans its cells from the same files
 def normalised(source: bytes) -> bytes:
     """A digest of what a Python file does: its syntax tree without docstrings, comments or layout, so that an edit to
     a docstring, a comment or the formatting is not a change of code (an error message's text still is). A file that

