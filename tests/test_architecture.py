@@ -3,7 +3,7 @@
 Layers, top to bottom (a module may import its own layer and the layers below it, never one above):
 
 1. entry points: train, reproduce, launch, compare, bench, diagnose, reporting, table, floors, medium_claim (+ its
-   report)
+   report and projection)
 2. the engine: engine (trainer and its parts, optimizer, preflight), config (Hydra composition), checks (values)
 3. the zoo: models, data, tasks
 4. leaves of the harness: runs (the run record), utils
@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "condattn"
 LAYERS: list[list[str]] = [
     ["condattn.train", "condattn.reproduce", "condattn.reproduce_all", "condattn.launch", "condattn.compare",
      "condattn.bench", "condattn.diagnose", "condattn.reporting", "condattn.table", "condattn.floors",
-     "condattn.medium_claim", "condattn.medium_claim_report"],
+     "condattn.medium_claim", "condattn.medium_claim_report", "condattn.medium_projection"],
     ["condattn.engine", "condattn.config", "condattn.experiment", "condattn.checks"],
     ["condattn.models", "condattn.data", "condattn.tasks"],
     ["condattn.runs", "condattn.utils"],
