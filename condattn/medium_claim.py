@@ -282,7 +282,7 @@ def cpu_plan(model_cfg, rc, arms, args, n_test: int) -> int:
     x, y = torch.zeros(2, 3, 32, 32), torch.zeros(2, dtype=torch.long)
     per = {a: training_step_flops(build(model_cfg, a, 0, torch.device("cpu")),
                                   lambda m: F.cross_entropy(m(x), y)) / 2 for a in arms}
-    print("[medium-claim] counted FLOPs per training image: " + ", ".join(f"{a} {f / 1e9:.3f} GFLOP"
+    print("[medium-claim] counted FLOPs per training image: " + ", ".join(f"{a} {f / 1e9:.4g} GFLOP"
                                                                           for a, f in per.items()), flush=True)
     seeds = list(range(args.seeds))
     modes = ["vmap", "loop"] if args.mode == "auto" else [args.mode]

@@ -133,3 +133,53 @@ def test_gpu_check_sh_routes_the_dry_run_without_cuda(toy_cifar, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "B = 2 and 2B = 4 steps" in out.stdout and "DRY_RUN: nothing trained" in out.stdout
     assert not (tmp_path / "o").exists()
+
+
+def test_projection_arithmetic_and_the_steps_it_fits():
+    """A step is the longer of compute and host time; the total is 3B steps plus evaluation; the B picked is the
+    largest multiple of 100 within 90 % of the budget, and the dry run's lines print each part."""
+    from condattn.medium_projection import Projection, fitting_steps, lines
+
+    p = Projection(device_s=0.01, host_s={"vmap": 0.05, "loop": 0.2}, evals_s=30.0, mfu=0.241,
+                   ops={"vmap": 5000, "loop": 20000})
+    assert p.step_s("vmap") == 0.05 and p.step_s("loop") == 0.2 and p.mode == "vmap"
+    assert p.total_s(1000) == pytest.approx(3 * 1000 * 0.05 + 30.0)
+    steps = fitting_steps(p, 780.0)
+    assert steps % 100 == 0 and p.total_s(steps) <= 0.9 * 780 < p.total_s(steps + 100)
+    assert fitting_steps(p, 1.0) == 100  # never under 100 steps
+    text = "\n".join(lines(p, steps, 780.0))
+    assert f"projected GPU time (an estimate, not a measurement; the GPU run times its own warm-up): " \
+           f"{p.total_s(steps):.0f} s on an H200 for B = {steps} and 2B = {2 * steps} steps, mode vmap" in text
+    assert "MFU 24.1 %" in text and "vmap 0.0500 s (5000 ops), loop 0.2000 s (20000 ops)" in text
+    assert "over --budget-s" not in text and "over --budget-s 100" in "\n".join(lines(p, 10_000, 100.0))
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_projects_from_counted_flops_and_ops(tmp_path, capsys, monkeypatch):
+    """A model too large to time on a CPU (depth × width × batch over CPU_HEAVY) is planned from its counted FLOPs and
+    aten ops, without the data (zero images of CIFAR-100's sizes stand in) and without training or timing a step."""
+    import re
+
+    monkeypatch.setenv("DRY_RUN", "1")
+    monkeypatch.setattr(mc, "step_seconds", lambda *a, **k: pytest.fail("a dry run on a CPU timed a step"))
+    batch, out = mc.CPU_HEAVY // 16 + 1, tmp_path / "out"
+    assert mc.main(["--data", str(tmp_path / "nowhere"), "--out", str(out), "--model",
+                    "depth=1,embed_dim=16,num_heads=2,patch_size=8", "--batch", str(batch), "--seeds", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "CIFAR-100 not found under" in text and "(50000 train / 10000 test images" in text
+    assert "DRY_RUN: nothing trained" in text and not out.exists()
+    flops = dict(re.findall(r"(baseline|CET) ([0-9.e+-]+) GFLOP", text))
+    assert set(flops) == {"baseline", "CET"} and all(float(f) > 0 for f in flops.values())
+    assert float(flops["CET"]) >= float(flops["baseline"])  # CET adds its correction to the same model
+    mfu = float(re.search(r"MFU ([0-9.]+) %", text).group(1)) / 100
+    compute = float(re.search(r"compute ([0-9.]+) s per step", text).group(1))
+    assert 0.05 < mfu < 0.6
+    assert compute == pytest.approx(2 * batch * sum(float(f) * 1e9 for f in flops.values()) / (mfu * 989.4e12),
+                                    rel=0.01, abs=1e-4)
+    host = {m: (float(s), int(n)) for m, s, n in re.findall(r"(vmap|loop) ([0-9.]+) s \((\d+) ops\)", text)}
+    assert set(host) == {"vmap", "loop"} and host["loop"][1] > host["vmap"][1] > 0  # a loop dispatches per seed
+    assert all(s == pytest.approx(n * 10e-6, abs=1e-4) for s, n in host.values())
+    total, steps = map(int, re.search(r"GPU time .*?: (\d+) s on an H200 for B = (\d+)", text).groups())
+    step = max(compute, min(n * 10e-6 for _, n in host.values()))
+    assert steps % 100 == 0 and total == pytest.approx(3 * steps * step, abs=2)
+    assert 3 * steps * step <= 0.9 * 780 < 3 * (steps + 100) * step + 1
