@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from condattn.experiment import FREE, ExperimentError, cell_overrides, load, parse
+from condattn.experiment import FREE, ExperimentError, load, parse
 
 EXPERIMENTS = sorted((Path(__file__).resolve().parents[1] / "experiments").glob("*.yaml"))
 
@@ -90,8 +90,8 @@ def test_cell_overrides_are_one_recipe_for_reproduce_and_the_floors():
     from condattn.floors.features import groups
     from condattn.reproduce import parts
 
-    exp = dict(load(EXPERIMENTS[8]).mapping)  # table 9
+    exp = load(EXPERIMENTS[8])  # table 9
     (part,) = [p for p in parts(exp, "smoke", [0]) if p.row == "listops_baseline"]
-    cell = cell_overrides(exp, "listops_baseline", "none", "smoke", 0)
+    cell = exp.cell_overrides("listops_baseline", "none", "smoke", 0)
     assert part.own[:len(cell)] == cell and "task.steps=40" in cell
     assert groups(exp, "smoke")["listops"][1] == cell
