@@ -218,4 +218,3 @@ def write_table(plan: Plan) -> tuple[Path, str]:
     md, csv_rows = render(plan.exp, plan.scale, rows, cells)
     return save_outputs(plan, md, csv_rows, lambda png: plot(rows, png, f"{plan.exp.table}, scale={plan.scale}"),
                         "accuracy, entropy and gradient norm against λ")
-

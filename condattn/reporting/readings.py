@@ -369,4 +369,3 @@ def write_table(plan: Plan) -> tuple[Path, str]:
     md, csv_rows = render(plan, rows, cells, floors, trained(plan))
     return save_outputs(plan, md, csv_rows, lambda png: plot(rows, png, f"{exp.table}, scale={scale}"),
                         "final accuracy per reading, beside the baseline", floors=False)
-
