@@ -2,9 +2,9 @@
 parsed once, refusing an unknown key in one line that names it and the nearest valid one (`higer_is_better` in a loss
 table would otherwise read as "higher is better").
 
-`load(path)` gives the Experiment; `Experiment.mapping` is the validated file as a plain dict, which reproduce and the
-renderers read. The overrides of one cell are composed here (`cell_overrides`: reproduce and the floors use the same
-recipe); the rules read per row (direction, metric, hypothesis, reported seeds) live in reporting/metric.py.
+`load(path)` gives the Experiment, the one form of the file that planning and rendering pass around: the rules read
+per row and scale (metric, direction, hypothesis, reported seeds, families, a cell's overrides) are its methods, and
+the protocol fields (lr grid, bound, selection seeds, length check) are validated here, when the file is parsed.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,10 @@ class ScaleSpec:
     exploratory_seeds: int | None = None
     length_check: LengthCheck | None = None
 
+    def problem(self, table: str, scale: str, reported: Any = ()) -> str | None:
+        """`protocol_problem` of these settings against the seeds a command reports (--seeds)."""
+        return protocol_problem(table, scale, asdict(self), reported)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -102,6 +106,9 @@ FREE = ("paper", "paper_provenance", "paper_columns", "paper_sources", "paper_st
 
 @dataclass(frozen=True)
 class Experiment:
+    """One experiment file, typed: the rules read per row and scale (metric, direction, hypothesis, seeds, families,
+    a cell's overrides) are its methods; the papers' numbers and words (`paper:`, `notes:`, ...) its properties."""
+
     table: str
     metric: str
     methods: tuple[str, ...]
@@ -120,17 +127,124 @@ class Experiment:
     pretrain: Pretrain | None = None
     path: str = ""
     free: Mapping[str, Any] = field(default_factory=dict)
-    mapping: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
+    def at(self, scale: str) -> ScaleSpec:
+        """The scale's settings; ExperimentError naming the scales there are."""
+        if scale not in self.scales:
+            raise ExperimentError(f"scale {scale!r} is not defined in {self.path or self.table}; choose one of "
+                                  f"{', '.join(self.scales)}")
+        return self.scales[scale]
 
-def cell_overrides(exp: Mapping, row: str, method: str, scale: str, seed: int) -> list[str]:
-    """The overrides of one cell of a loaded experiment (`Experiment.mapping`) before its name and launcher: the
-    row's, the scale's, the row's at this scale (`{method}`/`{scale}` filled in), then the method, the scale and the
-    seed. Reproduce and the floors both compose a cell from this one recipe."""
-    spec = exp["rows"][row]
-    at_scale = (exp["scales"].get(scale) or {}).get("overrides") or []
-    own = [o.replace("{method}", method).replace("{scale}", scale) for o in (spec.get("scales") or {}).get(scale) or []]
-    return [*spec.get("overrides", []), *at_scale, *own, f"conditioning={method}", f"scale={scale}", f"seed={seed}"]
+    def rows_at(self, scale: str) -> list[str]:
+        """The rows a scale trains: its `rows:` when given (e.g. table 3's offline scales run only the stand-in task),
+        else every row of the experiment."""
+        rows = self.at(scale).rows
+        return list(self.rows) if rows is None else list(rows)
+
+    def methods_of(self, row: str) -> list[str]:
+        """The methods a row trains: its own `method:` (table 9: each row is one reading), else every method."""
+        own = self.rows[row].method
+        return list(self.methods) if own is None else [own]
+
+    def row_metric(self, scale: str | None, row: str | None = None) -> str:
+        """The row's `metrics: {<scale>: key}` entry, else its `metric:`, else the experiment's `metric_at: {<scale>:
+        key}` entry, else its `metric` (the small tables with an lr grid report a held-out test split; validation
+        picks the lr). Without `row`: the experiment's own (its heading)."""
+        spec = self.rows[row] if row is not None else Row()
+        at = self.metric_at.get(scale) if scale is not None else None
+        return (spec.metrics.get(scale) if scale is not None else None) or spec.metric or at or self.metric
+
+    def higher_is_better_for(self, row: str | None = None) -> bool:
+        """The metric's direction: the row's `higher_is_better`, else the experiment's (false for a loss)."""
+        own = self.rows[row].higher_is_better if row is not None else None
+        return self.higher_is_better if own is None else bool(own)
+
+    def hypothesis(self, row: str) -> str:
+        """"primary" (declared before running: the papers' methods as stated and the rival methods; one family per
+        task, Holm-corrected) or "exploratory" (every other reading; Benjamini–Hochberg q)."""
+        return self.rows[row].hypothesis
+
+    def row_seeds(self, scale: str, row: str, seeds: list[int]) -> list[int]:
+        """The reported seeds of a row: all of `seeds` for the baseline and primary rows, the first
+        `scales.<scale>.exploratory_seeds` of them for an exploratory row (when the scale sets it)."""
+        n = self.at(scale).exploratory_seeds
+        return list(seeds[:int(n)]) if n and self.hypothesis(row) == "exploratory" else list(seeds)
+
+    def families(self, scale: str) -> dict[str, list[tuple[str, str]]]:
+        """The comparisons of a table, one family per task: {family: [(row, method), ...]}, the family's baseline
+        first. A table of readings (rows that name their `method` and `task`, table 9) has one family per task, its
+        baseline the row `<task>_<baseline_reading>`; a table whose rows train every method (tables 1, 3, 4, 5) has one
+        family per row, its baseline the first method."""
+        out: dict[str, list[tuple[str, str]]] = {}
+        for row in self.rows_at(scale):
+            spec = self.rows[row]
+            task = spec.task if spec.method is not None else None
+            fam = out.setdefault(task or row, [])
+            for method in self.methods_of(row):
+                if task is not None and row == f"{task}_{self.baseline_reading}":
+                    fam.insert(0, (row, method))
+                else:
+                    fam.append((row, method))
+        return out
+
+    def pick_key(self, row: str, method: str) -> str:
+        """The key of a cell group's lr pick: the row, when it trains one method (table 9's readings), else
+        "<row>/<method>" (tables 1, 3, 4, 5: each method of a row picks its own lr)."""
+        return row if self.rows[row].method is not None or len(self.methods) == 1 else f"{row}/{method}"
+
+    def paper_row(self, row: str) -> str:
+        """The paper row whose numbers a row is shown beside: its `paper_row:`, else the row itself."""
+        return (self.rows[row].paper_row if row in self.rows else None) or row
+
+    def cell_overrides(self, row: str, method: str, scale: str, seed: int) -> list[str]:
+        """The overrides of one cell before its name and launcher: the row's, the scale's, the row's at this scale
+        (`{method}`/`{scale}` filled in), then the method, the scale and the seed. Reproduce and the floors both
+        compose a cell from this one recipe."""
+        spec = self.rows[row]
+        own = [o.replace("{method}", method).replace("{scale}", scale) for o in spec.scales.get(scale) or ()]
+        return [*spec.overrides, *self.at(scale).overrides, *own, f"conditioning={method}", f"scale={scale}",
+                f"seed={seed}"]
+
+    @property
+    def multiplier(self) -> float:
+        """What the table multiplies the metric by: 100 (accuracies in %) unless `metric_multiplier` says (loss: 1)."""
+        return float(self.metric_multiplier)
+
+    # the papers' numbers, words and figures' claims (free-form in the file): typed views of the `paper:` block
+    @property
+    def paper(self) -> Mapping[str, Any]:
+        """The papers' numbers: {paper row: {column key: number}} (table 3: {column key: [number per task]})."""
+        return self.free.get("paper") or {}
+
+    @property
+    def paper_provenance(self) -> str | None:
+        return self.free.get("paper_provenance")
+
+    @property
+    def paper_columns(self) -> Mapping[str, str]:
+        return self.free.get("paper_columns") or {}
+
+    @property
+    def paper_sources(self) -> Mapping[str, str]:
+        return self.free.get("paper_sources") or {}
+
+    @property
+    def paper_models(self) -> list[str]:
+        return list(self.free.get("paper_models") or [])
+
+    @property
+    def paper_claims(self) -> Mapping[str, Any]:
+        return self.free.get("paper_claims") or {}
+
+    @property
+    def notes(self) -> list | Mapping[str, str]:
+        """The notes under the table: a list (every scale; an entry may name its rows and scales) or {scale: text}."""
+        return self.free.get("notes") or []
+
+    @property
+    def metrics(self) -> list[Mapping[str, str]]:
+        """The columns of a table that reports several metrics (`metrics: [{key, label}]`, tables 2 and 7)."""
+        return list(self.free.get("metrics") or [])
 
 
 def _tuple(where: str, v: Any, kind=str) -> tuple:
@@ -210,7 +324,7 @@ def _row(where: str, node: Any, methods: tuple[str, ...]) -> Row:
                   "scales": _per_scale(f"{where}.scales", d.get("scales")), "metrics": dict(d.get("metrics") or {})})
 
 
-TOP = tuple(f.name for f in fields(Experiment) if f.name not in ("free", "mapping", "path")) + FREE
+TOP = tuple(f.name for f in fields(Experiment) if f.name not in ("free", "path")) + FREE
 REQUIRED = ("table", "metric", "methods", "rows", "scales")
 
 
@@ -247,7 +361,7 @@ def parse(raw: Any, path: str = "<experiment>") -> Experiment:
     curve = _check_keys(f"{path}: curve", d.get("curve"), ("split", "key"))
     typed = {k: v for k, v in d.items() if k not in (*FREE, "rows", "scales", "methods", "pretrain", "curve")}
     return Experiment(**typed, methods=methods, rows=rows, scales=scales, pretrain=pretrain, curve=curve,
-                      path=path, free={k: d[k] for k in FREE if k in d}, mapping=dict(d))
+                      path=path, free={k: d[k] for k in FREE if k in d})
 
 
 def load(path: str | Path) -> Experiment:

@@ -30,8 +30,8 @@ from .checks import early_problems
 from .engine.artefacts import repair_finished
 from .engine.preflight import preflight_checked
 from .engine.signals import StopFlag
+from .experiment import Experiment, load
 from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, ConfigError, RunSpec, active_job, launcher_problems
-from .reporting import load_experiment
 from .runs import RunRecord
 from .table.cells import cells, needs, parts, rows_slug, select_rows  # noqa: F401 (the command's names)
 from .table.length import length_check
@@ -88,7 +88,7 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
             c.run_dir.unlink()
         status = RunRecord(c.run_dir).status
         code = fingerprint(files, str(c.cfg.conditioning.method))
-        first_stage = needs(p.exp, c.name, args.scale)
+        first_stage = needs(p.exp, p.variants, c.name, args.scale)
         if first_stage and c.cfg.launcher.name in SUBMITIT_LAUNCHERS and \
                 (args.force or not RunRecord(by_name[first_stage].run_dir).finished):
             out.waiting.setdefault(first_stage, []).append(c.name)
@@ -166,7 +166,7 @@ def _checked(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo | 
     return t
 
 
-def _submit(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int]) -> int:
+def _submit(p: Plan, args: argparse.Namespace, t: Todo) -> int:
     """The SLURM path (slurm, submitit_local): one job array of the pending cells."""
     from .launch import submit
 
@@ -180,18 +180,18 @@ def _submit(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int]) -> int
             print(f"[reproduce] {t.queued} cells are still queued or running; run the same command again once they "
                   f"end (lr grids: their stage 2), then `make report-table-N SCALE={args.scale}` writes the table")
             return 0
-        return 0 if args.dry_run else report(args.full_plan() if args.only_rows else p, args.scale, seeds, [])
+        return 0 if args.dry_run else report(args.full_plan() if args.only_rows else p, [])
     if args.force and not args.dry_run:
         for c in [*t.pending, *t.stale]:  # a requeued job must resume, never wipe: clear the run dirs now instead
             shutil.rmtree(c.run_dir, ignore_errors=True)
     with StopFlag() as stop:
-        failed = submit(t.pending, launcher, p.exp["table"], args.scale, dry_run=args.dry_run, stop=stop)
+        failed = submit(t.pending, launcher, p.exp.table, args.scale, dry_run=args.dry_run, stop=stop)
     if args.dry_run or (launcher.name == "slurm" and not launcher.get("wait")):
         return 0
-    return report(args.full_plan() if args.only_rows else p, args.scale, seeds, failed)
+    return report(args.full_plan() if args.only_rows else p, failed)
 
 
-def _local(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int], plan_again) -> int:
+def _local(p: Plan, args: argparse.Namespace, t: Todo, plan_again) -> int:
     """Train the pending cells here, one after another; with lr grids, plan again once a stage has run and train
     what the picks add (each cell at most once per command)."""
     from .launch import run_local
@@ -210,10 +210,9 @@ def _local(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int], plan_ag
     res = None
     while True:
         attempted |= {c.name for c in pending}
-        exp = p.exp
         if pending or res is None:  # the first stage always says what it trained, "0 of 0" included
-            res = run_local(pending, exp["metric"], force=args.force,
-                            needs=lambda name, exp=exp: needs(exp, name, args.scale))
+            res = run_local(pending, p.exp.metric, force=args.force,
+                            needs=lambda name, p=p: needs(p.exp, p.variants, name, args.scale))
             failed += res.failed
             if res.interrupted:
                 break
@@ -228,7 +227,7 @@ def _local(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int], plan_ag
         if (t := _checked(p, args, new)) is None:
             return 2
         pending = [c for c in t.pending if c.name not in attempted]
-    code = report(args.full_plan() if args.only_rows else p, args.scale, seeds, failed)
+    code = report(args.full_plan() if args.only_rows else p, failed)
     if res is not None and res.interrupted:
         print(f"[reproduce] stopped: {len(res.failed)} cell(s) interrupted or failed, {len(res.not_started)} not "
               "started. Finished cells are kept; rerun the same command to finish the missing ones (interrupted "
@@ -238,16 +237,16 @@ def _local(p: Plan, args: argparse.Namespace, t: Todo, seeds: list[int], plan_ag
 
 
 def _say_made(p: Plan) -> None:
-    if made := p.exp.get("made_with"):
-        print(f"[reproduce] {' '.join(made['overrides'])} changes {', '.join(made['methods'])}: the table is written "
-              f"as {p.exp['output_stem']}.md, beside the default one")
+    if made := p.made_with:
+        print(f"[reproduce] {' '.join(made.overrides)} changes {', '.join(made.methods)}: the table is written "
+              f"as {p.output_stem}.md, beside the default one")
 
 
-def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
+def _run(args: argparse.Namespace, exp: Experiment, seeds: list[int], stem: str) -> int:
     def plan_now(read_records: bool = True, full: bool = False) -> Plan:
         """A plan of the cells to train (`full`: also the other rows' picks and variants, which the table reads)."""
         return plan(exp, args.scale, seeds, list(args.overrides), args.launcher, args.only_rows, read_records,
-                    full=full or args.only_rows is None, reuse=not args.no_reuse)
+                    full=full or args.only_rows is None, reuse=not args.no_reuse, stem=stem)
 
     args.full_plan = lambda: plan_now(full=True)
     # --force retrains: stage 1 of an lr grid runs again before anything picks (with --report-only it only means
@@ -259,18 +258,18 @@ def _run(args: argparse.Namespace, exp: dict, seeds: list[int]) -> int:
     if args.status:  # queued / running / failed / finished per cell (launch.status_lines)
         from .launch import status_lines
 
-        print(f"[reproduce] {p.exp['table']} at scale {args.scale}: {len(p.cells)} cells")
+        print(f"[reproduce] {p.exp.table} at scale {args.scale}: {len(p.cells)} cells")
         print("\n".join(status_lines(p.cells)))
         return 0
     if args.report_only:
         _say_made(p)
-        return report(args.full_plan() if args.only_rows else p, args.scale, seeds, [], force=args.force)
+        return report(args.full_plan() if args.only_rows else p, [], force=args.force)
     if (t := _checked(p, args, p.cells)) is None:
         return 2
     _say_made(p)
     if p.cells[0].cfg.launcher.name in SUBMITIT_LAUNCHERS:
-        return _submit(p, args, t, seeds)
-    return _local(p, args, t, seeds, (lambda: with_kept(plan_now, args.scale, reuse=reuse)) if restoring else plan_now)
+        return _submit(p, args, t)
+    return _local(p, args, t, (lambda: with_kept(plan_now, args.scale, reuse=reuse)) if restoring else plan_now)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,15 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_intermixed_args(argv)
 
     try:
-        exp = load_experiment(args.experiment)
+        exp = load(args.experiment)
     except (FileNotFoundError, ValueError) as e:
         print(f"[reproduce] {e}", file=sys.stderr)
         return 2
-    if args.scale not in exp["scales"]:
-        p.error(f"--scale {args.scale!r} is not defined in {args.experiment}; choose one of {list(exp['scales'])}")
+    if args.scale not in exp.scales:
+        p.error(f"--scale {args.scale!r} is not defined in {args.experiment}; choose one of {list(exp.scales)}")
     if args.launcher not in LAUNCHERS:
         p.error(f"--launcher {args.launcher!r} is not available; choose one of {list(LAUNCHERS)}")
-    seeds = list(exp["scales"][args.scale]["seeds"])
+    seeds = list(exp.at(args.scale).seeds)
     try:
         seeds = [int(x) for x in args.seeds.replace(",", " ").split()] if args.seeds else seeds
     except ValueError:
@@ -314,18 +313,18 @@ def main(argv: list[str] | None = None) -> int:
         args.only_rows = select_rows(exp, args.scale, args.rows.replace(",", " ").split()) if args.rows else None
     except ValueError as e:
         p.error(str(e))
-    if args.rows:  # a part of the table: written beside the full one (table9_readings.rows-vit_.md), never over it
-        exp = {**exp, "output_stem": f"{exp['table']}.rows-{rows_slug(args.rows)}"}
-    if seeds != list(exp["scales"][args.scale]["seeds"]):  # other seeds: another table, never over the default one
-        exp = {**exp, "output_stem": f"{exp.get('output_stem', exp['table'])}.seeds-{'+'.join(map(str, seeds))}"}
+    # a part of the table (--rows) or other seeds: written beside the full one (table9_readings.rows-vit_.md)
+    stem = f"{exp.table}.rows-{rows_slug(args.rows)}" if args.rows else exp.table
+    if seeds != list(exp.at(args.scale).seeds):  # other seeds: another table, never over the default one
+        stem = f"{stem}.seeds-{'+'.join(map(str, seeds))}"
         print(f"[reproduce] seeds {' '.join(map(str, seeds))} are not the experiment's "
-              f"({' '.join(map(str, exp['scales'][args.scale]['seeds']))}): the table is written as "
-              f"{exp['output_stem']}.md, beside the default one")
+              f"({' '.join(map(str, exp.at(args.scale).seeds))}): the table is written as {stem}.md, beside the "
+              "default one")
     if not args.status and (early := early_problems(list(args.overrides))):  # before the plan reads or writes a run
         print("[reproduce] refused before starting any job: " + "; ".join(early), file=sys.stderr)
         return 2
     try:
-        return _run(args, exp, seeds)
+        return _run(args, exp, seeds, stem)
     except ConfigError as e:
         msg = str(e)
         print(f"[reproduce] refused before starting any job:{'' if msg.startswith(chr(10)) else ' '}{msg}",

@@ -16,8 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .reporting import load_experiment
-from .reporting.metric import families, hypothesis, row_seeds
+from .experiment import load
 from .runs import RunId, RunRecord, kept_records
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
@@ -26,7 +25,7 @@ EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 def tables(scale: str, root: Path = EXPERIMENTS) -> list[Path]:
     """The experiment files that define `scale`, in table order."""
     files = sorted(root.glob("table*.yaml"), key=lambda f: int(re.match(r"table(\d+)", f.name).group(1)))
-    return [f for f in files if scale in (load_experiment(f).get("scales") or {})]
+    return [f for f in files if scale in load(f).scales]
 
 
 def recipe(cfg) -> tuple[str, str, str]:
@@ -95,7 +94,8 @@ def project(p, scale: str, seeds: list[int], step_s: dict) -> Projection:
     from .engine.twins import TwinIndex
     from .reproduce import length_check
 
-    out = Projection(p.exp["table"], cells=len(p.cells))
+    exp = p.exp
+    out = Projection(exp.table, cells=len(p.cells))
 
     def cost(cfg, factor: int = 1) -> float | None:
         if cfg is None:
@@ -108,7 +108,7 @@ def project(p, scale: str, seeds: list[int], step_s: dict) -> Projection:
     twins = [TwinIndex(d) for d in {c.run_dir.parent for c in p.cells[:1]}]
     first: dict[tuple[str, str], object] = {}  # each (row, method)'s first planned cell config: recipe and steps
     for c in p.cells:
-        run = RunId.parse(c.name, p.exp["table"], p.exp["rows"], p.exp["methods"], scale)
+        run = RunId.parse(c.name, exp.table, exp.rows, exp.methods, scale)
         if run is not None:
             first.setdefault((run.row, run.method), c.cfg)
         if RunRecord(c.run_dir).finished:
@@ -123,20 +123,20 @@ def project(p, scale: str, seeds: list[int], step_s: dict) -> Projection:
 
     def row_method(key: str) -> tuple[str, str]:  # a pick key: "<row>/<method>", or a reading's "<row>"
         row, _, method = key.partition("/")
-        return row, method or p.exp["rows"][row].get("method") or p.exp["methods"][0]
+        return row, method or exp.methods_of(row)[0]
 
     for key in p.waiting:
         row, method = row_method(key)
-        out.after_picks += [cost(first.get((row, method)))] * len(row_seeds(p.exp, scale, row, seeds))
-    if check := length_check(p.exp, scale):
+        out.after_picks += [cost(first.get((row, method)))] * len(exp.row_seeds(scale, row, seeds))
+    if check := length_check(exp, scale):
         factor, n = check
-        planned = set((p.exp.get("longer") or {}).get("variants") or {})
-        for fam in families(p.exp, scale).values():
-            base = RunId(p.exp["table"], *fam[0], scale, 0).name.rsplit("_s", 1)[0]
+        planned = set(p.longer.variants if p.longer else ())
+        for fam in exp.families(scale).values():
+            base = RunId(exp.table, *fam[0], scale, 0).name.rsplit("_s", 1)[0]
             if any(name.rsplit("_s", 1)[0] == base for name in planned):
                 continue  # this family's length runs are planned: they are among the cells above
-            for row, method in [fam[0], *(rm for rm in fam[1:] if hypothesis(p.exp, rm[0]) == "primary")]:
-                k = min(n, len(row_seeds(p.exp, scale, row, seeds)))
+            for row, method in [fam[0], *(rm for rm in fam[1:] if exp.hypothesis(rm[0]) == "primary")]:
+                k = min(n, len(exp.row_seeds(scale, row, seeds)))
                 out.length += [cost(first.get((row, method)), factor)] * k
     return out
 
@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"no experiment under {args.experiments} defines --scale {args.scale!r}")
     plans = []
     for f in files:
-        exp = load_experiment(f)
-        seeds = list(exp["scales"][args.scale].get("seeds", [0]))
+        exp = load(f)
+        seeds = list(exp.at(args.scale).seeds)
         def make_plan(exp=exp, seeds=seeds):
             return plan(exp, args.scale, seeds, list(args.overrides))
 

@@ -3,9 +3,12 @@ them with `from helpers import ...` (pytest puts tests/ on sys.path); fixtures a
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_vit():
@@ -96,3 +99,30 @@ def assert_identical(before: dict, after: dict) -> None:
     assert before["state"].keys() == after["state"].keys()
     assert all(torch.equal(before["state"][k], after["state"][k]) for k in before["state"])
     assert torch.equal(before["out"], after["out"])
+
+
+def experiment_raw(name: str | Path) -> dict:
+    """An experiment file as its YAML mapping (`name`: a path, or a stem under experiments/): a test edits it, then
+    `typed()` parses it as condattn does."""
+    import yaml
+
+    path = Path(name) if str(name).endswith(".yaml") else REPO / "experiments" / f"{name}.yaml"
+    return yaml.safe_load(path.read_text())
+
+
+def typed(raw: dict):
+    """The typed Experiment of an (edited) experiment mapping."""
+    from condattn.experiment import parse
+
+    return parse(copy.deepcopy(raw))
+
+
+def plan_of(exp, scale: str, runs_root, results_root, seeds=None, **fields):
+    """A Plan for a renderer's test (no cell composed): `exp` typed or a mapping, the runs and results where the test
+    put them, the reported seeds (default: the scale's) and any other Plan field (picks, variants, longer, ...)."""
+    from condattn.experiment import Experiment
+    from condattn.table.planned import Plan
+
+    exp = exp if isinstance(exp, Experiment) else typed(exp)
+    seeds = exp.at(scale).seeds if seeds is None else seeds
+    return Plan(exp, scale, tuple(seeds), Path(runs_root), Path(results_root), **fields)

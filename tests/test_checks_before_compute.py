@@ -113,7 +113,7 @@ def test_relative_paths_are_the_project_roots_from_a_subdirectory(tmp_path, monk
     """Run from a subdirectory, `--report-only` read runs/ there and wrote an all-missing table there; the paths are
     now the project root's (the CONDATTN_* variables or absolute paths choose others)."""
     from condattn.config import PROJECT_ROOT
-    from condattn.reporting import load_experiment
+    from condattn.experiment import load
     from condattn.reproduce import plan
 
     sub = tmp_path / "sub"
@@ -123,17 +123,17 @@ def test_relative_paths_are_the_project_roots_from_a_subdirectory(tmp_path, monk
     assert cfg.paths.runs == str(PROJECT_ROOT / "runs") and cfg.paths.results == str(PROJECT_ROOT / "results")
     assert cfg.run.dir == str(PROJECT_ROOT / "runs" / "smoke" / cfg.run.name)
     assert cfg.paths.cache == str(tmp_path / "cache")  # absolute: as given
-    p = plan(load_experiment(listops_only(tmp_path)), "smoke", [0], [])
+    p = plan(load(listops_only(tmp_path)), "smoke", [0], [])
     assert p.runs_root == PROJECT_ROOT / "runs" and p.results_root == PROJECT_ROOT / "results"
     monkeypatch.setenv("CONDATTN_RUNS", str(tmp_path / "elsewhere"))
     assert compose(["scale=smoke"]).paths.runs == str(tmp_path / "elsewhere")
 
 
 def test_each_table_says_at_which_checkpoint_and_smoke_tables_give_chance(tmp_path):
-    from condattn.reporting import load_experiment
+    from condattn.experiment import load
     from condattn.reporting.notes import table_notes
 
-    exp = load_experiment(listops_only(tmp_path))
+    exp = load(listops_only(tmp_path))
     notes = table_notes(exp, "smoke", ["listops"])
     assert "Checkpoint: `test_acc` (every row) is test acc with the best-validation checkpoint (best_model.pt: the " \
            "evaluation with the best validation acc), as the LRA code reports it." in notes
@@ -141,7 +141,7 @@ def test_each_table_says_at_which_checkpoint_and_smoke_tables_give_chance(tmp_pa
            "listops)." in notes
     paper = table_notes(exp, "paper", ["listops"])
     assert not [n for n in paper if n.startswith("Chance")] and [n for n in paper if n.startswith("Checkpoint")]
-    vit = load_experiment(Path(__file__).resolve().parents[1] / "experiments" / "table1_imagenet.yaml")
+    vit = load(Path(__file__).resolve().parents[1] / "experiments" / "table1_imagenet.yaml")
     assert "Checkpoint: `final_val_acc` (every row) is validation acc with the last step's weights (the final " \
            "checkpoint)." in table_notes(vit, "paper", ["vit_base"])
 

@@ -424,6 +424,7 @@ def test_multistep_schedule_lr_groups_and_preflight(cache):
 
 def test_detection_table_renders_papers_numbers(tmp_path):
     import yaml
+    from helpers import plan_of
 
     from condattn.reporting.detection import write_table
 
@@ -434,7 +435,7 @@ def test_detection_table_renders_papers_numbers(tmp_path):
                "final_val_ap50_mask": 0.2}
     (d / "summary.json").write_text(json.dumps({"status": "finished", "metrics": metrics, "steps": 30,
                                                 "wall_time_s": 12.0, "run_dir": str(d), "data": {"stand_in": True}}))
-    path, md = write_table(exp, "smoke", tmp_path / "runs", tmp_path / "results", [0])
+    path, md = write_table(plan_of(exp, "smoke", tmp_path / "runs", tmp_path / "results", [0]))
     row = next(line for line in md.splitlines() if "| xcit_small_12_p16 | SCA |" in line)
     assert "12.34, n = 1 (no spread)" in row and "SCA paper 45.6" in row and "CET paper" not in row
     base = next(line for line in md.splitlines() if "| xcit_small_12_p16 | baseline |" in line)

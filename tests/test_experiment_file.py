@@ -3,13 +3,15 @@ in one line naming the key and the nearest valid one; an empty, malformed or ill
 
 from __future__ import annotations
 
+import ast
 import copy
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from condattn.experiment import FREE, ExperimentError, cell_overrides, load, parse
+from condattn.experiment import FREE, ExperimentError, load, parse
 
 EXPERIMENTS = sorted((Path(__file__).resolve().parents[1] / "experiments").glob("*.yaml"))
 
@@ -90,8 +92,53 @@ def test_cell_overrides_are_one_recipe_for_reproduce_and_the_floors():
     from condattn.floors.features import groups
     from condattn.reproduce import parts
 
-    exp = dict(load(EXPERIMENTS[8]).mapping)  # table 9
+    exp = load(EXPERIMENTS[8])  # table 9
     (part,) = [p for p in parts(exp, "smoke", [0]) if p.row == "listops_baseline"]
-    cell = cell_overrides(exp, "listops_baseline", "none", "smoke", 0)
+    cell = exp.cell_overrides("listops_baseline", "none", "smoke", 0)
     assert part.own[:len(cell)] == cell and "task.steps=40" in cell
     assert groups(exp, "smoke")["listops"][1] == cell
+
+
+UNTYPED = re.compile(r"\b(dict|Mapping)\b")
+ALLOWED_UNTYPED: set[str] = set()  # "condattn/<file>.py:function" that may still take a mapping (issue 48: ≤ 5)
+
+
+def untyped_experiment_args(source: str, where: str) -> list[str]:
+    """"<where>:function" of each def whose `exp`, `experiment` or `spec` argument is annotated as a dict or Mapping."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs]:
+                if arg.arg in ("exp", "experiment", "spec") and arg.annotation is not None and \
+                        UNTYPED.search(ast.unparse(arg.annotation)):
+                    out.append(f"{where}:{node.name}")
+    return out
+
+
+def test_planning_and_rendering_pass_the_typed_experiment_not_a_mapping():
+    """The typed Experiment and the frozen Plan are what planning and rendering pass: no def of condattn takes the
+    experiment as a plain mapping (beyond ALLOWED_UNTYPED)."""
+    assert untyped_experiment_args("def f(exp: dict, spec: Mapping[str, Any] | None): ...", "m") == ["m:f", "m:f"]
+    assert untyped_experiment_args("def f(exp: Experiment, row: dict): ...", "m") == []
+    package = Path(__file__).resolve().parents[1] / "condattn"
+    found = [f for path in sorted(package.rglob("*.py"))
+             for f in untyped_experiment_args(path.read_text(), str(path.relative_to(package.parent)))]
+    assert len(ALLOWED_UNTYPED) <= 5 and not [f for f in found if f not in ALLOWED_UNTYPED], found
+
+
+def test_the_rules_read_per_row_and_scale_are_the_experiments_methods():
+    exp = load(EXPERIMENTS[8])  # table 9: rows that each train one method on one task
+    assert exp.families("smoke")["vit"][0] == ("vit_baseline", "none") and exp.pick_key("vit_sca10", "spectral") == \
+        "vit_sca10"
+    explore = next(r for r in exp.rows if exp.hypothesis(r) == "exploratory")
+    assert exp.at("small").exploratory_seeds == 5
+    assert exp.row_seeds("small", explore, list(range(10))) == [0, 1, 2, 3, 4]
+    assert exp.row_seeds("small", "vit_baseline", list(range(10))) == list(range(10))
+    t4 = load(EXPERIMENTS[3])  # table 4: every row trains every method, each method picks its own lr
+    assert t4.pick_key("listops", "spectral") == "listops/spectral" and t4.methods_of("listops") == list(t4.methods)
+    assert t4.row_metric("small", "listops") == t4.row_metric(None) == "test_acc"
+    assert exp.row_metric("small", "vit_baseline") == "final_test_acc"  # the row's `metrics: {small: ...}`
+    assert load(EXPERIMENTS[4]).higher_is_better_for("gpt2") is False  # table 5: a loss
+    with pytest.raises(ExperimentError, match="scale 'huge' is not defined in .*choose one of smoke"):
+        t4.at("huge")

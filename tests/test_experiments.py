@@ -14,14 +14,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from condattn.engine.preflight import _model_shapes, planned_world, preflight
+from condattn.experiment import load
 from condattn.launch import compose_cell
-from condattn.reporting import load_experiment
-from condattn.reporting.metric import row_seeds
-from condattn.reporting.tables import methods_for
 from condattn.reproduce import cells
 
 EXPERIMENTS = sorted((Path(__file__).resolve().parent.parent / "experiments").glob("table*.yaml"))
-CASES = [(p, scale) for p in EXPERIMENTS for scale in load_experiment(str(p))["scales"]]
+CASES = [(p, scale) for p in EXPERIMENTS for scale in load(p).scales]
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +32,13 @@ def built_models() -> dict[str, int]:
 def test_every_cell_composes_and_preflights(path, scale, tmp_path, monkeypatch, built_models):
     monkeypatch.setenv("CONDATTN_RUNS", str(tmp_path / "runs"))
     monkeypatch.setenv("CONDATTN_DATA", str(tmp_path / "no_data"))  # paper data: never this machine's copy
-    exp = load_experiment(str(path))
-    seeds = list(exp["scales"][scale]["seeds"])
+    exp = load(path)
+    seeds = list(exp.at(scale).seeds)
     todo = cells(exp, scale, seeds, [])
     assert len({name for name, _ in todo}) == len(todo), "two cells share a run name"
-    expected_rows = exp["scales"][scale].get("rows") or list(exp["rows"])
-    pretrain = len(exp["methods"]) if exp.get("pretrain") else 0
-    assert len(todo) == pretrain + sum(len(methods_for(exp, r)) * len(row_seeds(exp, scale, r, seeds))
+    expected_rows = exp.at(scale).rows or list(exp.rows)
+    pretrain = len(exp.methods) if exp.pretrain else 0
+    assert len(todo) == pretrain + sum(len(exp.methods_of(r)) * len(exp.row_seeds(scale, r, seeds))
                                        for r in expected_rows)
     # Cells of one row and method differ only in `seed=` and `run.name=`: each distinct rest is composed and checked
     # once, with its first seed; the other seeds' names are checked against what the first one composed to.
@@ -53,7 +51,7 @@ def test_every_cell_composes_and_preflights(path, scale, tmp_path, monkeypatch, 
             continue
         composed[rest] = name
         cfg = compose_cell(overrides)
-        assert cfg.run.name == name and cfg.scale.name == scale and cfg.run.table == exp["table"]
+        assert cfg.run.name == name and cfg.scale.name == scale and cfg.run.table == exp.table
         # only missing data may be reported (paper and medium scale: the data is not here), naming where it looked
         for p in preflight(cfg, planned_world(cfg), check_data=True, check_run_dir=False):
             assert p.kind == "data" and scale in ("paper", "medium"), f"{name}: {p.kind}: {p.message}"

@@ -166,28 +166,28 @@ STEP0 = {"entropy/mean": 2.0, "entropy_uniform/mean": 2.5, "maxprob/mean": 0.2, 
 def _synthetic_table9(tmp_path: Path, results: Path):
     """Table 9 rendered by its real renderer from synthetic run summaries (3 seeds, three ViT rows) and a synthetic lr
     grid whose SCA pick sits at the bound; returns the findings read from the JSON it wrote."""
-    from condattn.reporting import load_experiment
-    from condattn.reporting.metric import row_metric
-    from condattn.reporting.readings import write_table
-    from condattn.reporting.tables import methods_for
+    from helpers import experiment_raw, plan_of, typed
 
-    exp = load_experiment(REPO / "experiments" / "table9_readings.yaml")
-    exp["scales"]["small"]["rows"] = ["vit_baseline", "vit_sca10", "vit_cet"]
+    from condattn.reporting.readings import write_table
+    from condattn.table.lr_grid import LrPick
+
+    raw = experiment_raw("table9_readings")
+    raw["scales"]["small"]["rows"] = ["vit_baseline", "vit_sca10", "vit_cet"]
+    exp = typed(raw)
     runs = tmp_path / "runs"
-    for row in exp["scales"]["small"]["rows"]:
-        (method,) = methods_for(exp, row)
+    for row in exp.rows_at("small"):
+        (method,) = exp.methods_of(row)
         for seed in (0, 1, 2):
-            d = runs / "small" / f"{exp['table']}_{row}_{method}_small_s{seed}"
+            d = runs / "small" / f"{exp.table}_{row}_{method}_small_s{seed}"
             d.mkdir(parents=True, exist_ok=True)
             acc = (0.4 if row == "vit_sca10" else 0.8) + 0.01 * seed
-            summary = {"status": "finished", "run_dir": str(d), "metrics": {row_metric(exp, "small", row): acc},
+            summary = {"status": "finished", "run_dir": str(d), "metrics": {exp.row_metric("small", row): acc},
                        "steps": 10, "wall_time_s": 3.0, "diagnostics": {"step0": STEP0}}
             (d / "summary.json").write_text(json.dumps(summary))
     scores = {1.0: {100: 0.50, 101: 0.52}, 2.0: {100: 0.60, 101: 0.61}, 4.0: {100: 0.70, 101: 0.71}}
-    exp["lr_picks"] = {"vit_sca10": {"pick": 4.0, "lr": 4e-3, "base_lr": 1e-3, "at_bound": True, "flat": False,
-                                     "scores": scores, "means": {m: sum(s.values()) / 2 for m, s in scores.items()},
-                                     "key": "val_acc"}}
-    md = write_table(exp, "small", runs, results, [0, 1, 2])[1]
+    pick = LrPick("vit_sca10", "val_acc", 1e-3, {m: 1e-3 * m for m in scores}, [100, 101], (0.125, 4.0), scores, 4.0)
+    assert pick.at_bound and not pick.flat()
+    md = write_table(plan_of(exp, "small", runs, results, [0, 1, 2], picks={"vit_sca10": pick}))[1]
     return md, findings.collect("small", results)
 
 
@@ -200,7 +200,7 @@ def test_a_renderers_wording_does_not_change_the_findings(tmp_path, monkeypatch)
     sca = next(f for f in found if f.row == "vit_sca10")
     assert "lr pick at the bound" in sca.limits and sca.verdict == "worse"
     assert "×4 (4e-03, bound binding)" in md
-    monkeypatch.setattr(protocol, "lr_text", lambda exp, row: "picked at the edge we allow")
+    monkeypatch.setattr(protocol, "lr_text", lambda plan, row: "picked at the edge we allow")
     monkeypatch.setattr(protocol, "plateau_text", lambda steps, total: "Levels off: early.")
     monkeypatch.setattr(reach, "convergence_text", lambda family, *a, **k: f"Still moving ({family}): who knows.")
     md2, found2 = _synthetic_table9(tmp_path / "b", tmp_path / "b" / "results")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import experiment_raw, plan_of, typed
 from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 
@@ -15,7 +16,7 @@ from condattn.reporting import floors as view
 
 VIT_SMOKE = {"table": "tfloors", "metric": "final_val_acc", "methods": ["none"],
              "rows": {"vit": {"overrides": ["task=imagenet_vit", "data.source=digits", "data.name=digits",
-                                          "data.holdout_per_class=30"]}}, "scales": {"smoke": {}}}
+                                          "data.holdout_per_class=30"]}}, "scales": {"smoke": {"seeds": [0]}}}
 
 
 class Tokens(Dataset):
@@ -55,7 +56,7 @@ def test_kneser_ney_is_a_distribution_and_beats_uniform():
 @pytest.mark.slow  # fits an MLP
 def test_image_floors_beat_majority_and_are_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(floors, "_COMPUTED", {})
-    first = floors.table_floors(VIT_SMOKE, "smoke", tmp_path, log=lambda *_: None)["vit"]
+    first = floors.table_floors(typed(VIT_SMOKE), "smoke", tmp_path, log=lambda *_: None)["vit"]
     assert not first["cached"] and first["data"] == "digits"
     by = {f["label"]: f for f in first["floors"]}
     majority = by["floor: majority class"]["value"]
@@ -69,19 +70,19 @@ def test_image_floors_beat_majority_and_are_cached(tmp_path, monkeypatch):
         raise AssertionError("recomputed a cached floor")
 
     monkeypatch.setattr(floors, "compute", refuse)
-    second = floors.table_floors(VIT_SMOKE, "smoke", tmp_path, log=lambda *_: None)["vit"]
+    second = floors.table_floors(typed(VIT_SMOKE), "smoke", tmp_path, log=lambda *_: None)["vit"]
     assert second["cached"] and second["floors"] == first["floors"]
     monkeypatch.undo()
     monkeypatch.setattr(floors, "_COMPUTED", {})  # nothing remembered from the first call
-    again = floors.table_floors(VIT_SMOKE, "smoke", tmp_path, force=True, log=lambda *_: None)["vit"]
+    again = floors.table_floors(typed(VIT_SMOKE), "smoke", tmp_path, force=True, log=lambda *_: None)["vit"]
     assert [f["value"] for f in again["floors"]] == [f["value"] for f in first["floors"]]  # deterministic
-    lines = view.floor_table(VIT_SMOKE, "smoke", tmp_path)
-    assert "| vit | floor: kNN, k = 3 (pixels) |" in lines and view.floor_table(VIT_SMOKE, "paper", tmp_path) == ""
+    lines = view.floor_table("tfloors", "smoke", tmp_path)
+    assert "| vit | floor: kNN, k = 3 (pixels) |" in lines and view.floor_table("tfloors", "paper", tmp_path) == ""
 
 
 def test_floors_refuse_paper_scale(tmp_path):
     with pytest.raises(ValueError, match="offline scales"):
-        floors.table_floors(VIT_SMOKE, "paper", tmp_path)
+        floors.table_floors(typed(VIT_SMOKE), "paper", tmp_path)
 
 
 def test_renderers_print_the_cached_floors_under_small_tables(tmp_path):
@@ -90,29 +91,29 @@ def test_renderers_print_the_cached_floors_under_small_tables(tmp_path):
     import shutil
     from pathlib import Path
 
-    from condattn.reporting import load_experiment, readings, tables
+    from condattn.reporting import readings, tables
 
     root = Path(__file__).resolve().parent.parent
     (tmp_path / "small" / "floors").mkdir(parents=True)
     for t in ("table9_readings", "table1_imagenet"):
         shutil.copy(root / "results" / "small" / "floors" / f"{t}.json", tmp_path / "small" / "floors")
-    exp9 = load_experiment(root / "experiments" / "table9_readings.yaml")
-    _, md = readings.write_table(exp9, "small", tmp_path / "runs", tmp_path, seeds=[0])
+    exp9 = experiment_raw("table9_readings")
+    _, md = readings.write_table(plan_of(exp9, "small", tmp_path / "runs", tmp_path, [0]))
     assert "**listops**" not in md  # small trains the ViT half (its note says why)
     vit = md.split("**vit**")[1]
     # the small ViT reports its test split (3,500 / 500 / 1,000), so its floors are on test too
     assert "| floor: kNN, k = 3 (pixels) | – | 92.40 (test" in vit and "floor: majority class" in vit
     both = {**exp9, "scales": {**exp9["scales"], "small": {k: v for k, v in exp9["scales"]["small"].items()
                                                             if k != "rows"}}}
-    _, md = readings.write_table(both, "small", tmp_path / "runs", tmp_path, seeds=[0])
+    _, md = readings.write_table(plan_of(both, "small", tmp_path / "runs", tmp_path, [0]))
     assert "floor: logistic regression (bag of tokens)" in md.split("**listops**")[1]
-    exp1 = load_experiment(root / "experiments" / "table1_imagenet.yaml")
-    _, md = tables.write_table(exp1, "small", tmp_path / "runs", tmp_path, seeds=[0])
+    exp1 = experiment_raw("table1_imagenet")
+    _, md = tables.write_table(plan_of(exp1, "small", tmp_path / "runs", tmp_path, [0]))
     # small table 1: its ViT, XCiT and Swin rows share one split (reported on test), so one block of floors
     assert md.count("floor: MLP, one hidden layer of 256 (pixels)") == 1
     assert "| vit_base, xcit_medium, swin_base | floor: kNN, k = 3 (pixels) | 92.40 | test |" in md
     assert "vit_base: the baseline" not in md  # no runs, no verdict
-    _, md = tables.write_table(exp1, "paper", tmp_path / "runs", tmp_path, seeds=[0])
+    _, md = tables.write_table(plan_of(exp1, "paper", tmp_path / "runs", tmp_path, [0]))
     assert "floor:" not in md
 
 
@@ -160,7 +161,7 @@ def test_rows_on_the_same_split_share_one_cached_fit(tmp_path, monkeypatch):
     import copy
 
     monkeypatch.setattr(floors, "_COMPUTED", {})
-    first = floors.table_floors(VIT_SMOKE, "smoke", tmp_path, log=lambda *_: None)["vit"]
+    first = floors.table_floors(typed(VIT_SMOKE), "smoke", tmp_path, log=lambda *_: None)["vit"]
     twin = copy.deepcopy(VIT_SMOKE)
     twin["rows"]["vit_again"] = copy.deepcopy(twin["rows"]["vit"])
 
@@ -169,7 +170,7 @@ def test_rows_on_the_same_split_share_one_cached_fit(tmp_path, monkeypatch):
 
     monkeypatch.setattr(floors, "_COMPUTED", {})
     monkeypatch.setattr(floors, "compute", refuse)
-    both = floors.table_floors(twin, "smoke", tmp_path, log=lambda *_: None)
+    both = floors.table_floors(typed(twin), "smoke", tmp_path, log=lambda *_: None)
     assert both["vit_again"]["cached"] and both["vit_again"]["floors"] == first["floors"]
 
 

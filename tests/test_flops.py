@@ -218,10 +218,10 @@ def test_reproduce_dry_run_prints_the_cost_and_one_loader_warning_per_model(tmp_
     args = ["experiments/table1_imagenet.yaml", "--scale", "paper", "--launcher", "slurm", "--dry-run",
             f"paths.runs={tmp_path}", "launcher.gpu_type=H200", "launcher.assumed_mfu=0.45", "impl.precision=bf16"]
     with pytest.MonkeyPatch.context() as mp:  # two rows are enough: ViT-B and Swin-B
-        import condattn.table.cells as cells
+        from condattn.experiment import Experiment
 
-        rows = cells.rows_for
-        mp.setattr(cells, "rows_for",
+        rows = Experiment.rows_at
+        mp.setattr(Experiment, "rows_at",
                    lambda exp, scale: [r for r in rows(exp, scale) if r in ("vit_base", "swin_base")])
         assert main(args) == 0
     out = capsys.readouterr().out

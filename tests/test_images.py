@@ -269,17 +269,19 @@ def test_train_imagenet_recipe_on_the_stand_in(tmp_path):
 
 @pytest.mark.slow
 def test_ablation_table_from_run_summaries(tmp_path):
-    from condattn.reporting import load_experiment
+    from helpers import plan_of
+
+    from condattn.experiment import load
     from condattn.reporting.ablation import write_table
 
-    exp = load_experiment(Path(__file__).resolve().parents[1] / "experiments" / "table8_sca_lambda.yaml")
+    exp = load(Path(__file__).resolve().parents[1] / "experiments" / "table8_sca_lambda.yaml")
     runs = tmp_path / "runs"
-    for i, (row, spec) in enumerate(exp["rows"].items()):
+    for i, (row, spec) in enumerate(exp.rows.items()):
         if row == "lam20":
             continue  # a missing cell
-        d = runs / "smoke" / f"{exp['table']}_{row}_spectral_smoke_s0"
+        d = runs / "smoke" / f"{exp.table}_{row}_spectral_smoke_s0"
         d.mkdir(parents=True)
-        lam = spec["lam"]
+        lam = spec.lam
         step0 = {"entropy/mean": 2.8 / (1 + lam), "entropy/l0": 2.8 / (1 + lam), "maxprob/mean": 0.1 + 0.1 * i,
                  "gradnorm_wq/mean": 1e-2 / (1 + lam**2), "gradnorm_wk/mean": 1e-2, "gradnorm_wv/mean": 0.3,
                  "kappa_wq/mean": 1.0 + 1.0 / (1 + lam), "self_logit_unit/mean": 4.0}
@@ -288,7 +290,7 @@ def test_ablation_table_from_run_summaries(tmp_path):
                    "config": {"model": {"img_size": 32, "patch_size": 8}}}
         (d / "summary.json").write_text(json.dumps(summary))
         (d / "metrics.jsonl").write_text(json.dumps({"step": 50, "split": "val", "acc": 0.5, "top5": 0.9}) + "\n")
-    md_path, md = write_table(exp, "smoke", runs, tmp_path / "results", [0])
+    md_path, md = write_table(plan_of(exp, "smoke", runs, tmp_path / "results", [0]))
     assert md_path == tmp_path / "results" / "smoke" / "table8_sca_lambda.md"
     assert "| 0 | 0 | 50.00 (n=1) | 90.00 |" in md and "| 10 | 400 | 57.00 (n=1) |" in md
     assert "| 0.25 | 0.25 | 52.00 (n=1) |" in md and "| 20 | – | missing |" in md  # λ²·4: 0.0625·4; λ = 20 no run

@@ -244,7 +244,7 @@ def test_the_cluster_guides_slurm_examples_are_ones_the_tool_approves():
     against)."""
     import re
 
-    from condattn.reporting import load_experiment
+    from condattn.experiment import load
     from condattn.reproduce import cells
 
     guide = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
@@ -252,7 +252,7 @@ def test_the_cluster_guides_slurm_examples_are_ones_the_tool_approves():
                           guide)
     assert len(examples) >= 2
     for table, args in examples:
-        exp = load_experiment(next((Path(__file__).resolve().parents[1] / "experiments").glob(f"table{table}_*.yaml")))
+        exp = load(next((Path(__file__).resolve().parents[1] / "experiments").glob(f"table{table}_*.yaml")))
         for name, overrides in cells(exp, "paper", [0], args.split(), "slurm"):
             if "_none_paper_" in name:  # the baseline cell of each row
                 assert launch.gpu_warning(compose(overrides)) is None, (table, name)

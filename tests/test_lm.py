@@ -307,13 +307,16 @@ def test_table5_has_the_papers_numbers():
 
 
 def test_table5_renders_losses_lower_is_better():
-    from condattn.reporting import load_experiment, render
+    from helpers import plan_of
+
+    from condattn.experiment import load
+    from condattn.reporting import render
     from condattn.reporting.tables import TableCell
 
-    exp = load_experiment(EXP)
+    exp = load(EXP)
     cells = {("gpt2", m): TableCell("gpt2", m, [0, 1], values=v, steps=[40] * len(v), wall=[5.0] * len(v))
              for m, v in {"none": [6.0, 6.2], "spectral": [6.3, 6.3], "embedded": [5.9, 6.1]}.items()}
-    md, rows = render(exp, "smoke", cells)
+    md, rows = render(plan_of(exp, "smoke", ".", "."), cells)
     line = [ln for ln in md.splitlines() if ln.startswith("| gpt2")][0]
     assert line == ("| gpt2 | 2.41 | 2.36 | – | – | 6.10 ± 0.14 (n=2) | 6.30 ± 0.00 (n=2) | 6.00 ± 0.14 (n=2) "
                     "| 40 | 5 s |")

@@ -8,32 +8,34 @@ import csv
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
+from helpers import experiment_raw, plan_of, typed
 
 from condattn.config import ConfigError
-from condattn.reporting import load_experiment
+from condattn.experiment import ExperimentError
 from condattn.reporting.stats import last_quarter_change, mde, median_steps, steps_to_target
 from condattn.reproduce import LrPick, plan, selection_key
 from condattn.runs import RunRecord
+from condattn.table.planned import LengthPlan
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def grid_exp(rows=("vit_baseline", "vit_sca10", "listops_baseline")) -> dict:
-    exp = load_experiment(REPO / "experiments" / "table9_readings.yaml")
+    exp = experiment_raw("table9_readings")
     exp["rows"] = {r: exp["rows"][r] for r in rows}
     exp["scales"]["small"] = {"seeds": [0, 1, 2], "selection_seeds": [100, 101], "lr_grid": [0.5, 1, 2],
                               "lr_bound": [0.25, 4]}
     return exp
 
 
-def pick_dict(scores: dict[float, float], pick: float, base_lr: float = 1e-3, bound=(0.125, 8.0)) -> dict:
-    """A row's lr pick as `LrPick.as_dict` gives it: both selection seeds scored `scores[m]` at each multiplier."""
-    p = LrPick("r", "final_val_acc", base_lr, {m: base_lr * m for m in scores}, [100, 101], bound,
-               {m: {100: v, 101: v} for m, v in scores.items()}, pick)
-    return p.as_dict()
+def lr_pick(scores: dict[float, float], pick: float, base_lr: float = 1e-3, bound=(0.125, 8.0)) -> LrPick:
+    """A row's lr pick: both selection seeds scored `scores[m]` at each multiplier."""
+    return LrPick("r", "final_val_acc", base_lr, {m: base_lr * m for m in scores}, [100, 101], bound,
+                  {m: {100: v, 101: v} for m, v in scores.items()}, pick)
 
 
 def finish(spec, metrics: dict, curve: list[tuple[int, float]] | None = None, steps: int = 100) -> None:
@@ -49,18 +51,18 @@ def finish(spec, metrics: dict, curve: list[tuple[int, float]] | None = None, st
 
 def test_selection_key_is_validation_never_test():
     exp = grid_exp()
-    assert selection_key(exp, "vit_baseline") == "final_val_acc"  # ViT: final validation top-1
-    assert selection_key(exp, "listops_baseline") == "val_acc"  # ListOps: test at best val -> the best val acc
+    assert selection_key(typed(exp), "vit_baseline") == "final_val_acc"  # ViT: final validation top-1
+    assert selection_key(typed(exp), "listops_baseline") == "val_acc"  # ListOps: test at best val -> the best val acc
     exp["rows"]["vit_baseline"]["metrics"] = {"small": "test_acc"}  # a held-out test split at one scale
-    assert selection_key(exp, "vit_baseline", "small") == "val_acc"
-    assert selection_key(exp, "vit_baseline", "medium") == "final_val_acc"
+    assert selection_key(typed(exp), "vit_baseline", "small") == "val_acc"
+    assert selection_key(typed(exp), "vit_baseline", "medium") == "final_val_acc"
     exp["rows"]["vit_baseline"].pop("metrics")
     exp["rows"]["vit_baseline"]["metric"] = "mcc_median"
     with pytest.raises(ConfigError, match="select_metric"):
-        selection_key(exp, "vit_baseline")
+        selection_key(typed(exp), "vit_baseline")
     exp["rows"]["vit_baseline"]["select_metric"] = "test_acc"
     with pytest.raises(ConfigError, match="no validation metric"):
-        selection_key(exp, "vit_baseline")
+        selection_key(typed(exp), "vit_baseline")
 
 
 def test_lr_pick_by_mean_over_selection_seeds_ties_nearest_unit_and_waits_for_every_run():
@@ -100,7 +102,7 @@ def test_lr_pick_a_flat_grid_grows_each_way_to_the_bound_then_is_marked_flat():
     d = p.as_dict()
     assert d["flat"] and not d["at_bound"]
     from condattn.reporting.protocol import lr_text
-    assert lr_text({"lr_picks": {"r": d}}, "r") == "×1 (1e-03, flat)"
+    assert lr_text(plan_of(grid_exp(), "small", ".", ".", picks={"r": p}), "r") == "×1 (1e-03, flat)"
     # a grid that differs anywhere is not flat; a failed lr is not a score
     q = LrPick("r", "val_acc", 1e-3, {0.5: 5e-4, 1.0: 1e-3}, [100, 101], (0.125, 8.0),
                {0.5: {100: 0.1, 101: 0.1}, 1.0: {100: 0.1, 101: 0.12}})
@@ -117,7 +119,7 @@ def test_lr_pick_a_flat_grid_grows_each_way_to_the_bound_then_is_marked_flat():
 def test_plan_lr_grid_selection_seeds_extend_at_an_edge_then_report_other_seeds(tmp_path):
     exp = grid_exp()
     extra = [f"paths.runs={tmp_path / 'runs'}", f"paths.results={tmp_path / 'results'}", "logger=none"]
-    p = plan(exp, "small", [0, 1, 2], extra)
+    p = plan(typed(exp), "small", [0, 1, 2], extra)
     by_row = {}
     for c in p.cells:
         by_row.setdefault(c.cfg.run.row, []).append(c)
@@ -157,7 +159,7 @@ def test_plan_lr_grid_selection_seeds_extend_at_an_edge_then_report_other_seeds(
         val = {(0.5, 100): 0.3, (0.5, 101): 0.45, (1, 100): 0.4, (1, 101): 0.42, (2, 100): 0.35, (2, 101): 0.35}
         finish(c, {"val_acc": val[(m, int(c.cfg.seed))], "test_acc": {0.5: 0.9, 1: 0.2, 2: 0.2}[m]})
 
-    p2 = plan(exp, "small", [0, 1, 2], extra)
+    p2 = plan(typed(exp), "small", [0, 1, 2], extra)
     assert sorted(p2.waiting) == ["vit_baseline", "vit_sca10"]
     new = [c for c in p2.cells if c.run_dir not in {x.run_dir for x in p.cells} and c.cfg.run.row != "listops_baseline"]
     lrs = {(c.cfg.run.row, round(float(c.cfg.optim.lr) / base_lr, 6)) for c in new}
@@ -165,14 +167,14 @@ def test_plan_lr_grid_selection_seeds_extend_at_an_edge_then_report_other_seeds(
     stage2 = [c for c in p2.cells if int(c.cfg.seed) < 100]
     assert {int(c.cfg.seed) for c in stage2} == {0, 1, 2} and {c.cfg.run.row for c in stage2} == {"listops_baseline"}
     assert not any(o.startswith("optim.lr=") for c in stage2 for o in c.overrides)  # ×1: no override
-    assert p2.exp["lr_picks"]["listops_baseline"]["pick"] == 1
+    assert p2.picks["listops_baseline"].pick == 1
 
     for c in new:
         m = round(float(c.cfg.optim.lr) / base_lr, 6)
         finish(c, {"final_val_acc": {4.0: 0.65, 0.25: 0.6}[m]})
-    p3 = plan(exp, "small", [0, 1, 2], extra)
+    p3 = plan(typed(exp), "small", [0, 1, 2], extra)
     assert p3.waiting == []
-    picks = p3.exp["lr_picks"]
+    picks = {k: v.as_dict() for k, v in p3.picks.items()}
     assert (picks["vit_baseline"]["pick"], picks["vit_sca10"]["pick"]) == (2, 0.25)
     assert picks["vit_sca10"]["at_bound"] and not picks["vit_baseline"]["at_bound"]
     assert math.isnan(picks["vit_sca10"]["means"][2.0])
@@ -183,9 +185,9 @@ def test_plan_lr_grid_selection_seeds_extend_at_an_edge_then_report_other_seeds(
         assert float(c.cfg.optim.lr) == pytest.approx(want)
 
     # --force: stage 1 runs again before anything picks; --rows: only the row's cells, the picks of all
-    assert plan(exp, "small", [0, 1, 2], extra, read_records=False).waiting
-    only = plan(exp, "small", [0, 1, 2], extra, only_rows=["vit_sca10"])
-    assert {c.cfg.run.row for c in only.cells} == {"vit_sca10"} and len(only.exp["lr_picks"]) == 3
+    assert plan(typed(exp), "small", [0, 1, 2], extra, read_records=False).waiting
+    only = plan(typed(exp), "small", [0, 1, 2], extra, only_rows=["vit_sca10"])
+    assert {c.cfg.run.row for c in only.cells} == {"vit_sca10"} and len(only.picks) == 3
 
     # the length check: SCA is worse, so it runs again at 2× steps on 2 seeds; a --rows process of SCA alone (a plan
     # that only trains) plans those runs, since the verdict reads the baseline's runs too (it once planned none)
@@ -194,7 +196,7 @@ def test_plan_lr_grid_selection_seeds_extend_at_an_edge_then_report_other_seeds(
         acc = {"vit_baseline": 0.9, "vit_sca10": 0.5}.get(c.cfg.run.row, 0.4) + 0.01 * int(c.cfg.seed)
         finish(c, {"final_val_acc": acc, "final_test_acc": acc, "val_acc": acc, "test_acc": acc})
     steps = next(int(c.cfg.task.steps) for c in stage2 if c.cfg.run.row == "vit_sca10")
-    sca_only = plan(exp, "small", [0, 1, 2], extra, only_rows=["vit_sca10"], full=False)
+    sca_only = plan(typed(exp), "small", [0, 1, 2], extra, only_rows=["vit_sca10"], full=False)
     at2 = [c for c in sca_only.cells if int(c.cfg.task.steps) == 2 * steps]
     assert [(c.cfg.run.row, int(c.cfg.seed)) for c in at2] == [("vit_sca10", 0), ("vit_sca10", 1)]
     assert {c.cfg.run.row for c in sca_only.cells} == {"vit_sca10"}
@@ -204,20 +206,23 @@ def test_selection_seeds_are_required_distinct_and_never_reported(tmp_path):
     exp = grid_exp(("vit_baseline",))
     for bad in ([100], [100, 100], [2, 100]):
         exp["scales"]["small"]["selection_seeds"] = bad
-        with pytest.raises(ConfigError, match="selection_seeds"):
-            plan(exp, "small", [0, 1, 2], [f"paths.runs={tmp_path}"])
+        with pytest.raises(ExperimentError, match="selection_seeds"):  # refused when the file is parsed
+            typed(exp)
+    exp["scales"]["small"]["selection_seeds"] = [100, 101]
+    with pytest.raises(ConfigError, match="selection_seeds"):  # and against the seeds a command reports
+        plan(typed(exp), "small", [0, 100], [f"paths.runs={tmp_path}"])
 
 
 def test_plan_refuses_lr_override_beside_a_grid_and_a_bad_grid(tmp_path):
     exp = grid_exp(("vit_baseline",))
     with pytest.raises(ConfigError, match="optim.lr=0.1 conflicts with scales.small.lr_grid"):
-        plan(exp, "small", [0], ["optim.lr=0.1"])
+        plan(typed(exp), "small", [0], ["optim.lr=0.1"])
     exp["scales"]["small"]["lr_grid"] = [1, -2]
-    with pytest.raises(ConfigError, match=r"lr_grid=\[1, -2\]"):
-        plan(exp, "small", [0], [])
+    with pytest.raises(ExperimentError, match=r"lr_grid=\[1, -2\]"):
+        typed(exp)
     exp["scales"]["small"]["lr_grid"] = [0.5, 1, 3]  # not log2-spaced
-    with pytest.raises(ConfigError, match="log2-spaced"):
-        plan(exp, "small", [0], [])
+    with pytest.raises(ExperimentError, match="log2-spaced"):
+        typed(exp)
 
 
 def test_mde_against_hand_computation():
@@ -250,7 +255,7 @@ def test_readings_table_reports_the_protocol(tmp_path):
     for spec in exp["rows"].values():
         spec.pop("metrics", None)  # report final_val_acc at every scale
     runs = tmp_path / "runs" / "small"
-    exp["lr_picks"] = {r: pick_dict({0.5: 0.5, 1.0: 0.6, 2.0: 0.55}, 1.0) for r in exp["rows"]}
+    picks = {r: lr_pick({0.5: 0.5, 1.0: 0.6, 2.0: 0.55}, 1.0) for r in exp["rows"]}
     for row, method in (("vit_baseline", "none"), ("vit_sca10", "spectral")):
         for seed in range(3):
             d = runs / f"table9_readings_{row}_{method}_small_s{seed}"
@@ -258,7 +263,7 @@ def test_readings_table_reports_the_protocol(tmp_path):
             curve = [(s, min(0.6 + 0.01 * seed, s / (200 if fast else 400))) for s in range(0, 401, 100)]
             spec = type("S", (), {"run_dir": d})
             finish(spec, {"final_val_acc": curve[-1][1]}, curve, steps=400)
-    md_path, md = write_table(exp, "small", tmp_path / "runs", tmp_path / "results", [0, 1, 2])
+    md_path, md = write_table(plan_of(exp, "small", tmp_path / "runs", tmp_path / "results", picks=picks))
     # the baseline's mean val acc at half its training (step 200) is 50.00; the baseline reaches it at 200, SCA at 100
     assert ("| baseline (no conditioning) | baseline | 61.00 ± 1.00 (n=3) | (baseline) | – | – | – | ×1 (1e-03) | – | "
             "200 |") in md
@@ -321,24 +326,23 @@ def test_reproduce_runs_both_stages_locally_and_reuses_them(tmp_path, capsys):
         {n.removesuffix(".json.gz") for n in trained}
 
 
-def test_one_renderer_cli_uses_the_experiments_renderer_and_refuses_an_lr_grid(tmp_path, capsys):
+@pytest.mark.slow  # composes the cells of a table (about 3 s)
+def test_the_reporting_cli_is_reproduce_report_only(tmp_path, capsys, monkeypatch):
+    """`python -m condattn.reporting` is one alias of `reproduce --report-only`: the experiment's renderer, one plan."""
+    import runpy
+
     import yaml
 
-    from condattn.reporting.tables import renderer_cli
-
-    exp = load_experiment(REPO / "experiments" / "table4_lra.yaml")
+    exp = experiment_raw("table4_lra")
     exp["rows"] = {"listops": exp["rows"]["listops"]}
     path = tmp_path / "table4_lra.yaml"
     path.write_text(yaml.safe_dump(exp, sort_keys=False))
     over = [f"paths.runs={REPO / 'tests' / 'fixtures' / 'runs'}", f"paths.results={tmp_path / 'results'}"]
-    assert renderer_cli([str(path), "--scale", "smoke", "--seeds", "0", *over], "prog", "doc") == 0
-    assert (tmp_path / "results" / "smoke" / "table4_lra.md").is_file()
-    assert "[reporting] wrote" in capsys.readouterr().out
-    exp["scales"]["smoke"].update(lr_grid=[1, 2], selection_seeds=[100, 101])
-    path.write_text(yaml.safe_dump(exp, sort_keys=False))
-    with pytest.raises(SystemExit):
-        renderer_cli([str(path), "--scale", "smoke", *over], "prog", "doc")
-    assert "--report-only" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["condattn.reporting", str(path), "--scale", "smoke", "--seeds", "0", *over])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("condattn.reporting", run_name="__main__")
+    assert done.value.code == 0 and (tmp_path / "results" / "smoke" / "table4_lra.md").is_file()
+    assert "[reproduce] wrote" in capsys.readouterr().out
 
 
 def test_cost_line_projects_the_whole_table_from_each_tasks_median():
@@ -349,8 +353,10 @@ def test_cost_line_projects_the_whole_table_from_each_tasks_median():
     def cell(wall, missing=()):
         return SimpleNamespace(wall=wall, values=[0.9] * len(wall), missing=list(missing))
 
-    exp = {"scales": {"small": {"seeds": [0, 1, 2, 3, 4], "lr_grid": [0.5, 1, 2], "selection_seeds": [100, 101],
-                                "length_check": {"factor": 2, "seeds": 5}}}}
+    raw = {"table": "table9_readings", "metric": "final_val_acc", "methods": ["none"], "rows": {"r": {}},
+           "scales": {"small": {"seeds": [0, 1, 2, 3, 4], "lr_grid": [0.5, 1, 2], "selection_seeds": [100, 101],
+                                "length_check": {"factor": 2, "seeds": 5}}, "medium": {"seeds": [0]}}}
+    exp = typed(raw)
     rows = [{"task": "vit", "cell": cell([100.0, 120.0, 140.0], [3, 4]), "is_baseline": True, "test": None},
             # a row not run yet costs the task's median too
             {"task": "vit", "cell": cell([], [0, 1, 2, 3, 4]), "is_baseline": False, "test": None},
@@ -365,7 +371,7 @@ def test_cost_line_projects_the_whole_table_from_each_tasks_median():
     assert "Trained so far for this table: 9 runs (selection, reported and length runs), 9.00 h of run wall time " \
            "summed, 4.5 h on two processes." in cost_line(exp, "small", rows, done)
     # runs another table made (linked twins) are counted apart, not as this table's cost
-    exp["table"] = "table1_imagenet"
+    exp = typed({**raw, "table": "table1_imagenet"})
     mixed = [{"wall_time_s": 3600.0, "table": "table1_imagenet"}] * 2 + [{"wall_time_s": 60.0, "table": "table9_x"}]
     assert "Trained so far for this table: 2 runs (selection, reported and length runs), 2.00 h of run wall time " \
            "summed, 1.0 h on two processes; 1 more reused from table9_x." in cost_line(exp, "small", rows, mixed)
@@ -379,7 +385,8 @@ def test_a_pick_at_the_declared_bound_is_marked():
     from condattn.reporting.protocol import lr_text
 
     def exp(pick, bound=(0.5, 2.0)):
-        return {"lr_picks": {"r": pick_dict({0.5: 0.9, 1.0: 0.8, 2.0: 0.7}, pick, bound=bound)}}
+        return plan_of(grid_exp(), "small", ".", ".", picks={"r": lr_pick({0.5: 0.9, 1.0: 0.8, 2.0: 0.7}, pick,
+                                                                              bound=bound)})
 
     assert lr_text(exp(0.5), "r") == "×0.5 (5e-04, bound binding)"  # still beats its inner neighbour
     assert lr_text(exp(2.0), "r") == "×2 (2e-03, bound, weak pick)"  # at the bound, behind its neighbour
@@ -390,29 +397,28 @@ def test_a_pick_at_the_declared_bound_is_marked():
 def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_reports_metric_at(tmp_path):
     """Tables 1/3/4/5 at small: each method of a row has its own pick ("<row>/<method>"), the held-out metric of
     `metric_at` is what the table reports, and the protocol block names Δ, lr, MDE and steps-to-target."""
-    from condattn.reporting.metric import row_metric
-    from condattn.reporting.protocol import pick_key
     from condattn.reporting.tables import write_table
 
-    exp = load_experiment(REPO / "experiments" / "table4_lra.yaml")
+    exp = experiment_raw("table4_lra")
     exp["rows"] = {"listops": exp["rows"]["listops"]}
     exp["methods"] = ["none", "spectral"]
     exp["scales"]["small"] = {"seeds": [0, 1, 2], "rows": ["listops"], "lr_grid": [0.5, 1, 2],
                               "selection_seeds": [100, 101]}
     exp["metric_at"] = {"small": "final_test_acc"}
-    assert row_metric(exp, "small", "listops") == "final_test_acc" and row_metric(exp, "smoke") == "test_acc"
-    assert selection_key(exp, "listops", "small") == "final_val_acc"
-    assert pick_key(exp, "listops", "spectral") == "listops/spectral"
-    assert pick_key(grid_exp(), "vit_sca10", "spectral") == "vit_sca10"  # a reading: its row is its method
-    exp["lr_picks"] = {f"listops/{m}": pick_dict({0.5: 0.5, 1.0: 0.6, 2.0: 0.7}, p, bound=(0.5, 2))
-                       for m, p in (("none", 1.0), ("spectral", 2.0))}
+    t = typed(exp)
+    assert t.row_metric("small", "listops") == "final_test_acc" and t.row_metric("smoke") == "test_acc"
+    assert selection_key(t, "listops", "small") == "final_val_acc"
+    assert t.pick_key("listops", "spectral") == "listops/spectral"
+    assert typed(grid_exp()).pick_key("vit_sca10", "spectral") == "vit_sca10"  # a reading: its row is its method
+    picks = {f"listops/{m}": lr_pick({0.5: 0.5, 1.0: 0.6, 2.0: 0.7}, p, bound=(0.5, 2))
+             for m, p in (("none", 1.0), ("spectral", 2.0))}
     runs = tmp_path / "runs" / "small"
     for method, better in (("none", 0.0), ("spectral", 0.1)):
         for seed in range(3):
             spec = type("S", (), {"run_dir": runs / f"table4_lra_listops_{method}_small_s{seed}"})
             curve = [(s, min(0.3 + 0.01 * seed + better, s / 400)) for s in range(0, 401, 100)]
             finish(spec, {"final_test_acc": curve[-1][1] + 0.05, "test_acc": 0.0}, curve, steps=400)
-    _, md = write_table(exp, "small", tmp_path / "runs", tmp_path / "results", [0, 1, 2])
+    _, md = write_table(plan_of(exp, "small", tmp_path / "runs", tmp_path / "results", picks=picks))
     assert "mean ± std over seeds of final_test_acc × 100" in md
     assert "| listops | baseline | 36.00 ± 1.00 (n=3) | (baseline) | – | – | – | ×1 (1e-03, weak pick) | – | 200 |" \
         in md
@@ -422,8 +428,8 @@ def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_report
     assert "listops: Baseline's last quarter" in md and "listops: Plateau: the baseline reaches" in md
     assert "better than the baseline: listops SCA" in md
     assert "Training time of the runs shown: 6 runs" in md  # the cost line
-    exp["planned_cells"] = [f"table4_lra_listops_{m}_small_s{s}" for m in ("none", "spectral") for s in range(3)]
-    _, md = write_table(exp, "small", tmp_path / "runs", tmp_path / "results", [0, 1, 2])
+    planned = tuple(f"table4_lra_listops_{m}_small_s{s}" for m in ("none", "spectral") for s in range(3))
+    _, md = write_table(plan_of(exp, "small", tmp_path / "runs", tmp_path / "results", picks=picks, planned=planned))
     assert "Trained so far for this table: 6 runs (selection, reported and length runs)" in md
 
     # the length check (tables 1 and 5 as table 9): the baseline and SCA again at 2× steps on seeds 0-1; SCA's
@@ -437,8 +443,8 @@ def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_report
             longer[name] = "2x"
             finish(type("S", (), {"run_dir": runs / f"{name}-2x"}), {"final_test_acc": at2 + 0.01 * seed},
                    steps=800)
-    exp["longer"] = {"factor": 2, "variants": longer}
-    path, md = write_table(exp, "small", tmp_path / "runs", tmp_path / "results", [0, 1, 2])
+    path, md = write_table(plan_of(exp, "small", tmp_path / "runs", tmp_path / "results", picks=picks,
+                                   longer=LengthPlan(2, longer)))
     assert "| (baseline) | – | – | 40.50 ± 0.71 (n=2) | ×1 (1e-03, weak pick) |" in md
     assert "| better | +0.50 [" in md and "(n=2; verdict there: no difference detected" in md
     # table 4's ListOps claims (SCA 37.1 → 37.8: a 1.1 % relative fall in error) set the effect: +5.00 is above it
@@ -486,9 +492,9 @@ def test_the_length_check_prints_delta_at_twice_the_steps_and_judges_convergence
                 longer[name] = "2x"
                 finish(type("S", (), {"run_dir": runs / f"{name}-2x"}),
                        {"final_val_acc": 0.9 + gain2 + 0.002 * (seed % 3)})
-    exp["longer"] = {"factor": 2, "variants": longer}
     exp["paper"] = {"vit_cond_init": {"ci_baseline": 80.3, "ci_conditioned": 81.5}}  # 6.1 % of the error: 0.60 here
-    md_path, md = write_table(exp, "small", tmp_path / "runs", tmp_path / "results", list(range(6)))
+    md_path, md = write_table(plan_of(exp, "small", tmp_path / "runs", tmp_path / "results",
+                                      longer=LengthPlan(2, longer)))
     # SCA stays worse at 2× (Δ -20.20 there); conditioned init's +2.0 vanishes there: the verdict change is said
     assert "| worse | -20.20 [" in md and "(n=5) |" in md
     assert "; verdict there: no difference detected" in md
@@ -513,9 +519,10 @@ def test_local_plans_on_when_a_stage_needs_no_training(monkeypatch):
     import condattn.reproduce as rp
 
     stage1, extension, reported = [NS(name="s100"), NS(name="s101")], [NS(name="s100-x4")], [NS(name="s0")]
-    plans = iter([NS(exp={"metric": "acc"}, cells=stage1 + extension, waiting=["row"]),  # the extension: linked
-                  NS(exp={"metric": "acc"}, cells=stage1 + extension + reported, waiting=[]),
-                  NS(exp={"metric": "acc"}, cells=stage1 + extension + reported, waiting=[])])
+    exp = NS(metric="acc")
+    plans = iter([NS(exp=exp, cells=stage1 + extension, waiting=["row"]),  # the extension: linked
+                  NS(exp=exp, cells=stage1 + extension + reported, waiting=[]),
+                  NS(exp=exp, cells=stage1 + extension + reported, waiting=[])])
     trained: list[str] = []
 
     def run_local(pending, metric, force, needs):
@@ -527,8 +534,8 @@ def test_local_plans_on_when_a_stage_needs_no_training(monkeypatch):
     monkeypatch.setattr(rp, "length_check", lambda exp, scale: False)
     monkeypatch.setattr(rp, "report", lambda *a, **k: 0)
     args = argparse.Namespace(dry_run=False, force=False, scale="small", only_rows=None)
-    first = NS(exp={"metric": "acc"}, cells=stage1, waiting=["row"])
-    assert rp._local(first, args, NS(pending=stage1), [0], lambda: next(plans)) == 0
+    first = NS(exp=exp, cells=stage1, waiting=["row"])
+    assert rp._local(first, args, NS(pending=stage1), lambda: next(plans)) == 0
     assert trained == ["s100", "s101", "s0"]
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -339,12 +338,11 @@ def test_saturated_sca_shows_input_independent_features_and_no_embedding_gradien
 
 
 def test_table9_renderer_from_run_summaries(tmp_path):
-    from condattn.reporting import load_experiment
-    from condattn.reporting.metric import row_metric
-    from condattn.reporting.readings import write_table
-    from condattn.reporting.tables import methods_for
+    from helpers import experiment_raw, plan_of, typed
 
-    exp = load_experiment(Path(__file__).resolve().parents[1] / "experiments" / "table9_readings.yaml")
+    from condattn.reporting.readings import write_table
+
+    exp = experiment_raw("table9_readings")
     readings = {r.split("_", 1)[1] for r in exp["rows"]}
     assert len(readings) == 15 and {exp["rows"][r]["task"] for r in exp["rows"]} == {"vit", "listops"}
     # the committed small scale trains the ViT half and says why ListOps waits; rendered here with both tasks
@@ -352,10 +350,11 @@ def test_table9_renderer_from_run_summaries(tmp_path):
     assert all(r.startswith("vit_") for r in small_rows) and len(small_rows) == 15
     assert "ListOps is left out at this scale" in exp["notes"]["small"]
     exp["scales"]["small"] = {k: v for k, v in exp["scales"]["small"].items() if k != "rows"}
+    t = typed(exp)
     runs = tmp_path / "runs"
     for row, spec in exp["rows"].items():
-        (method,) = methods_for(exp, row)
-        metric = row_metric(exp, "small", row)  # the small ViT rows report their test split
+        (method,) = t.methods_of(row)
+        metric = t.row_metric("small", row)  # the small ViT rows report their test split
         assert metric == ("final_test_acc" if spec["task"] == "vit" else "test_acc")
         for seed in (0, 1, 2):
             if row == "vit_cet_norm" and seed == 2:
@@ -369,7 +368,7 @@ def test_table9_renderer_from_run_summaries(tmp_path):
             summary = {"status": "finished", "run_dir": str(d), "metrics": {metric: acc}, "steps": 10,
                        "wall_time_s": 3.0, "diagnostics": {"step0": step0}, "data": {"stand_in": True}}
             (d / "summary.json").write_text(json.dumps(summary))
-    md_path, md = write_table(exp, "small", runs, tmp_path / "results", [0, 1, 2])
+    md_path, md = write_table(plan_of(t, "small", runs, tmp_path / "results", [0, 1, 2]))
     assert md_path.name == "table9_readings.md"
     assert "**vit** (`final_test_acc`)" in md and "**listops** (`test_acc`)" in md
     # no lr grid, no curves: lr and steps-to-target are "–"; the baseline has no test of its own

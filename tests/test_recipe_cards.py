@@ -4,25 +4,26 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from condattn.experiment import load
 from condattn.launch import compose_cell
-from condattn.reporting import load_experiment
 from condattn.reporting.notes import LR_KEY, card_mismatches, load_cards, table_notes
 from condattn.reproduce import cells
 
 EXPERIMENTS = sorted((Path(__file__).resolve().parent.parent / "experiments").glob("table*.yaml"))
-PAPER = [p for p in EXPERIMENTS if "paper" in load_experiment(str(p))["scales"]]
+PAPER = [p for p in EXPERIMENTS if "paper" in load(p).scales]
 
 
 def paper_cells(path: Path) -> list[tuple[str, list[str]]]:
     """One cell per row × method (seeds differ only in `seed=`/`run.name=`)."""
-    exp = load_experiment(str(path))
+    exp = load(path)
     seen, out = set(), []
-    for name, overrides in cells(exp, "paper", list(exp["scales"]["paper"]["seeds"])[:1], []):
+    for name, overrides in cells(exp, "paper", list(exp.at("paper").seeds)[:1], []):
         rest = tuple(o for o in overrides if not o.startswith(("seed=", "run.name=")))
         if rest not in seen:
             seen.add(rest)
@@ -67,11 +68,12 @@ def _cards_with_a_cell() -> list[tuple[str, list[str]]]:
     """(task, overrides of one paper cell) for every task a paper-scale row (or pretraining stage) runs."""
     out: dict[str, list[str]] = {}
     for path in PAPER:
-        exp = load_experiment(str(path))
-        specs = {**exp["rows"], "pretrain": exp.get("pretrain") or {}}
+        exp = load(path)
+        own = {**{r: spec.overrides for r, spec in exp.rows.items()}, "pretrain": exp.pretrain.overrides if exp.pretrain
+               else ()}
         for _, overrides in paper_cells(path):
             row = next(o.split("=", 1)[1] for o in overrides if o.startswith("run.row="))
-            task = next((o.split("=", 1)[1] for o in specs[row].get("overrides", []) if o.startswith("task=")), None)
+            task = next((o.split("=", 1)[1] for o in own[row] if o.startswith("task=")), None)
             if task:
                 out.setdefault(task, overrides)
     return sorted(out.items())
@@ -108,24 +110,24 @@ def test_card_file_is_well_formed_and_every_card_is_used():
 
 @pytest.mark.slow
 def test_paper_table_prints_the_differences():
-    exp = load_experiment(str(next(p for p in PAPER if p.stem == "table4_lra")))
-    lines = table_notes(exp, "paper", list(exp["rows"]))
+    exp = load(next(p for p in PAPER if p.stem == "table4_lra"))
+    lines = table_notes(exp, "paper", list(exp.rows))
     text = "\n".join(lines)
     assert "Deliberate differences" in text and "listops (lra_listops)" in text and "Mean pooling" in text
-    assert not [n for n in table_notes(exp, "smoke", list(exp["rows"])) if "Deliberate differences" in n]
-    t1 = load_experiment(str(next(p for p in PAPER if p.stem == "table1_imagenet")))
-    assert any("same run twice" in line for line in table_notes(t1, "smoke", list(t1["rows"])))
+    assert not [n for n in table_notes(exp, "smoke", list(exp.rows)) if "Deliberate differences" in n]
+    t1 = load(next(p for p in PAPER if p.stem == "table1_imagenet"))
+    assert any("same run twice" in line for line in table_notes(t1, "smoke", list(t1.rows)))
 
 
 @pytest.mark.slow
 def test_a_note_about_rows_or_scales_prints_only_where_they_apply():
-    exp = copy.deepcopy(load_experiment(str(next(p for p in PAPER if p.stem == "table1_imagenet"))))
-    exp["notes"] = [{"rows": ["vit_base", "deit_base"], "text": "same run\n twice"},
-                    {"scales": ["small"], "text": "left out"}, "always"]
+    t1 = load(next(p for p in PAPER if p.stem == "table1_imagenet"))
+    exp = replace(t1, free={**t1.free, "notes": [{"rows": ["vit_base", "deit_base"], "text": "same run\n twice"},
+                                                 {"scales": ["small"], "text": "left out"}, "always"]})
     smoke = table_notes(exp, "smoke", ["vit_base", "deit_base"])
     assert smoke[1:3] == ["Note: same run twice", "Note: always"] and not any("left out" in n for n in smoke)
     small = table_notes(exp, "small", ["vit_base", "swin_base"])
     assert "Note: left out" in small and "Note: always" in small and not any("same run" in n for n in small)
-    exp["notes"] = [{"rows": ["vit_bsae"], "text": "x"}]  # a misspelt row would hide its note for good
+    exp = replace(t1, free={**t1.free, "notes": [{"rows": ["vit_bsae"], "text": "x"}]})  # a misspelt row: hidden
     with pytest.raises(ValueError, match="rows 'vit_bsae'"):
         table_notes(exp, "small", ["vit_base"])

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import experiment_raw, plan_of, typed
 
-from condattn.reporting import load_experiment, render
+from condattn.experiment import load
+from condattn.reporting import render
 from condattn.reporting.tables import TableCell
 from condattn.reproduce import main
 from condattn.utils.io import read_json, read_jsonl
@@ -26,7 +28,7 @@ def listops_only(tmp: Path, steps: int = 4) -> Path:
     """Table 4 restricted to its ListOps row (the other rows' tiny overrides differ), shrunk to a few steps on tiny
     data (the experiment's own smoke overrides, so its cells keep their names: extra overrides that change a result
     would give them variant names), as a file."""
-    exp = load_experiment(EXP)
+    exp = experiment_raw(EXP)
     exp["rows"] = {"listops": exp["rows"]["listops"]}
     exp["paper"] = {"listops": exp["paper"]["listops"]}
     exp["scales"]["smoke"]["overrides"] = [
@@ -196,7 +198,7 @@ def test_reproduce_refuses_bad_input(tmp_path, capsys):
 def test_rows_trains_only_the_matching_rows_and_names_a_pattern_that_matches_none(capsys):
     from condattn.reproduce import cells, select_rows
 
-    exp = load_experiment("experiments/table9_readings.yaml")
+    exp = load("experiments/table9_readings.yaml")
     vit = select_rows(exp, "smoke", ["vit_cet*", "listops_baseline"])
     assert vit == ["vit_cet", "vit_cet_before", "vit_cet_norm", "listops_baseline"]
     names = [n for n, _ in cells(exp, "smoke", [0, 1], [], only_rows=vit)]
@@ -222,14 +224,14 @@ def test_corrupt_summary_is_reported_as_unfinished(tmp_path, capsys):
 
 
 def test_render_golden():
-    exp = load_experiment(EXP)
+    exp = experiment_raw(EXP)
     exp["rows"] = {"listops": exp["rows"]["listops"]}
     cells = {}
     for m, vals in {"none": [30.0, 32.0], "spectral": [19.0], "embedded": []}.items():
         c = TableCell("listops", m, [0, 1], values=vals, steps=[120] * len(vals), wall=[10.0] * len(vals))
         c.missing = [1] if len(vals) == 1 else ([0, 1] if not vals else [])
         cells[("listops", m)] = c
-    md, rows = render(exp, "smoke", cells)
+    md, rows = render(plan_of(exp, "smoke", ".", "."), cells)
     line = [ln for ln in md.splitlines() if ln.startswith("| listops")][0]
     assert line == (
         "| listops | 37.1 | 37.9 | 37.1 | 37.8 | 31.00 ± 1.41 (n=2) | 19.00, n = 1 (no spread), missing seeds [1] "
@@ -259,7 +261,7 @@ def test_row_overrides_per_scale_fill_in_the_method():
     row and the offline scales get no such override."""
     from condattn.reproduce import cells
 
-    exp = load_experiment("experiments/table2_coco.yaml")
+    exp = load("experiments/table2_coco.yaml")
     paper = dict(cells(exp, "paper", [0], []))
     assert "model.backbone_checkpoint=table1_imagenet_xcit_medium_spectral_paper_s0" in \
         paper["table2_coco_xcit_medium_24_p16_spectral_paper_s0"]
@@ -296,14 +298,15 @@ def test_restore_kept_never_restores_weights_a_cell_still_needs_nor_a_run_set_as
     from omegaconf import OmegaConf
 
     from condattn.launch import RunSpec
-    from condattn.reproduce import Plan, restore_kept
+    from condattn.reproduce import restore_kept
     from condattn.runs import KeptRecord, RunRecord
 
-    exp = {"table": "t3", "rows": {"sst2": {}}, "methods": ["none"], "pretrain": {"seed": 0}}
+    exp = typed({"table": "t3", "metric": "acc", "rows": {"sst2": {}}, "methods": ["none"], "pretrain": {"seed": 0},
+                 "scales": {"small": {"seeds": [0, 1]}}})
     names = ["t3_pretrain_none_small_s0", "t3_sst2_none_small_s0", "t3_sst2_none_small_s1"]
     runs, kept = tmp_path / "runs" / "small", tmp_path / "results" / "small" / "runs"
     cells = [RunSpec(n, [], OmegaConf.create({"run": {"dir": str(runs / n)}})) for n in names]
-    plan = Plan(exp, cells, {}, tmp_path / "runs", tmp_path / "results")
+    plan = plan_of(exp, "small", tmp_path / "runs", tmp_path / "results", cells=tuple(cells))
 
     def keep(name: str) -> None:
         KeptRecord.of(kept, name).write({"summary.json": {"status": "finished", "metrics": {"acc": 1.0},
@@ -321,4 +324,4 @@ def test_restore_kept_never_restores_weights_a_cell_still_needs_nor_a_run_set_as
     other = RunSpec(s2, [], OmegaConf.create({"run": {"dir": str(runs / s2)}}))
     keep(other.name)
     (runs / f"{other.name}.stale-1").mkdir()
-    assert restore_kept(Plan(exp, [other], {}, tmp_path / "runs", tmp_path / "results"), "small") == 0
+    assert restore_kept(plan_of(exp, "small", tmp_path / "runs", tmp_path / "results", cells=(other,)), "small") == 0

@@ -112,12 +112,14 @@ def test_a_real_failed_run_reads_and_write_failure_writes_the_same(tmp_path, rea
 def test_tables_read_the_real_runs(real_run):
     """The readers see the real runs through the record: the finished one counts, the failed one is missing
     with its error."""
+    from helpers import plan_of
+
     from condattn.reporting.curves import _run_state
     from condattn.reporting.tables import collect
 
     exp = {"table": "table4_lra", "metric": "test_acc", "methods": ["none", "spectral"], "rows": {"listops": {}},
            "scales": {"smoke": {"seeds": [0]}}}
-    cells = collect(exp, "smoke", real_run.dir.parent.parent)
+    cells = collect(plan_of(exp, "smoke", real_run.dir.parent.parent, "."))
     assert cells[("listops", "none")].values == [pytest.approx(6.0)] and cells[("listops", "none")].steps == [2]
     assert cells[("listops", "spectral")].missing == [0]
     why = _run_state(real_run.dir.parent.parent, RunId("table4_lra", "listops", "spectral", "smoke", 0))

@@ -7,7 +7,7 @@ import pytest
 
 from condattn.config import compose_cell
 from condattn.engine.trainer import train
-from condattn.reporting.tables import load_experiment
+from condattn.experiment import load
 from condattn.reproduce import cells
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ def committed(table: Path, row: str, column: str) -> str:
 @pytest.mark.slow
 def test_a_committed_smoke_cell_reproduces_exactly(tmp_path):
     """Table 4's Image baseline cell (about 20 s of training), at the smoke recipe's one thread."""
-    exp = load_experiment(REPO / "experiments" / "table4_lra.yaml")
+    exp = load(REPO / "experiments" / "table4_lra.yaml")
     (name, overrides), = [c for c in cells(exp, "smoke", [0], [], only_rows=["image"]) if "_none_" in c[0]]
     cfg = compose_cell([*overrides, "logger=none", f"paths.runs={tmp_path / 'runs'}",
                         f"paths.cache={tmp_path / 'cache'}"])

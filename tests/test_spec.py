@@ -223,11 +223,11 @@ def config_checks(monkeypatch):
 @pytest.mark.slow
 def test_reproduce_dry_run_checks_each_cell_once(tmp_path, config_checks, capsys):
     import yaml
+    from helpers import experiment_raw
 
-    from condattn.reporting import load_experiment
     from condattn.reproduce import main
 
-    exp = load_experiment(str(Path(__file__).resolve().parents[1] / "experiments" / "table4_lra.yaml"))
+    exp = experiment_raw("table4_lra")
     exp["rows"] = {"listops": exp["rows"]["listops"]}
     path = tmp_path / "table4_lra.yaml"
     path.write_text(yaml.safe_dump(exp, sort_keys=False))

@@ -170,12 +170,14 @@ def _fake_run(runs: Path, name: str, model: str, kx: float, seed_shift: float, s
 
 @pytest.mark.slow
 def test_curves_renderer_on_fake_runs(tmp_path):
-    from condattn.reporting import load_experiment
+    from helpers import plan_of
+
+    from condattn.experiment import load
     from condattn.reporting.curves import write_table
 
-    exp = load_experiment(EXP)
+    exp = load(EXP)
     runs = tmp_path / "runs"
-    t = exp["table"]
+    t = exp.table
     for seed, shift in ((0, 0.0), (1, 0.5)):
         _fake_run(runs, f"{t}_vit_none_smoke_s{seed}", "vit_tiny_32_smoke", 180.0, shift)
         _fake_run(runs, f"{t}_vit_embedded_smoke_s{seed}", "vit_tiny_32_smoke", 1.9, shift)
@@ -185,7 +187,7 @@ def test_curves_renderer_on_fake_runs(tmp_path):
     (failed / "summary.json").write_text(json.dumps({"status": "failed", "error": "non-finite training loss (nan)"}))
     _fake_run(runs, f"{t}_xcit_none_smoke_s0", "xcit_nano_32_smoke", 80.0, 0.0)  # xcit: only seed 0 of baseline
 
-    md_path, md = write_table(exp, "smoke", runs, tmp_path / "results", [0, 1])
+    md_path, md = write_table(plan_of(exp, "smoke", runs, tmp_path / "results", [0, 1]))
     out = tmp_path / "results" / "smoke"
     assert md_path == out / f"{t}.md" and md_path.read_text() == md
     assert (out / f"{t}.png").stat().st_size > 10_000
@@ -227,10 +229,12 @@ def test_curves_renderer_on_fake_runs(tmp_path):
 
 
 def test_curves_renderer_with_no_runs(tmp_path):
-    from condattn.reporting import load_experiment
+    from helpers import plan_of
+
+    from condattn.experiment import load
     from condattn.reporting.curves import write_table
 
-    md_path, md = write_table(load_experiment(EXP), "smoke", tmp_path / "runs", tmp_path / "results", [0])
+    md_path, md = write_table(plan_of(load(EXP), "smoke", tmp_path / "runs", tmp_path / "results", [0]))
     assert "no finished runs yet" in md and "## vit: no finished runs" in md
     assert not (tmp_path / "results" / "smoke" / "table6_condition_numbers.png").exists()
     assert (tmp_path / "results" / "smoke" / "table6_condition_numbers.csv").read_text().startswith("table,scale,")
@@ -242,12 +246,12 @@ def test_curves_renderer_with_no_runs(tmp_path):
 @pytest.mark.parametrize("scale, every, seeds", [("smoke", 5, [0]), ("small", 80, [0, 1, 2]), ("paper", 37530, [0])])
 @pytest.mark.slow
 def test_experiment_composes_at_every_scale(tmp_path, capsys, scale, every, seeds):
-    from condattn.reporting import load_experiment
+    from condattn.experiment import load
     from condattn.reproduce import cells, main
 
-    exp = load_experiment(EXP)
-    assert exp["renderer"] == "condattn.reporting.curves:write_table"
-    todo = cells(exp, scale, exp["scales"][scale]["seeds"], [])
+    exp = load(EXP)
+    assert exp.renderer == "condattn.reporting.curves:write_table"
+    todo = cells(exp, scale, exp.at(scale).seeds, [])
     assert len(todo) == 2 * 3 * len(seeds)
     for _, ov in todo:
         assert f"diagnostics.every={every}" in ov and "diagnostics.jacobian=true" in ov

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import plan_of
 
 from condattn.reporting.tables import save_outputs
 from condattn.reproduce import main
@@ -35,9 +36,10 @@ def test_make_switches_are_one_or_zero_and_refuse_anything_else():
 
 
 def _write(tmp: Path, md: str, value: str):
-    exp = {"table": "tableX_demo", "scales": {"smoke": {"seeds": [0]}}, "rows": {}, "methods": []}
-    return save_outputs(exp, "smoke", tmp, md, [{"row": "a", "ours": value}], lambda png: None, "curves",
-                        floors=False)
+    exp = {"table": "tableX_demo", "metric": "loss", "scales": {"smoke": {"seeds": [0]}}, "rows": {"a": {}},
+           "methods": ["none"]}
+    return save_outputs(plan_of(exp, "smoke", tmp / "runs", tmp), md, [{"row": "a", "ours": value}], lambda png: None,
+                        "curves", floors=False)
 
 
 def test_a_rerender_with_the_same_values_leaves_the_files_untouched(tmp_path):
@@ -100,10 +102,10 @@ def test_table8_reads_lambda_from_its_runs():
     from condattn.reporting.ablation import recorded_lam
 
     run = {"config": {"conditioning": {"lam": 5.0}}}
-    assert recorded_lam([run, run], {"lam": 10.0}) == 5.0  # what ran, not what the file says
-    assert recorded_lam([], {"lam": 10.0}) == 10.0  # no run yet: the declared value
+    assert recorded_lam([run, run], 10.0) == 5.0  # what ran, not what the file says
+    assert recorded_lam([], 10.0) == 10.0  # no run yet: the declared value
     with pytest.raises(ValueError, match="one row, one λ"):
-        recorded_lam([run, {"config": {"conditioning": {"lam": 2.0}}}], {"lam": 5.0})
+        recorded_lam([run, {"config": {"conditioning": {"lam": 2.0}}}], 5.0)
 
 
 @pytest.mark.parametrize("bad, says", [

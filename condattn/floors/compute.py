@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from ..experiment import Experiment
+from ..experiment import load as load_experiment
 from ..reporting.floors import SCALES, cache_path, load
 from ..utils.io import write_json_atomic
 from .features import (
@@ -194,7 +196,7 @@ def compute(cfg: Any, bundle, metric: str) -> list[dict]:
     return out
 
 
-def table_floors(exp: dict, scale: str, results_root: str | Path, force: bool = False,
+def table_floors(exp: Experiment, scale: str, results_root: str | Path, force: bool = False,
                  log=print) -> dict[str, dict]:
     """Compute (or read from the cache) every group's floors of one experiment and write the cache."""
     from ..config import compose_cell
@@ -202,12 +204,12 @@ def table_floors(exp: dict, scale: str, results_root: str | Path, force: bool = 
 
     if scale not in SCALES:
         raise ValueError(f"floors are for the offline scales {SCALES}, not scale={scale!r}")
-    path = cache_path(results_root, scale, exp["table"])
-    cached = load(results_root, scale, exp["table"])
+    path = cache_path(results_root, scale, exp.table)
+    cached = load(results_root, scale, exp.table)
     out: dict[str, dict] = {}
     tokenizer = None
     for group, (metric, overrides) in groups(exp, scale).items():
-        if exp.get("pretrain"):
+        if exp.pretrain:
             tokenizer = tokenizer or pretrain_tokenizer(exp, scale)
             overrides = [*overrides, f"data.tokenizer={tokenizer}"]
         cfg = compose_cell(overrides)
@@ -218,16 +220,16 @@ def table_floors(exp: dict, scale: str, results_root: str | Path, force: bool = 
         same = [e for e in (cached.get(group), *cached.values()) if e and e.get("key") == key
                 and e.get("metric") == metric]
         if not force and same:
-            log(f"[floors] {exp['table']} {group}: cached (data checksum {bundle.checksum[:12]})")
+            log(f"[floors] {exp.table} {group}: cached (data checksum {bundle.checksum[:12]})")
             out[group] = {**same[0], "cached": True}
             continue
-        log(f"[floors] {exp['table']} {group}: data {cfg.data.name} built in {s:.1f} s, checksum "
+        log(f"[floors] {exp.table} {group}: data {cfg.data.name} built in {s:.1f} s, checksum "
             f"{bundle.checksum[:12]}")
         if (key, metric) not in _COMPUTED:
             _COMPUTED[key, metric] = compute(cfg, bundle, metric)
         out[group] = {"key": key, "data_checksum": bundle.checksum, "data": str(cfg.data.name), "metric": metric,
                       "floors": _COMPUTED[key, metric], "cached": False}
-    write_json_atomic(path, {"table": exp["table"], "scale": scale, "version": VERSION,
+    write_json_atomic(path, {"table": exp.table, "scale": scale, "version": VERSION,
                              "groups": {g: {k: v for k, v in e.items() if k != "cached"} for g, e in out.items()}})
     return out
 
@@ -239,16 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default="results")
     p.add_argument("--force", action="store_true", help="recompute even when the cache matches")
     args = p.parse_args(argv)
-    import yaml
-
     for table in args.tables:
         path = EXPERIMENTS / f"{table}.yaml"
         if not path.is_file():
             p.error(f"--tables {table}: there is no {path}; tables: {', '.join(TABLES)}")
-        exp = yaml.safe_load(path.read_text())
+        exp = load_experiment(path)
         t = time.perf_counter()
         result = table_floors(exp, args.scale, args.results, args.force)
-        times = float(exp.get("metric_multiplier", 100))  # as the table shows the metric
+        times = exp.multiplier  # as the table shows the metric
         for group, e in result.items():
             for f in e["floors"]:
                 print(f"{table:20s} {group:12s} {f['label']:55s} {f['value'] * times:7.2f} ({f['split']}, "

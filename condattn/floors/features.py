@@ -10,29 +10,28 @@ from typing import Any
 
 import numpy as np
 
-from ..experiment import cell_overrides
-from ..reporting.metric import row_metric
+from ..experiment import Experiment
 from .fit import VERSION
 
 
-def groups(exp: dict, scale: str) -> dict[str, tuple[str, list[str]]]:
+def groups(exp: Experiment, scale: str) -> dict[str, tuple[str, list[str]]]:
     """{group: (metric, overrides)}: one per row (table 9: one per task, from its first row), the row's baseline cell
-    at seed 0 composed by the same recipe as reproduce's cells (experiment.cell_overrides)."""
+    at seed 0 composed by the same recipe as reproduce's cells (`Experiment.cell_overrides`)."""
     out: dict[str, tuple[str, list[str]]] = {}
-    for row in (exp["scales"].get(scale) or {}).get("rows") or list(exp["rows"]):
-        group = exp["rows"][row].get("task", row)
+    for row in exp.rows_at(scale):
+        group = exp.rows[row].task or row
         if group not in out:
-            out[group] = (str(row_metric(exp, scale, row)), cell_overrides(exp, row, "none", scale, 0))
+            out[group] = (exp.row_metric(scale, row), exp.cell_overrides(row, "none", scale, 0))
     return out
 
 
-def pretrain_tokenizer(exp: dict, scale: str) -> str:
+def pretrain_tokenizer(exp: Experiment, scale: str) -> str:
     """The tokenizer.json the pretraining cell's data builder trains (what GLUE's fine-tuning reads from its run)."""
     from ..config import compose_cell
     from ..data.registry import build_datasets
 
-    pre = exp["pretrain"]
-    cfg = compose_cell([*pre.get("overrides", []), *(pre.get("scales", {}).get(scale) or []), "conditioning=none",
+    pre = exp.pretrain
+    cfg = compose_cell([*pre.overrides, *(pre.scales.get(scale) or ()), "conditioning=none",
                         f"scale={scale}", "seed=0"])
     return str(Path(build_datasets(cfg).info["cache"]) / "tokenizer.json")
 

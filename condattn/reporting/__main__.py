@@ -1,9 +1,10 @@
-"""`python -m condattn.reporting experiments/tableN.yaml --scale S [--seeds ...] [overrides]`: rebuild any table from
-its runs with the experiment's own renderer (`renderer:`, else the generic one) — the one CLI of every renderer."""
+"""`python -m condattn.reporting experiments/tableN.yaml --scale S [...]`: an alias of `python -m condattn.reproduce
+experiments/tableN.yaml --scale S --report-only [...]`, which plans the table once and writes it with the experiment's
+renderer (`renderer:`, else the generic one)."""
 
 import sys
 
-from .tables import renderer_cli
+from ..reproduce import main
 
 if __name__ == "__main__":
-    sys.exit(renderer_cli(None, "python -m condattn.reporting", __doc__))
+    sys.exit(main([*sys.argv[1:], "--report-only"]))

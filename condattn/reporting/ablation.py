@@ -3,20 +3,24 @@
 Every number comes from the runs' own records: `summary.json` (metrics, `diagnostics.step0`, steps, wall time)
 and, for top-5, the last validation row of `metrics.jsonl`. Rows are the experiment's rows, each with its `lam`.
 
-    python -m condattn.reporting.ablation experiments/table8_sca_lambda.yaml --scale smoke [--seeds "0 1 2"]
+    python -m condattn.reproduce experiments/table8_sca_lambda.yaml --scale smoke --report-only
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from ..experiment import Experiment
 from ..runs import RunRecord
 from .protocol import curve
 from .stats import last_quarter_change
-from .tables import collect, provenance_line, renderer_cli, save_outputs, training_time_line
+from .tables import collect, provenance_line, save_outputs, training_time_line
+
+if TYPE_CHECKING:
+    from ..table.planned import Plan
 
 # (column header, step-0 diagnostics key) in table order
 DIAG_COLUMNS = [
@@ -88,28 +92,29 @@ def cost_and_convergence(rows: list[dict]) -> list[str]:
     return out
 
 
-def recorded_lam(sums: list[dict], spec: dict) -> float:
+def recorded_lam(sums: list[dict], lam: float | None) -> float:
     """The λ a row's runs recorded (their resolved config's conditioning.lam); the experiment's `lam:` only for a
     row with no finished run yet. Runs of one row that recorded different λ are refused (a mislabelled row)."""
     lams = {float(s["config"]["conditioning"]["lam"]) for s in sums
             if isinstance((s.get("config") or {}).get("conditioning"), dict) and "lam" in s["config"]["conditioning"]}
     if len(lams) > 1:
         raise ValueError(f"the runs of one λ row recorded λ = {sorted(lams)}: one row, one λ")
-    return lams.pop() if lams else float(spec.get("lam", float("nan")))
+    return lams.pop() if lams else float("nan" if lam is None else lam)
 
 
-def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None) -> tuple[list, dict]:
-    cells = collect(exp, scale, runs_root, seeds)
-    method = exp["methods"][0]
+def table_rows(plan: Plan) -> tuple[list, dict]:
+    exp = plan.exp
+    cells = collect(plan)
+    method = exp.methods[0]
     out = []
-    for row, spec in exp["rows"].items():
+    for row, spec in exp.rows.items():
         c = cells[(row, method)]
         sums = c.summaries
         d0 = [s.get("diagnostics", {}).get("step0", {}) for s in sums]
         top5 = [_last_val(s).get("top5") for s in sums]
         out.append({
             "row": row,
-            "lam": recorded_lam(sums, spec),
+            "lam": recorded_lam(sums, spec.lam),
             "n": len(sums),
             "missing": list(c.missing),
             "acc": _stats(c.values),
@@ -125,13 +130,13 @@ def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | 
     return out, cells
 
 
-def render(exp: dict, scale: str, rows: list[dict], cells: dict) -> tuple[str, list[dict]]:
+def render(exp: Experiment, scale: str, rows: list[dict], cells: dict) -> tuple[str, list[dict]]:
     head = ["λ", "λ²‖x_h‖²/√d_h", "val top-1 (%)", "val top-5 (%)"] + [f"step 0: {h}" for h, _ in DIAG_COLUMNS] + \
         ["steps", "wall / run"]
     lines = [
-        f"# {exp['table']}: {exp.get('title', '')}",
+        f"# {exp.table}: {exp.title}",
         "",
-        f"Paper: {exp.get('paper_provenance', '')}. Ours: mean ± std over seeds (n per row in the CSV); top-1/top-5 "
+        f"Paper: {exp.paper_provenance or ''}. Ours: mean ± std over seeds (n per row in the CSV); top-1/top-5 "
         "at the end of training; step-0 columns are measured at initialisation on the fixed diagnostics batch "
         "(entropy of the exact softmax of (W_Q + λI)/(W_K + λI) projections, nats) and after the first backward "
         "(Frobenius norms of the W_Q/W_K/W_V gradients). λ = 0 is the unconditioned baseline. λ²‖x_h‖²/√d_h expresses "
@@ -156,7 +161,7 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict) -> tuple[str, l
             cols.append(_fmt(r["diag"][key], n, 3, sci=sci))
         cols += [",".join(map(str, r["steps"])) or "–", f"{r['wall']:.0f} s" if r["wall"] is not None else "–"]
         lines.append("| " + " | ".join(cols) + " |")
-        row = {"table": exp["table"], "scale": scale, "row": r["row"], "lam": r["lam"], "n": n,
+        row = {"table": exp.table, "scale": scale, "row": r["row"], "lam": r["lam"], "n": n,
                "missing_seeds": " ".join(map(str, r["missing"])),
                "top1_mean": r["acc"][0] if r["acc"] else "", "top1_std": r["acc"][1] if r["acc"] else "",
                "top5_mean": r["top5"][0] if r["top5"] else "",
@@ -207,19 +212,9 @@ def plot(rows: list[dict], out: Path, title: str) -> Path | None:
     return out
 
 
-def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,
-                seeds: list[int] | None = None) -> tuple[Path, str]:
-    """Same signature and outputs as condattn.reporting.write_table: results/<scale>/<table>.{md,csv,png}."""
-    rows, cells = table_rows(exp, scale, runs_root, seeds)
-    md, csv_rows = render(exp, scale, rows, cells)
-    return save_outputs(exp, scale, results_root, md, csv_rows,
-                        lambda png: plot(rows, png, f"{exp['table']}, scale={scale}"),
+def write_table(plan: Plan) -> tuple[Path, str]:
+    """The renderer of table 8 (`write_table(plan)`, as condattn.reporting.write_table): results/<scale>/<table>.*"""
+    rows, cells = table_rows(plan)
+    md, csv_rows = render(plan.exp, plan.scale, rows, cells)
+    return save_outputs(plan, md, csv_rows, lambda png: plot(rows, png, f"{plan.exp.table}, scale={plan.scale}"),
                         "accuracy, entropy and gradient norm against λ")
-
-
-def main(argv: list[str] | None = None) -> int:
-    return renderer_cli(argv, "python -m condattn.reporting.ablation", __doc__, write_table, "ablation")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,7 +13,7 @@ Reads the "diag" rows of each finished run's `metrics.jsonl` (the trainer's `run
 - the CSV: one row per (model, method, quantity, stage), plus one `stage=final` row per (model, method) with the
   task metric and its `chance` (100 / classes, when the runs' config says how many classes).
 
-Same signature as condattn.reporting.write_table, so an experiment selects it with
+A `write_table(plan)` as condattn.reporting.write_table, so an experiment selects it with
 `renderer: condattn.reporting.curves:write_table`. Rebuild from existing runs:
     python -m condattn.reproduce experiments/table6_condition_numbers.yaml --scale smoke --report-only
 """
@@ -23,11 +23,15 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from ..experiment import Experiment
 from ..runs import RunId, RunRecord
 from .ablation import last_quarter_gain
-from .metric import row_metric
-from .tables import METHOD_LABELS, TableCell, collect, multiplier, provenance_line, save_outputs, training_time_line
+from .tables import METHOD_LABELS, TableCell, collect, provenance_line, save_outputs, training_time_line
+
+if TYPE_CHECKING:
+    from ..table.planned import Plan
 
 # (flat diagnostics key, label) in table order; the figure draws a subset (PANELS)
 QUANTITIES = [
@@ -156,24 +160,24 @@ def _jacobian_note(series: list[dict[int, dict]]) -> str:
     return note
 
 
-def table_data(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None) -> tuple[dict, dict]:
+def table_data(plan: Plan) -> tuple[dict, dict]:
     """(cells, per (row, method): {"series": [...per finished seed], "missing": [(seed, why)], "model": str})."""
-    cells = collect(exp, scale, runs_root, seeds)
+    cells = collect(plan)
     data = {}
     for (row, method), cell in cells.items():
         data[(row, method)] = {
             "series": cell_series(cell),
-            "missing": [(seed, _run_state(runs_root, RunId(exp["table"], row, method, scale, seed),
-                                              exp.get("variants")))
+            "missing": [(seed, _run_state(plan.runs_root, RunId(plan.exp.table, row, method, plan.scale, seed),
+                                              plan.variants))
                         for seed in cell.missing],
             "model": _model_name(cell),
         }
     return cells, data
 
 
-def _metric_label(exp: dict, scale: str, row: str) -> str:
+def _metric_label(exp: Experiment, scale: str, row: str) -> str:
     """The task metric's name as the cells hold it (the row's summary key, times the table's multiplier)."""
-    return f"{row_metric(exp, scale, row)} × {multiplier(exp):g}"
+    return f"{exp.row_metric(scale, row)} × {exp.multiplier:g}"
 
 
 def _chance(cell: TableCell) -> float | None:
@@ -186,7 +190,7 @@ def _chance(cell: TableCell) -> float | None:
     return None
 
 
-def _metric_line(exp: dict, scale: str, row: str, methods: list[str], cells: dict) -> str:
+def _metric_line(exp: Experiment, scale: str, row: str, methods: list[str], cells: dict) -> str:
     """The runs' task metric beside their κ: a method whose runs did not learn has κ values of an untrained model."""
     parts = [f"{METHOD_LABELS.get(m, m)} {cells[(row, m)].text()}" for m in methods]
     chance = next((c for m in methods if (c := _chance(cells[(row, m)])) is not None), None)
@@ -195,12 +199,12 @@ def _metric_line(exp: dict, scale: str, row: str, methods: list[str], cells: dic
             + f" has the κ values of a model that has not learned): {'; '.join(parts)}.")
 
 
-def _claims(exp: dict) -> list[str]:
-    claims = exp.get("paper_claims") or {}
+def _claims(exp: Experiment) -> list[str]:
+    claims = exp.paper_claims
     names = {"cet": "CET paper (Conditioned Embedded Tokens, ICCV 2025)",
              "sca": "SCA paper (Spectral Conditioning of Attention, NeurIPS 2025)"}
-    lines = [f"The papers' claims ({exp.get('paper_provenance', 'see the experiment yaml')}), quoted; the papers plot "
-             f"{' and '.join(exp.get('paper_models', [])) or 'their models'}, we do not reproduce their numbers:", ""]
+    lines = [f"The papers' claims ({exp.paper_provenance or 'see the experiment yaml'}), quoted; the papers plot "
+             f"{' and '.join(exp.paper_models) or 'their models'}, we do not reproduce their numbers:", ""]
     lines += [f"- {names.get(k, k)}: \"{v}\"" for k, v in claims.items()]
     return lines
 
@@ -210,16 +214,16 @@ def _final_mean(data: dict, row: str, method: str, key: str) -> float | None:
     return None if st is None else st[0]
 
 
-def _comparisons(exp: dict, data: dict) -> list[str]:
+def _comparisons(exp: Experiment, data: dict) -> list[str]:
     """Our final values beside each claim: a direction read off the means, not a statistical test."""
-    base = exp["methods"][0]
+    base = exp.methods[0]
     lines = ["Ours beside the claims (final values, mean over finished seeds; a direction read off the means, not a "
              "significance test):", ""]
     for method, key, claim in CLAIM_CHECKS:
-        if method not in exp["methods"] or method == base:
+        if method not in exp.methods or method == base:
             continue
         parts = []
-        for row in exp["rows"]:
+        for row in exp.rows:
             b, c = _final_mean(data, row, base, key), _final_mean(data, row, method, key)
             if b is None or c is None:
                 parts.append(f"{row}: missing")
@@ -231,16 +235,16 @@ def _comparisons(exp: dict, data: dict) -> list[str]:
     return lines
 
 
-def _cost_and_convergence(exp: dict, cells: dict) -> list[str]:
+def _cost_and_convergence(exp: Experiment, cells: dict) -> list[str]:
     """The cost line (measured wall time of the runs shown) and each row's baseline last-quarter gain (a figure)."""
     walls = [w for c in cells.values() for w in c.wall]
     out = []
     if walls:
-        per_row = "; ".join(f"{row} {statistics.median(ws):.0f} s" for row in exp["rows"]
+        per_row = "; ".join(f"{row} {statistics.median(ws):.0f} s" for row in exp.rows
                             if (ws := [w for (r, _), c in cells.items() if r == row for w in c.wall]))
         out.append(training_time_line(walls, f"median per run: {per_row}"))
-    base = exp["methods"][0]
-    for row in exp["rows"]:
+    base = exp.methods[0]
+    for row in exp.rows:
         cell = cells.get((row, base))
         gain = last_quarter_gain(cell.summaries) if cell else None
         if gain is not None:
@@ -250,15 +254,15 @@ def _cost_and_convergence(exp: dict, cells: dict) -> list[str]:
     return out
 
 
-def render(exp: dict, scale: str, cells: dict, data: dict) -> tuple[str, list[dict]]:
-    methods = exp["methods"]
-    lines = [f"# {exp['table']}: {exp.get('title', '')}", "", *_claims(exp), ""]
+def render(exp: Experiment, scale: str, cells: dict, data: dict) -> tuple[str, list[dict]]:
+    methods = exp.methods
+    lines = [f"# {exp.table}: {exp.title}", "", *_claims(exp), ""]
     lines += ["Ours: step 0 (initialisation) and final (end of training) values of the runs' diagnostics rows, mean ± "
               "std over finished seeds (one value when n = 1), on the fixed diagnostics batch (the first "
               "`diagnostics.batch_size` validation samples; κ(J) on sample 0). κ over nonzero singular values, "
               "effective weights (W + λI under SCA); \"mean over layers\" includes XCiT's class-attention layers.", ""]
     csv_rows = []
-    for row in exp["rows"]:
+    for row in exp.rows:
         models = sorted({data[(row, m)]["model"] for m in methods if data[(row, m)]["series"]})
         steps = sorted({s for m in methods for s in cells[(row, m)].steps})
         lines += [f"## {row}: {', '.join(models) or 'no finished runs'}"
@@ -289,7 +293,7 @@ def render(exp: dict, scale: str, cells: dict, data: dict) -> tuple[str, list[di
                     vals = ends[m][key][stage]
                     st = _stats(vals)
                     csv_rows.append({
-                        "table": exp["table"], "scale": scale, "row": row, "model": data[(row, m)]["model"],
+                        "table": exp.table, "scale": scale, "row": row, "model": data[(row, m)]["model"],
                         "method": m, "label": METHOD_LABELS.get(m, m), "quantity": key, "description": label,
                         "stage": stage, "steps": " ".join(map(str, c.steps)), "n": len(vals),
                         "mean": f"{st[0]:.6g}" if st else "", "std": f"{st[1]:.6g}" if st and len(vals) > 1 else "",
@@ -298,8 +302,8 @@ def render(exp: dict, scale: str, cells: dict, data: dict) -> tuple[str, list[di
                     })
             chance = _chance(c)
             csv_rows.append({  # the task metric, so that readers of the CSV (and the findings) see which runs learned
-                "table": exp["table"], "scale": scale, "row": row, "model": data[(row, m)]["model"], "method": m,
-                "label": METHOD_LABELS.get(m, m), "quantity": row_metric(exp, scale, row),
+                "table": exp.table, "scale": scale, "row": row, "model": data[(row, m)]["model"], "method": m,
+                "label": METHOD_LABELS.get(m, m), "quantity": exp.row_metric(scale, row),
                 "description": _metric_label(exp, scale, row), "chance": f"{chance:.6g}" if chance is not None else "",
                 "stage": "final", "steps": " ".join(map(str, c.steps)), "n": len(c.values),
                 "mean": f"{statistics.fmean(c.values):.6g}" if c.values else "",
@@ -312,13 +316,13 @@ def render(exp: dict, scale: str, cells: dict, data: dict) -> tuple[str, list[di
     return "\n".join(lines) + "\n", csv_rows
 
 
-def plot(exp: dict, scale: str, data: dict, out: Path) -> Path | None:
+def plot(exp: Experiment, scale: str, data: dict, out: Path) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows, methods = list(exp["rows"]), exp["methods"]
+    rows, methods = list(exp.rows), exp.methods
     fig, axes = plt.subplots(len(rows), len(PANELS), figsize=(4.4 * len(PANELS), 3.4 * len(rows)), squeeze=False)
     drew = False
     for r, row in enumerate(rows):
@@ -354,7 +358,7 @@ def plot(exp: dict, scale: str, data: dict, out: Path) -> Path | None:
         plt.close(fig)
         return None
     n = max((len(data[k]["series"]) for k in data), default=0)
-    fig.suptitle(f"{exp['table']}, scale={scale}: ours, measured (mean over seeds bold"
+    fig.suptitle(f"{exp.table}, scale={scale}: ours, measured (mean over seeds bold"
                  f"{', each seed faint' if n > 1 else ''}); log y for κ", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -362,10 +366,9 @@ def plot(exp: dict, scale: str, data: dict, out: Path) -> Path | None:
     return out
 
 
-def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,
-                seeds: list[int] | None = None) -> tuple[Path, str]:
-    """Same signature and outputs as condattn.reporting.write_table: results/<scale>/<table>.{md,csv,png}."""
-    cells, data = table_data(exp, scale, runs_root, seeds)
-    md, csv_rows = render(exp, scale, cells, data)
-    return save_outputs(exp, scale, results_root, md, csv_rows, lambda png: plot(exp, scale, data, png),
+def write_table(plan: Plan) -> tuple[Path, str]:
+    """The renderer of table 6 (`write_table(plan)`, as condattn.reporting.write_table): results/<scale>/<table>.*"""
+    cells, data = table_data(plan)
+    md, csv_rows = render(plan.exp, plan.scale, cells, data)
+    return save_outputs(plan, md, csv_rows, lambda png: plot(plan.exp, plan.scale, data, png),
                         "condition numbers over training", CSV_FIELDS)

@@ -5,49 +5,45 @@ as `paper: {row: {source: {baseline: [...], conditioned: [...]}}}` in the same o
 the papers' tables), with `paper_sources: {source: label}`. The source of a method's number is the paper
 that proposed it (`cet` for CET, `sca` for SCA); a baseline row shows every source's baseline (table 7: the DETR
 paper's reference). Written by `reproduce` through the experiment's `renderer: condattn.reporting.detection:write_table`
-(same signature as reporting.tables.write_table): results/<scale>/<table>.{md,csv,png}. An optional
+(a `write_table(plan)`, as reporting.tables.write_table): results/<scale>/<table>.{md,csv,png}. An optional
 `notes: {<scale>: text}` is printed under the table at that scale (save_outputs, notes.table_notes), once.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from ..experiment import Experiment
 from . import tables
 from .stats import fmt_n, mean_std
-from .tables import (
-    METHOD_LABELS,
-    PAPER_KEYS,
-    _direction,
-    multiplier,
-    plot_curves,
-    provenance_line,
-    rows_for,
-    save_outputs,
-    table_start,
-)
+from .tables import METHOD_LABELS, PAPER_KEYS, _direction, plot_curves, provenance_line, save_outputs, table_start
+
+if TYPE_CHECKING:
+    from ..table.planned import Plan
 
 
-def _metrics(exp: dict) -> list[dict]:
-    ms = exp.get("metrics") or [{"key": exp["metric"], "label": exp["metric"]}]
+def _metrics(exp: Experiment) -> list[dict]:
+    ms = exp.metrics or [{"key": exp.metric, "label": exp.metric}]
     return [m if isinstance(m, dict) else {"key": str(m), "label": str(m)} for m in ms]
 
 
-def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None):
+def collect(plan: Plan):
     """{(row, method): tables.TableCell} (values = the primary metric, for provenance and curves) and
     {(row, method, metric key): [value × multiplier per finished seed]}."""
-    cells = tables.collect(exp, scale, runs_root, seeds)
-    values = {(row, method, k): [multiplier(exp) * float(s["metrics"][k]) for s in cell.summaries
+    exp = plan.exp
+    cells = tables.collect(plan)
+    values = {(row, method, k): [exp.multiplier * float(s["metrics"][k]) for s in cell.summaries
                                  if s["metrics"].get(k) is not None]
               for (row, method), cell in cells.items() for k in (m["key"] for m in _metrics(exp))}
     return cells, values
 
 
-def paper_values(exp: dict, row: str, method: str, i: int) -> list[tuple[str, float]]:
+def paper_values(exp: Experiment, row: str, method: str, i: int) -> list[tuple[str, float]]:
     """(source label, value) of metric i that the papers report for this row and method."""
     out = []
-    sources = exp.get("paper_sources") or {}
-    for src, entry in ((exp.get("paper") or {}).get(row) or {}).items():
+    sources = exp.paper_sources
+    for src, entry in (exp.paper.get(row) or {}).items():
         if method == "none":
             vals = entry.get("baseline")
         elif PAPER_KEYS.get(method) == src:
@@ -65,21 +61,21 @@ def _ours(vals: list[float], missing: list[int]) -> str:
     return fmt_n(vals) + (f", missing seeds {missing}" if missing else "")
 
 
-def render(exp: dict, scale: str, cells: dict, values: dict) -> tuple[str, list[dict]]:
+def render(exp: Experiment, scale: str, cells: dict, values: dict) -> tuple[str, list[dict]]:
     metrics = _metrics(exp)
-    digits = int(exp.get("paper_digits", 1))
+    digits = exp.paper_digits
     head = ["model", "method"]
     for m in metrics:
         head += [f"{m['label']}: ours", f"{m['label']}: papers"]
     head += ["steps", "wall time / run"]
-    sources = ", ".join(f"{v}" for v in (exp.get("paper_sources") or {}).values())
+    sources = ", ".join(f"{v}" for v in exp.paper_sources.values())
     lines = table_start(
-        exp, f"Ours: mean ± std over seeds × {multiplier(exp):g} (n = finished seeds). Papers: the number reported for "
+        exp, f"Ours: mean ± std over seeds × {exp.multiplier:g} (n = finished seeds). Papers: the number reported for "
         f"the same model and method, labelled by the paper it comes from ({sources}; "
-        f"{exp.get('paper_provenance', '')}).{_direction(exp)}", head)
+        f"{exp.paper_provenance or ''}).{_direction(exp)}", head)
     csv_rows = []
-    for row in rows_for(exp, scale):
-        for method in exp["methods"]:
+    for row in exp.rows_at(scale):
+        for method in exp.methods:
             c = cells[(row, method)]
             cols = [row, METHOD_LABELS.get(method, method)]
             for i, m in enumerate(metrics):
@@ -88,7 +84,7 @@ def render(exp: dict, scale: str, cells: dict, values: dict) -> tuple[str, list[
                 cols += [_ours(vals, c.missing), " · ".join(f"{lab} {v:.{digits}f}" for lab, v in paper) or "–"]
                 ms = mean_std(vals) if vals else None
                 csv_rows.append({
-                    "table": exp["table"], "row": row, "method": method, "label": METHOD_LABELS.get(method, method),
+                    "table": exp.table, "row": row, "method": method, "label": METHOD_LABELS.get(method, method),
                     "scale": scale, "metric": m["key"], "metric_label": m["label"], "n": len(vals),
                     "mean": f"{ms[0]:.4f}" if ms else "", "std": f"{ms[1]:.4f}" if len(vals) > 1 else "",
                     "values": " ".join(f"{v:.4f}" for v in vals), "missing_seeds": " ".join(map(str, c.missing)),
@@ -103,9 +99,8 @@ def render(exp: dict, scale: str, cells: dict, values: dict) -> tuple[str, list[
     return "\n".join(lines) + "\n", csv_rows
 
 
-def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,
-                seeds: list[int] | None = None) -> tuple[Path, str]:
-    cells, values = collect(exp, scale, runs_root, seeds)
-    md, csv_rows = render(exp, scale, cells, values)
-    return save_outputs(exp, scale, results_root, md, csv_rows, lambda png: plot_curves(exp, scale, cells, png),
+def write_table(plan: Plan) -> tuple[Path, str]:
+    cells, values = collect(plan)
+    md, csv_rows = render(plan.exp, plan.scale, cells, values)
+    return save_outputs(plan, md, csv_rows, lambda png: plot_curves(plan.exp, plan.scale, cells, png),
                         "validation curves")

@@ -26,12 +26,13 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..experiment import Experiment
+from ..experiment import load as load_experiment
 from .floors import load as load_floors
-from .metric import families, higher_is_better, hypothesis
 from .protocol import verdicts
 from .reach import CLAIMS, PrimaryTest, family_reach, holm_lines, speak_sentence
 from .stats import fmt_num, fmt_p, verdict_text
-from .tables import METHOD_LABELS, load_experiment, multiplier
+from .tables import METHOD_LABELS
 
 REPO = Path(__file__).resolve().parents[2]
 RIVALS = ("qk_norm", "sigma_reparam", "mimetic_init", "ns_attention", "conditioned_init")
@@ -79,21 +80,21 @@ def _values(rec: dict) -> list[float]:
     return [float(v) for v in (rec.get("values") or "").split()]
 
 
-def _paper_claim(exp: dict, row: str, method: str) -> str:
+def _paper_claim(exp: Experiment, row: str, method: str) -> str:
     if method not in CLAIMS:
         return "rival method" if method in RIVALS else "–"
     who, key, base_key = CLAIMS[method]
-    if hypothesis(exp, row) == "exploratory":
+    if exp.hypothesis(row) == "exploratory":
         return f"a reading of {who} (not the paper's stated method)"
-    paper = ((exp.get("paper") or {}).get((exp["rows"].get(row) or {}).get("paper_row", row)) or {})
+    paper = exp.paper.get(exp.paper_row(row)) or {}
     if paper.get(key) is not None and paper.get(base_key) is not None:
-        return f"{who}: {paper[key] - paper[base_key]:+.{int(exp.get('paper_digits', 1))}f} (paper)"
+        return f"{who}: {paper[key] - paper[base_key]:+.{exp.paper_digits}f} (paper)"
     if method in RIVALS:
         return "rival method"
     return f"{who}: gains claimed (paper)"
 
 
-def _limits(exp: dict, scale: str, fam: str, t, base_rec: dict, rec: dict, floors: dict) -> list[str]:
+def _limits(exp: Experiment, scale: str, fam: str, t, base_rec: dict, rec: dict, floors: dict) -> list[str]:
     out = []
     if "p_adjusted" not in rec and not rec.get("lr_selection_seeds"):
         # the protocol's rows carry adjusted p's, or (untested tables) the grid scores per selection seed
@@ -104,15 +105,15 @@ def _limits(exp: dict, scale: str, fam: str, t, base_rec: dict, rec: dict, floor
     if picked and rec.get("lr_flat"):
         out.append("lr grid flat (the same score at every lr)")
     n_base = len(_values(base_rec))
-    if hypothesis(exp, rec["row"]) == "primary" and min(len(_values(rec)), n_base) < PRIMARY_SEEDS:
+    if exp.hypothesis(rec["row"]) == "primary" and min(len(_values(rec)), n_base) < PRIMARY_SEEDS:
         out.append(f"n < {PRIMARY_SEEDS}")
     entry = floors.get(fam) or {}
     best = [f for f in entry.get("floors", []) if f.get("value") is not None]
     if best and n_base:
         mean = statistics.fmean(_values(base_rec))
-        higher = higher_is_better(exp, rec["row"])
+        higher = exp.higher_is_better_for(rec["row"])
         top = (max if higher else min)(best, key=lambda f: f["value"])
-        value = multiplier(exp) * float(top["value"])
+        value = exp.multiplier * float(top["value"])
         if (mean <= value) if higher else (mean >= value):
             label = top["label"].removeprefix("floor: ")
             out.append(f"baseline below its floor ({label} {value:.{2 if higher else 3}f})")
@@ -233,32 +234,32 @@ def table_findings(csv_path: Path, scale: str, experiments: Path = REPO / "exper
         return []
     exp = load_experiment(experiments / f"{csv_path.stem}.yaml")
     by_key = {(r["row"], r["method"]): r for r in rows}
-    floors = load_floors(csv_path.parents[1], scale, exp["table"])
+    floors = load_floors(csv_path.parents[1], scale, exp.table)
     out = []
-    for fam, members in families(exp, scale).items():
+    for fam, members in exp.families(scale).items():
         present = [m for m in members if m in by_key]
         if not present or present[0] != members[0]:
             continue
         base_rec = by_key[members[0]]
         base = _values(base_rec)
-        arms = [(m, _values(by_key[m]), hypothesis(exp, m[0])) for m in present[1:]]
-        tests = verdicts(base, arms, higher_is_better(exp, members[0][0]))
+        arms = [(m, _values(by_key[m]), exp.hypothesis(m[0])) for m in present[1:]]
+        tests = verdicts(base, arms, exp.higher_is_better_for(members[0][0]))
         mde = next((t.mde_corrected for t in tests.values() if t.mde_corrected), None)
         label = {m: METHOD_LABELS.get(m[1], m[1]) for m, _, _ in arms}
         r = family_reach(exp, fam, members[0][0], base, [(label[m], m[0], m[1], v) for m, v, _ in arms], mde)
-        speaks = speak_sentence(f"{exp['table']}, {fam}", r, {label[m]: tests[m].word for m, _, _ in arms},
-                                _at_budget(base_rec), bool(exp.get("pretrain")))
+        speaks = speak_sentence(f"{exp.table}, {fam}", r, {label[m]: tests[m].word for m, _, _ in arms},
+                                _at_budget(base_rec), bool(exp.pretrain))
         for m, vals, hyp in arms:
             t, rec = tests[m], by_key[m]
             limits = _limits(exp, scale, fam, t, base_rec, rec, floors)
-            if exp.get("pretrain"):  # one pretraining run per method: one unit, no test over fine-tuning seeds
+            if exp.pretrain:  # one pretraining run per method: one unit, no test over fine-tuning seeds
                 t = replace(t, p=None, p_adj=None)
                 limits.append("one pretraining run per method (n = 1 unit): not tested")
             out.append(Finding(
-                exp["table"], fam, m[0], m[1], rec.get("reading") or METHOD_LABELS.get(m[1], m[1]), hyp,
-                _paper_claim(exp, *m), vals, base, t.ci.diff if t.ci else None, t.ci.text(3 if exp.get(
-                    "metric_multiplier") == 1 else 2) if t.ci and not exp.get("pretrain") else "–", t.p_adj,
-                t.correction, "not tested" if exp.get("pretrain") else t.word, limits, t.p, speaks,
+                exp.table, fam, m[0], m[1], rec.get("reading") or METHOD_LABELS.get(m[1], m[1]), hyp,
+                _paper_claim(exp, *m), vals, base, t.ci.diff if t.ci else None,
+                t.ci.text(3 if exp.multiplier == 1 else 2) if t.ci and not exp.pretrain else "–", t.p_adj,
+                t.correction, "not tested" if exp.pretrain else t.word, limits, t.p, speaks,
                 t.outcome, t.mde_printed))
     return out
 

@@ -25,13 +25,13 @@ def fit_time(floor: dict) -> str:
     return "–" if sec is None else (f"{sec:.1f} s" if sec < 600 else f"{sec / 60:.1f} min")
 
 
-def floor_lines(exp: dict, scale: str, results_root: str | Path, multiplier: float = 100.0,
+def floor_lines(table: str, scale: str, results_root: str | Path, multiplier: float = 100.0,
                 group: str | None = None) -> list[str]:
     """Markdown rows `| <group> | floor: ... | value |` of a table's cached floors (all groups, or one); [] when the
     scale has none. A renderer prints them under its table."""
     if scale not in SCALES:
         return []
-    entries = load(results_root, scale, exp["table"])
+    entries = load(results_root, scale, table)
     same: dict[tuple, list[str]] = {}  # rows on one split (table 1's five models) share their floors' lines
     for g, e in entries.items():
         if group is None or g == group:
@@ -45,9 +45,9 @@ def floor_lines(exp: dict, scale: str, results_root: str | Path, multiplier: flo
     return rows
 
 
-def floor_table(exp: dict, scale: str, results_root: str | Path, multiplier: float = 100.0) -> str:
+def floor_table(table: str, scale: str, results_root: str | Path, multiplier: float = 100.0) -> str:
     """The floors block a renderer appends under a small/smoke table ("" when none are cached)."""
-    rows = floor_lines(exp, scale, results_root, multiplier)
+    rows = floor_lines(table, scale, results_root, multiplier)
     if not rows:
         return ""
     head = ("Floors on the same data split (classical models and the majority class; not methods): "

@@ -1,49 +1,44 @@
 """Table 3 (GLUE after crammed-BERT pretraining): the papers' table, then ours, per task the MEDIAN over fine-tuning
 seeds (cramming's protocol), the average over the tasks, and what each method's pretraining run reached.
 
-Used as experiments/table3_glue.yaml's `renderer` (same signature as reporting.tables.write_table).
+Used as experiments/table3_glue.yaml's `renderer` (a `write_table(plan)`, as reporting.tables.write_table).
 """
 
 from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from ..experiment import Experiment
 from ..runs import RunId, RunRecord
 from .floors import load as load_floors
-from .metric import row_metric
-from .protocol import family_facts, grid_text, lr_facts, lr_text, pick_key
-from .tables import (
-    METHOD_LABELS,
-    collect,
-    plot_curves,
-    protocol_lines,
-    provenance_line,
-    rows_for,
-    save_outputs,
-    trained,
-)
+from .protocol import family_facts, grid_text, lr_facts, lr_text
+from .tables import METHOD_LABELS, collect, plot_curves, protocol_lines, provenance_line, save_outputs, trained
+
+if TYPE_CHECKING:
+    from ..table.planned import Plan
 
 SECOND = {"mnli": ("mnli_mm", "final_test_score", "MNLI-mm")}  # a row whose runs also report a second dev split
 
 
-def _columns(exp: dict, scale: str, cells: dict) -> list[tuple[str, str, dict[str, list[float]]]]:
+def _columns(exp: Experiment, scale: str, cells: dict) -> list[tuple[str, str, dict[str, list[float]]]]:
     """(column key, label, method -> values × 100 per finished seed)."""
     cols = []
-    for row in rows_for(exp, scale):
-        label = exp["rows"][row].get("label", row)
-        cols.append((row, label, {m: cells[(row, m)].values for m in exp["methods"]}))
+    for row in exp.rows_at(scale):
+        label = (exp.rows[row].label or row)
+        cols.append((row, label, {m: cells[(row, m)].values for m in exp.methods}))
         if row in SECOND:
             key, metric, label2 = SECOND[row]
             vals = {m: [100 * float(s["metrics"][metric]) for s in cells[(row, m)].summaries if metric in s["metrics"]]
-                    for m in exp["methods"]}
+                    for m in exp.methods}
             cols.append((key, label2, vals))
     return cols
 
 
-def _pretrain_line(exp: dict, scale: str, runs_root: Path, method: str) -> str:
-    run = RunId(exp["table"], "pretrain", method, scale, int(exp["pretrain"].get("seed", 0)))
-    record = RunRecord.of(runs_root, run, exp.get("variants"))
+def _pretrain_line(plan: Plan, method: str) -> str:
+    run = RunId(plan.exp.table, "pretrain", method, plan.scale, plan.exp.pretrain.seed)
+    record = RunRecord.of(plan.runs_root, run, plan.variants)
     name, s = record.dir.name, record.summary
     if s is None:
         return f"| {METHOD_LABELS.get(method, method)} | {name} | missing | | | | |"
@@ -53,27 +48,26 @@ def _pretrain_line(exp: dict, scale: str, runs_root: Path, method: str) -> str:
             f"{budget} | {s['metrics'].get('final_val_loss', float('nan')):.4f} | {s['train_time_s']:.0f} s |")
 
 
-def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,
-                seeds: list[int] | None = None) -> tuple[Path, str]:
-    runs_root = Path(runs_root)
-    cells = collect(exp, scale, runs_root, seeds)
+def write_table(plan: Plan) -> tuple[Path, str]:
+    exp, scale = plan.exp, plan.scale
+    cells = collect(plan)
     cols = _columns(exp, scale, cells)
-    methods = exp["methods"]
+    methods = exp.methods
 
-    pcols = exp.get("paper_columns", [])
-    lines = [f"# {exp['table']}: {exp.get('title', '')}", "",
-             f"## The papers' numbers ({exp.get('paper_provenance', 'see the experiment file')})", "",
+    pcols = exp.paper_columns
+    lines = [f"# {exp.table}: {exp.title}", "",
+             f"## The papers' numbers ({exp.paper_provenance or 'see the experiment file'})", "",
              "| | " + " | ".join(pcols) + " |", "|---|" + "---|" * len(pcols)]
     for key, label in (("cet_baseline", "paper CET: baseline"), ("cet", "paper CET: CET"),
                        ("sca_baseline", "paper SCA: baseline"), ("sca", "paper SCA: SCA")):
-        vals = (exp.get("paper") or {}).get(key)
+        vals = exp.paper.get(key)
         if vals:
             lines.append(f"| {label} | " + " | ".join("–" if v is None else f"{v:.1f}" for v in vals) + " |")
 
-    metric = row_metric(exp, scale)
+    metric = exp.row_metric(scale)
     split = ("the held-out test score" if metric.startswith(("final_test_", "test_")) else "the dev score")
     lines += ["", f"## Ours: median over fine-tuning seeds of {split} × 100 ({metric}"
-              f"{'; MNLI-mm: final_test_score' if 'mnli' in rows_for(exp, scale) else ''}), n = finished seeds", "",
+              f"{'; MNLI-mm: final_test_score' if 'mnli' in exp.rows_at(scale) else ''}), n = finished seeds", "",
               "| method | " + " | ".join(label for _, label, _ in cols) + " | average |",
               "|---|" + "---|" * (len(cols) + 1)]
     csv_rows = []
@@ -84,29 +78,30 @@ def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str 
         avg_text = "–" if avg is None else f"{avg:.1f}"
         lines.append(f"| {METHOD_LABELS.get(m, m)} | " + " | ".join(texts) + f" | {avg_text} |")
         for x, (key, label, v) in zip(medians, cols):
-            pk = pick_key(exp, key, m) if key in exp["rows"] else None
-            csv_rows.append({"table": exp["table"], "scale": scale, "column": key, "label": label, "method": m,
+            pk = exp.pick_key(key, m) if key in exp.rows else None
+            csv_rows.append({"table": exp.table, "scale": scale, "column": key, "label": label, "method": m,
                              "n": len(v[m]), "median": "" if x is None else f"{x:.4f}",
                              "values": " ".join(f"{y:.4f}" for y in v[m]),
-                             "lr": lr_text(exp, pk) if pk else "", "lr_grid_scores": grid_text(exp, pk) if pk else "",
-                             "pretraining_runs": 1 if exp.get("pretrain") else "", **lr_facts(exp, pk or "")})
-        csv_rows.append({"table": exp["table"], "scale": scale, "column": "average", "label": "average", "method": m,
+                             "lr": lr_text(plan, pk) if pk else "",
+                             "lr_grid_scores": grid_text(plan, pk) if pk else "",
+                             "pretraining_runs": 1 if exp.pretrain else "", **lr_facts(plan, pk or "")})
+        csv_rows.append({"table": exp.table, "scale": scale, "column": "average", "label": "average", "method": m,
                          "n": "", "median": "" if avg is None else f"{avg:.4f}", "values": "", "lr": "",
-                         "lr_grid_scores": "", "pretraining_runs": "", **lr_facts(exp, "")})
+                         "lr_grid_scores": "", "pretraining_runs": "", **lr_facts(plan, "")})
 
-    if exp.get("pretrain"):
+    if exp.pretrain:
         lines += ["", "Pretraining (one run per method; every fine-tuning run of that method starts from its final "
                   "weights):", "",
                   "| method | run | steps | tokens/s | budget | final MLM val loss | training time |",
                   "|---|---|---|---|---|---|---|"]
-        lines += [_pretrain_line(exp, scale, runs_root, m) for m in methods]
+        lines += [_pretrain_line(plan, m) for m in methods]
     facts: dict[str, dict] = {}
-    lines += protocol_lines(exp, scale, {k: v for k, v in cells.items() if k[0] != "pretrain"}, METHOD_LABELS, 1,
-                            load_floors(results_root, scale, exp["table"]), done=trained(exp, scale, runs_root),
+    lines += protocol_lines(plan, {k: v for k, v in cells.items() if k[0] != "pretrain"}, METHOD_LABELS, 1,
+                            load_floors(plan.results_root, scale, exp.table), done=trained(plan),
                             facts=facts)
     csv_rows = [{**r, **family_facts(facts, r["column"])} for r in csv_rows]
     lines += ["", provenance_line(exp, scale, cells)]  # the scale's note follows (save_outputs: notes.table_notes)
-    return save_outputs(exp, scale, results_root, "\n".join(lines) + "\n", csv_rows,
+    return save_outputs(plan, "\n".join(lines) + "\n", csv_rows,
                         lambda png: plot_curves(exp, scale, cells, png), "validation curves",
                         ["table", "scale", "column", "label", "method", "n", "median", "values", "lr", "lr_grid_scores",
-                         "pretraining_runs", *lr_facts(exp, ""), "plateau", "converged_2x"])
+                         "pretraining_runs", *lr_facts(plan, ""), "plateau", "converged_2x"])

@@ -12,6 +12,8 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
+from ..experiment import Experiment
+
 CARDS = Path(__file__).resolve().parents[2] / "configs" / "recipe_cards.yaml"
 LR_KEY = "lr_at_global_batch"  # a card key that is not a config key: optim.lr × global batch / optim.lr_ref_batch
 
@@ -62,24 +64,24 @@ def card_mismatches(cfg: Any, card: dict) -> list[str]:
     return out
 
 
-def _row_tasks(exp: dict, rows: list[str]) -> dict[str, str]:
+def _row_tasks(exp: Experiment, rows: list[str]) -> dict[str, str]:
     """{row: task name} from each row's `task=` override (the pretraining stage as row `pretrain`)."""
     out = {}
-    specs = {"pretrain": exp["pretrain"]} if exp.get("pretrain") else {}
-    specs.update({r: exp["rows"][r] for r in rows})
-    for row, spec in specs.items():
-        task = next((o.split("=", 1)[1] for o in spec.get("overrides", []) if o.startswith("task=")), None)
+    overrides = {"pretrain": exp.pretrain.overrides} if exp.pretrain else {}
+    overrides.update({r: exp.rows[r].overrides for r in rows})
+    for row, own in overrides.items():
+        task = next((o.split("=", 1)[1] for o in own if o.startswith("task=")), None)
         if task:
             out[row] = task
     return out
 
 
-def table_notes(exp: dict, scale: str, rows: list[str]) -> list[str]:
+def table_notes(exp: Experiment, scale: str, rows: list[str]) -> list[str]:
     """Markdown lines for under the table: the experiment's `notes:` (a list: at every scale, an entry
     `{text: ..., rows: [...], scales: [...]}` only when every row it names is in the table and at the scales it
     names; a mapping: the note of this scale, {scale: text}) and, at paper scale, the deliberate differences of each
     row's recipe card."""
-    notes = exp.get("notes") or []
+    notes = exp.notes
     if isinstance(notes, dict):
         lines = [f"Note ({scale}): {' '.join(str(notes[scale]).split())}"] if notes.get(scale) else []
     else:
@@ -87,12 +89,12 @@ def table_notes(exp: dict, scale: str, rows: list[str]) -> list[str]:
         for n in notes:
             if isinstance(n, dict):
                 named, at = list(n.get("rows") or []), list(n.get("scales") or [scale])
-                bad = [f"rows {r!r}" for r in named if r not in exp["rows"]]
-                bad += [f"scales {x!r}" for x in at if x not in exp["scales"]]
+                bad = [f"rows {r!r}" for r in named if r not in exp.rows]
+                bad += [f"scales {x!r}" for x in at if x not in exp.scales]
                 bad += [f"key {k!r}" for k in n if k not in ("text", "rows", "scales")]
                 bad += [] if n.get("text") else ["no text"]
                 if bad:
-                    raise ValueError(f"notes entry of {exp['table']} has {', '.join(bad)}: give "
+                    raise ValueError(f"notes entry of {exp.table} has {', '.join(bad)}: give "
                                      "{text: ..., rows: [its rows], scales: [its scales]} with the experiment's names")
                 if not set(named) <= set(rows) or scale not in at:
                     continue  # about rows this scale does not train, or another scale
@@ -125,13 +127,11 @@ def _checkpoint_words(metric: str) -> str | None:
     return None
 
 
-def checkpoint_notes(exp: dict, scale: str, rows: list[str]) -> list[str]:
+def checkpoint_notes(exp: Experiment, scale: str, rows: list[str]) -> list[str]:
     """One line per metric the rows report: at which checkpoint it was taken (best validation or last step)."""
-    from .metric import row_metric
-
     by_metric: dict[str, list[str]] = {}
     for row in rows:
-        by_metric.setdefault(str(row_metric(exp, scale, row)), []).append(row)
+        by_metric.setdefault(str(exp.row_metric(scale, row)), []).append(row)
     out = []
     for metric, metric_rows in by_metric.items():
         if words := _checkpoint_words(metric):
@@ -142,25 +142,22 @@ def checkpoint_notes(exp: dict, scale: str, rows: list[str]) -> list[str]:
     return out
 
 
-def chance_notes(exp: dict, scale: str) -> list[str]:
+def chance_notes(exp: Experiment, scale: str) -> list[str]:
     """At smoke and small scale (where a row may sit at chance), the accuracy a uniform guess reaches on each
     classification row (100 / classes, in the table's units); [] elsewhere or when no row classifies."""
     if scale not in ("smoke", "small"):
         return []
     from ..config import ConfigError, compose_cell
-    from ..experiment import cell_overrides
-    from .metric import row_metric
 
-    times = float(exp.get("metric_multiplier", 100))
+    times = exp.multiplier
     by_chance: dict[tuple[float, int], list[str]] = {}
     seen: set[str] = set()
-    for row in (exp["scales"].get(scale) or {}).get("rows") or list(exp["rows"]):
-        spec = exp["rows"][row]
-        group = str(spec.get("task", row))  # table 9: one line per task, from its first row (as the floors)
-        if group in seen or not any(k in str(row_metric(exp, scale, row)) for k in ("acc", "top1")):
+    for row in exp.rows_at(scale):
+        group = exp.rows[row].task or row  # table 9: one line per task, from its first row (as the floors)
+        if group in seen or not any(k in str(exp.row_metric(scale, row)) for k in ("acc", "top1")):
             continue
         seen.add(group)
-        overrides = cell_overrides(exp, row, "none", scale, 0)  # the row's baseline cell, as reproduce composes it
+        overrides = exp.cell_overrides(row, "none", scale, 0)  # the row's baseline cell, as reproduce composes it
         try:
             cfg = compose_cell(overrides)
         except ConfigError:

@@ -1,5 +1,5 @@
 """The fair protocol's columns for any table renderer (table 9 uses them; tables 1/4/5 can): each row's lr pick from
-`reproduce`'s lr grid (`exp["lr_picks"]`), the minimum detectable effect, steps-to-target from the validation curves
+`reproduce`'s lr grid (`Plan.picks`), the minimum detectable effect, steps-to-target from the validation curves
 (metrics.jsonl) and the baseline's convergence figure over the last quarter of training."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..runs import RunRecord
 from .evidence import pick_strength, pooled_sd
-from .metric import higher_is_better
 from .stats import (
     ALPHA,
     MDE_FORMULA,
@@ -27,6 +27,9 @@ from .stats import (
     welch_p,
 )
 
+if TYPE_CHECKING:
+    from ..table.planned import Plan
+
 CONVERGED_GAIN = 0.5  # points of the metric (its table units) over the last quarter of training
 CONVERGED_LOSS_FALL = 1.0  # % of the validation loss over the last quarter
 
@@ -37,26 +40,19 @@ def curve(summary: dict, key: str, multiplier: float = 1.0, split: str = "val") 
     return [(int(r["step"]), multiplier * float(r[key])) for r in rows if r.get(key) is not None]
 
 
-def pick_key(exp: dict, row: str, method: str) -> str:
-    """The key of a cell group's lr pick in `exp["lr_picks"]`: the row, when it trains one method (table 9's readings),
-    else "<row>/<method>" (tables 1, 3, 4, 5: each method of a row picks its own lr)."""
-    own = exp["rows"][row].get("method")
-    return row if own is not None or len(exp["methods"]) == 1 else f"{row}/{method}"
-
-
-def lr_text(exp: dict, row: str) -> str:
-    """The lr of the pick named `row` (a `pick_key`) as picked: "×1 (1e-03)", "×8 (8e-03, bound)" (the pick sits at
-    the declared bound of the grid's extension, so the row's best lr may lie beyond it; "bound binding" when it still
-    beats its inner neighbour), "×2 (2e-03, weak pick)" (its lead over its better neighbour is under one standard error
-    of the selection seeds' scores: evidence.pick_strength), "×1 (1e-03, flat)" (every
+def lr_text(plan: Plan, row: str) -> str:
+    """The lr of the pick named `row` (an `Experiment.pick_key`) as picked: "×1 (1e-03)", "×8 (8e-03, bound)" (the
+    pick sits at the declared bound of the grid's extension, so the row's best lr may lie beyond it; "bound binding"
+    when it still beats its inner neighbour), "×2 (2e-03, weak pick)" (its lead over its better neighbour is under one
+    standard error of the selection seeds' scores: evidence.pick_strength), "×1 (1e-03, flat)" (every
     lr of the grid, grown each way to the bound, scored the same), "1e-03 (grid unfinished)", or "–" without a
     grid."""
-    p = (exp.get("lr_picks") or {}).get(row)
+    p = plan.lr_pick(row)
     if not p:
         return "–"
     if p["pick"] is None:
         return f"{p['base_lr']:.0e} (grid unfinished)"
-    f = lr_facts(exp, row)
+    f = lr_facts(plan, row)
     marks = ["flat"] if f["lr_flat"] else [x for x, on in (("bound binding", f["lr_bound_binding"]),
                                                             ("bound", f["lr_at_bound"] and not f["lr_bound_binding"]),
                                                             ("weak pick", f["lr_weak_pick"])) if on]
@@ -64,12 +60,13 @@ def lr_text(exp: dict, row: str) -> str:
     return f"×{p['pick']:g} ({p['lr']:.0e}{mark})"
 
 
-def lr_facts(exp: dict, row: str) -> dict:
-    """The pick named `row` (a `pick_key`) as typed fields for the CSV/JSON rows: `lr_multiplier` and `lr_value` (None
-    without a grid or with it unfinished), `lr_at_bound` (the pick sits at the declared bound), `lr_bound_binding`
-    (and still beats its inner neighbour), `lr_flat` (every lr scored the same), `lr_weak_pick` (its lead is under one
-    standard error: evidence.pick_strength), `lr_selection_seeds` (the most selection seeds any grid value has)."""
-    p = (exp.get("lr_picks") or {}).get(row) or {}
+def lr_facts(plan: Plan, row: str) -> dict:
+    """The pick named `row` (an `Experiment.pick_key`) as typed fields for the CSV/JSON rows: `lr_multiplier` and
+    `lr_value` (None without a grid or with it unfinished), `lr_at_bound` (the pick sits at the declared bound),
+    `lr_bound_binding` (and still beats its inner neighbour), `lr_flat` (every lr scored the same), `lr_weak_pick` (its
+    lead is under one standard error: evidence.pick_strength), `lr_selection_seeds` (the most selection seeds any grid
+    value has)."""
+    p = plan.lr_pick(row) or {}
     scores = p.get("scores") or {}
     out = {"lr_multiplier": None, "lr_value": None, "lr_at_bound": bool(p.get("at_bound")), "lr_bound_binding": False,
            "lr_flat": False, "lr_weak_pick": False,
@@ -77,18 +74,18 @@ def lr_facts(exp: dict, row: str) -> dict:
     if not p or p.get("pick") is None:
         return out
     strength = pick_strength({float(m): list(by_seed.values()) for m, by_seed in scores.items()},
-                             p["pick"], higher_is_better(exp), bool(p.get("at_bound")))
+                             p["pick"], plan.exp.higher_is_better_for(), bool(p.get("at_bound")))
     flat = bool(p.get("flat"))
     return {**out, "lr_multiplier": float(p["pick"]), "lr_value": float(p["lr"]), "lr_flat": flat,
             "lr_bound_binding": not flat and strength == "bound binding",
             "lr_weak_pick": not flat and strength == "weak pick"}
 
 
-def typed_fields(exp: dict, key: str, t: Verdict | None, lt: Verdict | None, summaries: list[dict]) -> dict:
+def typed_fields(plan: Plan, key: str, t: Verdict | None, lt: Verdict | None, summaries: list[dict]) -> dict:
     """The typed facts of one csv/json row that findings reads (never the printed text): the lr pick (`lr_facts`),
     the verdict as a word and the MDE it names, at 1× (`outcome`, `mde`) and at 2× steps (`outcome_2x`, `mde_2x`; ""
     without a length check), and how many commits made its runs."""
-    return {**lr_facts(exp, key), "outcome": t.outcome if t else "", "mde": t.mde_printed if t else None,
+    return {**lr_facts(plan, key), "outcome": t.outcome if t else "", "mde": t.mde_printed if t else None,
             "outcome_2x": lt.outcome if lt else "", "mde_2x": lt.mde_printed if lt else None,
             "n_commits": len({s.get("commit", "") for s in summaries} - {""})}
 
@@ -100,10 +97,10 @@ def family_facts(facts: dict, family: str) -> dict:
     return {"plateau": bool(f.get("plateau")), "converged_2x": f.get("converged_2x")}
 
 
-def grid_text(exp: dict, row: str) -> str:
+def grid_text(plan: Plan, row: str) -> str:
     """"×0.5: 96.1 (96.0 96.2), ×1: …" — each grid value's mean validation score and its selection seeds' scores in
-    the pick named `row` (a `pick_key`; pending: not finished; failed), for the CSV."""
-    p = (exp.get("lr_picks") or {}).get(row)
+    the pick named `row` (an `Experiment.pick_key`; pending: not finished; failed), for the CSV."""
+    p = plan.lr_pick(row)
     if not p:
         return ""
 

@@ -4,6 +4,7 @@ MDE rules out beside the papers' claims, and the convergence line judged against
 
 from __future__ import annotations
 
+from ..experiment import Experiment
 from .evidence import (
     Arm,
     Claim,
@@ -20,7 +21,6 @@ from .evidence import (
     room_text,
     speaks_to,
 )
-from .metric import higher_is_better, hypothesis
 
 # which paper's claim a method answers, and the keys of its number and its baseline in an experiment's `paper:`
 CLAIMS = {"spectral": ("SCA", "sca", "sca_baseline"), "embedded": ("CET", "cet", "cet_baseline"),
@@ -29,25 +29,25 @@ CLAIMS = {"spectral": ("SCA", "sca", "sca_baseline"), "embedded": ("CET", "cet",
 EFFECT_CLAIMS = ("spectral", "embedded", "conditioned_init")  # the papers' claimed effects (mimetic is their control)
 
 
-def scale_of(exp: dict, row: str) -> Scale:
+def scale_of(exp: Experiment, row: str) -> Scale:
     """An accuracy in % (multiplier 100: error = 100 − value), else a loss above 0 (no irreducible loss is known)."""
-    higher = higher_is_better(exp, row)
-    return Scale(higher, 100.0) if float(exp.get("metric_multiplier", 100)) == 100 and higher else Scale(higher)
+    higher = exp.higher_is_better_for(row)
+    return Scale(higher, 100.0) if exp.multiplier == 100 and higher else Scale(higher)
 
 
-def claim_for(exp: dict, row: str, method: str) -> Claim | None:
+def claim_for(exp: Experiment, row: str, method: str) -> Claim | None:
     """The paper's claim for a primary row × method with both numbers in the experiment's `paper:` (its row, or the
     row's `paper_row`), else None."""
-    if method not in EFFECT_CLAIMS or hypothesis(exp, row) != "primary":
+    if method not in EFFECT_CLAIMS or exp.hypothesis(row) != "primary":
         return None
     who, key, base_key = CLAIMS[method]
-    paper = ((exp.get("paper") or {}).get((exp["rows"].get(row) or {}).get("paper_row", row)) or {})
+    paper = exp.paper.get(exp.paper_row(row)) or {}
     if not isinstance(paper, dict) or paper.get(key) is None or paper.get(base_key) is None:
         return None
     return Claim(who, float(paper[base_key]), float(paper[key]), scale_of(exp, row))
 
 
-def family_reach(exp: dict, family: str, base_row: str, base: list[float],
+def family_reach(exp: Experiment, family: str, base_row: str, base: list[float],
                  arms: list[tuple[str, str, str, list[float]]], mde: float | None) -> Reach | None:
     """`arms`: (label, row, method, values) of the family's other rows; None without an MDE or baseline values."""
     if mde is None or len(base) < 2:
@@ -85,7 +85,7 @@ def convergence_line(r: Reach | None, family: str, base_cell, long_base, arms: l
     return convergence_text(family, gain, len(set(one) & set(two)), effect, why, trends, unit, digits)
 
 
-def family_lines(exp: dict, family: str, base_row: str, base_cell, long_base,
+def family_lines(exp: Experiment, family: str, base_row: str, base_cell, long_base,
                  arms: list[tuple[str, str, str, object, object]], mde: float | None, length_check: bool,
                  unit: str = "points", digits: int = 2, facts: dict | None = None) -> list[str]:
     """The reach line and (with a length check) the convergence line of one family. `arms`: (label, row, method, cell
@@ -96,26 +96,26 @@ def family_lines(exp: dict, family: str, base_row: str, base_cell, long_base,
            f"Reach ({family}): no test (fewer than 2 seeds or no MDE): this family rules out no effect size."]
     if length_check:
         out.append(convergence_line(r, family, base_cell, long_base, [(lab, c, lc) for lab, _, _, c, lc in arms],
-                                    higher_is_better(exp, base_row), unit, digits, facts))
+                                    exp.higher_is_better_for(base_row), unit, digits, facts))
     return out
 
 
-def table_evidence(exp: dict, scale: str, row: str, methods: list[str], cells: dict, tests: dict, long: dict | None,
-                   labels: dict[str, str], digits: int, facts: dict | None = None) -> list[str]:
+def table_evidence(exp: Experiment, scale: str, row: str, methods: list[str], cells: dict, tests: dict,
+                   long: dict | None, labels: dict[str, str], digits: int, facts: dict | None = None) -> list[str]:
     """protocol_lines' hook (tables 1, 3, 4, 5): one family per row, the baseline its first method (`facts`:
     convergence_line's)."""
-    if exp.get("pretrain"):
+    if exp.pretrain:
         return [f"Reach ({row}): not tested (one pretraining run per method): this table rules out no effect size "
                 "and its rows print no interval."]
     long = long or {}
     mde = next((t.mde_corrected for t in tests.values() if t is not None and t.mde_corrected), None)
     arms = [(labels.get(m, m), row, m, cells[(row, m)], long.get((row, m))) for m in methods[1:]]
-    unit = "points" if float(exp.get("metric_multiplier", 100)) == 100 else ""
+    unit = "points" if exp.multiplier == 100 else ""
     return family_lines(exp, row, row, cells[(row, methods[0])], long.get((row, methods[0])), arms, mde,
-                        bool((exp["scales"].get(scale) or {}).get("length_check")), unit, digits, facts)
+                        bool(exp.at(scale).length_check), unit, digits, facts)
 
 
-def readings_evidence(exp: dict, rows: list[dict], task: str, labels: dict[str, str],
+def readings_evidence(exp: Experiment, rows: list[dict], task: str, labels: dict[str, str],
                       facts: dict | None = None) -> list[str]:
     """readings' hook (table 9): one family per task; a row's label is its method's when it is primary (the paper's
     stated method or a rival), else its reading."""

@@ -9,20 +9,20 @@ uniform attention, the max attention probability, the share of queries whose att
 final pooled feature across the batch and the embedding's gradient norm. The closing line names the readings whose
 interval lies above zero.
 
-    python -m condattn.reporting.readings experiments/table9_readings.yaml --scale smoke [--seeds "0 1 2"]
+    python -m condattn.reproduce experiments/table9_readings.yaml --scale smoke --report-only
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from ..experiment import Experiment
 from . import protocol
 from .floors import SCALES as FLOOR_SCALES
 from .floors import load as load_floors
-from .metric import families, higher_is_better, hypothesis, methods_for, row_metric
 from .protocol import family_facts, typed_fields
 from .reach import readings_evidence
 from .stats import Verdict, fmt_num, fmt_p
@@ -31,15 +31,15 @@ from .tables import (
     TableCell,
     collect,
     longer_cell,
-    multiplier,
     provenance_line,
-    renderer_cli,
-    rows_for,
     save_outputs,
     table_start,
     trained,
     trained_so_far,
 )
+
+if TYPE_CHECKING:
+    from ..table.planned import Plan
 
 # (column header, step-0 key or a function of the step-0 dict) in table order
 STEP0 = {
@@ -55,6 +55,7 @@ EXTRA = {  # CSV only
     "gradnorm_wk": lambda d: d.get("gradnorm_wk/mean"),
     "entropy_l0_share": lambda d: _ratio(d.get("entropy/l0"), d.get("entropy_uniform/l0")),
 }
+
 
 
 def _ratio(a, b):
@@ -74,64 +75,57 @@ def _fmt(st: tuple[float, float] | None, sci: bool = False) -> str:
     return f"{st[0]:.2e}" if sci else f"{st[0]:.3f}"
 
 
-def row_cells(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -> dict[str, TableCell]:
+def row_cells(plan: Plan) -> dict[str, TableCell]:
     """One TableCell per row (its method, its metric)."""
-    out = {}
-    for row in rows_for(exp, scale):
-        spec = exp["rows"][row]
-        at = exp["scales"].get(scale) or {}
-        sub = {**exp, "rows": {row: spec},
-               "scales": {scale: {"seeds": seeds, "exploratory_seeds": at.get("exploratory_seeds")}}}
-        (cell,) = collect(sub, scale, runs_root, seeds).values()
-        out[row] = cell
-    return out
+    return {row: cell for (row, _), cell in collect(plan).items()}
 
 
-def longer_cells(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -> dict[str, TableCell]:
+def longer_cells(plan: Plan) -> dict[str, TableCell]:
     """The runs at factor × steps (reproduce's length check) of each row that has them, {row: TableCell}."""
     out = {}
-    for row in rows_for(exp, scale):
-        (method,) = methods_for(exp, row)
-        if (cell := longer_cell(exp, scale, runs_root, row, method, seeds)) is not None:
+    for row in plan.exp.rows_at(plan.scale):
+        (method,) = plan.exp.methods_of(row)
+        if (cell := longer_cell(plan, row, method, list(plan.seeds))) is not None:
             out[row] = cell
     return out
 
 
-def table_rows(exp: dict, scale: str, runs_root: str | Path, seeds: list[int]) -> tuple[list[dict], dict]:
-    cells = row_cells(exp, scale, runs_root, seeds)
-    long = longer_cells(exp, scale, runs_root, seeds)
-    fams = families(exp, scale)
-    base = {exp["rows"][fam[0][0]]["task"]: fam[0][0] for fam in fams.values()}
-    key, higher = (exp.get("curve") or {}).get("key", "acc"), higher_is_better(exp)
-    targets = {task: protocol.baseline_target(cells[b].summaries, key, multiplier(exp), higher)
+def table_rows(plan: Plan) -> tuple[list[dict], dict]:
+    exp, scale = plan.exp, plan.scale
+    cells = row_cells(plan)
+    long = longer_cells(plan)
+    fams = exp.families(scale)
+    base = {exp.rows[fam[0][0]].task: fam[0][0] for fam in fams.values()}
+    key, higher = exp.curve.get("key", "acc"), exp.higher_is_better_for()
+    targets = {task: protocol.baseline_target(cells[b].summaries, key, exp.multiplier, higher)
                for task, b in base.items()}
     tests: dict[str, Verdict] = {}
     long_tests: dict[str, Verdict] = {}
     for fam in fams.values():
         b = fam[0][0]
-        arms = [(r, cells[r].values, hypothesis(exp, r)) for r, _ in fam[1:]]
+        arms = [(r, cells[r].values, exp.hypothesis(r)) for r, _ in fam[1:]]
         tests.update(protocol.verdicts(cells[b].values, arms, higher))
         if b in long:  # the family as declared: a row without runs at 2× counts as p = 1
-            arms = [(r, long[r].values if r in long else [], hypothesis(exp, r)) for r, _ in fam[1:]]
+            arms = [(r, long[r].values if r in long else [], exp.hypothesis(r)) for r, _ in fam[1:]]
             long_tests.update(protocol.verdicts(long[b].values, arms, higher, pooled=True))
     out = []
     for row, c in cells.items():
-        spec = exp["rows"][row]
+        spec = exp.rows[row]
         d0 = [s.get("diagnostics", {}).get("step0", {}) for s in c.summaries]
-        b = base.get(spec["task"])
-        target = targets.get(spec["task"])
+        b = base.get(spec.task)
+        target = targets.get(spec.task)
+        made = plan.made_with
         out.append({
-            "lr": protocol.lr_text(exp, row), "lr_grid": protocol.grid_text(exp, row),
+            "lr": protocol.lr_text(plan, row), "lr_grid": protocol.grid_text(plan, row),
             "test": tests.get(row), "long": long_tests.get(row), "long_cell": long.get(row),
-            "hypothesis": "baseline" if row == b else hypothesis(exp, row),
-            "steps": protocol.steps_column(c.summaries, target.value if target else None, key, multiplier(exp),
+            "hypothesis": "baseline" if row == b else exp.hypothesis(row),
+            "steps": protocol.steps_column(c.summaries, target.value if target else None, key, exp.multiplier,
                                            higher),
             "target": target,
-            "row": row, "task": spec["task"], "method": c.method,
-            "reading": spec.get("reading", row) + (f" [{' '.join(exp['made_with']['overrides'])}]"
-                                                   if c.method in (exp.get("made_with") or {}).get("methods", ())
-                                                   else ""),
-            "metric": row_metric(exp, scale, row), "cell": c, "ci": tests[row].ci if row in tests else None,
+            "row": row, "task": spec.task, "method": c.method,
+            "reading": (spec.reading or row) + (f" [{' '.join(made.overrides)}]" if made and c.method in made.methods
+                                                else ""),
+            "metric": exp.row_metric(scale, row), "cell": c, "ci": tests[row].ci if row in tests else None,
             "is_baseline": row == b,
             "step0": {k: _mean([f(d) for d in d0]) for k, f in STEP0.items()},
             "extra": {k: _mean([f(d) for d in d0]) for k, f in EXTRA.items()},
@@ -154,17 +148,19 @@ def _long_text(r: dict) -> str:
     return protocol.length_text(r["is_baseline"], r["long_cell"], r["long"], r["test"])
 
 
-def convergence_line(exp: dict, rows: list[dict], task: str, facts: dict | None = None) -> str:
+def convergence_line(exp: Experiment, rows: list[dict], task: str, facts: dict | None = None) -> str:
     """The task's reach line (its MDE beside the papers' claims) and its convergence line (the baseline's gain at 2×
     steps, same seeds, against the effect the table tests), one paragraph apart (`facts`: gets `converged_2x`)."""
     return "\n\n".join(readings_evidence(exp, rows, task, METHOD_LABELS, facts))
 
 
-def _csv_row(exp: dict, scale: str, r: dict) -> dict:
+def _csv_row(plan: Plan, r: dict) -> dict:
+    exp, scale = plan.exp, plan.scale
     c, t, lt, lc = r["cell"], r["test"], r["long"], r["long_cell"]
+    pick = plan.lr_pick(r["row"]) or {}
     ci = r["ci"]
     mean = statistics.fmean(c.values) if c.values else None
-    row = {"table": exp["table"], "scale": scale, "row": r["row"], "task": r["task"], "reading": r["reading"],
+    row = {"table": exp.table, "scale": scale, "row": r["row"], "task": r["task"], "reading": r["reading"],
            "hypothesis": r["hypothesis"], "method": r["method"], "metric": r["metric"], "n": len(c.values),
            "seeds": " ".join(str(sd) for sd in c.seeds if sd not in c.missing),
            "values": " ".join(f"{v:.4f}" for v in c.values),
@@ -187,8 +183,8 @@ def _csv_row(exp: dict, scale: str, r: dict) -> dict:
            "p_adjusted_2x": f"{lt.p_adj:.6g}" if lt and lt.p_adj is not None else "",
            "verdict_2x": lt.word if lt else "",
            "lr": r["lr"], "lr_grid_scores": r["lr_grid"],
-           "lr_at_bound": str(bool(((exp.get("lr_picks") or {}).get(r["row"]) or {}).get("at_bound"))).lower(),
-           "select_metric": ((exp.get("lr_picks") or {}).get(r["row"]) or {}).get("key", ""),
+           "lr_at_bound": str(bool(pick.get("at_bound"))).lower(),
+           "select_metric": pick.get("key", ""),
            "steps_to_target_median": r["steps"][0],
            "steps_to_target": " ".join("never" if x is None else str(x) for x in r["steps"][1]),
            "target": f"{r['target'].value:.4f}" if r["target"] and r["target"].value is not None else "",
@@ -196,16 +192,17 @@ def _csv_row(exp: dict, scale: str, r: dict) -> dict:
            "wall_time_s": " ".join(f"{w:.1f}" for w in c.wall),
            "commit": " ".join(sorted({s.get("commit", "") for s in c.summaries})),
            "code": " ".join(sorted({code_text(s) for s in c.summaries})),
-           **typed_fields(exp, r["row"], t, lt, c.summaries)}  # lr_at_bound keeps its place, typed
+           **typed_fields(plan, r["row"], t, lt, c.summaries)}  # lr_at_bound keeps its place, typed
     for k, st in {**r["step0"], **r["extra"]}.items():
         row[f"step0_{k}"] = f"{st[0]:.6g}" if st else ""
     return row
 
 
-def render(exp: dict, scale: str, rows: list[dict], cells: dict,
+def render(plan: Plan, rows: list[dict], cells: dict,
            floors: dict | None = None, done: list[dict] | None = None) -> tuple[str, list[dict]]:
     """`floors`: {task: cached floors entry} (reporting/floors.py), printed as rows under each task's readings;
     `done`: the summaries of every run the table trained (the cost line)."""
+    exp, scale = plan.exp, plan.scale
     head = [*HEAD, *(f"step 0: {h}" for h in STEP0)]
     intro = ("Each row is one reading of a method (experiments/table9_readings.yaml names its options and declares it "
              "primary or exploratory before running). Final accuracy: mean ± std over the reported seeds of each "
@@ -233,7 +230,7 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
                     _long_text(r), r["lr"], mdes, r["steps"][0]]
             cols += [_fmt(r["step0"][k], sci=k.startswith("‖")) for k in STEP0]
             lines.append("| " + " | ".join(cols) + " |")
-            csv_rows.append(_csv_row(exp, scale, r))
+            csv_rows.append(_csv_row(plan, r))
         for f in ((floors or {}).get(task) or {}).get("floors", []):  # same split, a classical model: not a method
             fit = f", fitted in {f['seconds']:.1f} s" if f.get("seconds") is not None else ""
             lines.append(f"| {f['label']} | – | {100 * f['value']:.2f} ({f['split']}{fit}) | – |"
@@ -245,8 +242,8 @@ def render(exp: dict, scale: str, rows: list[dict], cells: dict,
             lines += ["", base["target"].text()]
             total = max((int(s.get("steps") or 0) for s in base["cell"].summaries), default=0)
             to_final = protocol.steps_column(base["cell"].summaries, base["target"].final,
-                                             (exp.get("curve") or {}).get("key", "acc"), multiplier(exp),
-                                             higher_is_better(exp))[1]
+                                             exp.curve.get("key", "acc"), exp.multiplier,
+                                             exp.higher_is_better_for())[1]
             facts[task]["plateau"] = protocol.plateau_step(to_final, total) is not None
             if plateau := protocol.plateau_text(to_final, total):
                 lines += ["", plateau]
@@ -286,7 +283,7 @@ def code_line(rows: list[dict]) -> str:
                    "Within every reading its runs ran the same code.")
 
 
-def cost_line(exp: dict, scale: str, rows: list[dict], done: list[dict] | None = None) -> str:
+def cost_line(exp: Experiment, scale: str, rows: list[dict], done: list[dict] | None = None) -> str:
     """The measured training time of the runs shown, and of every run the table has trained so far (`done`:
     `trained()`), and, at the CPU scales, what the whole table costs at the per-task medians: every row runs its
     reported seeds plus its selection seeds at each multiplier of the starting lr grid (an extension of the grid costs
@@ -295,7 +292,7 @@ def cost_line(exp: dict, scale: str, rows: list[dict], done: list[dict] | None =
     walls = [w for r in rows for w in r["cell"].wall]
     if not walls:
         return ""
-    so_far = trained_so_far(done, exp.get("table"))
+    so_far = trained_so_far(done, exp.table)
     medians = {t: statistics.median(ws) for t in dict.fromkeys(r["task"] for r in rows)
                if (ws := [w for r in rows if r["task"] == t for w in r["cell"].wall])}
     per_task = ", ".join(f"{t} {m:.0f} s" for t, m in medians.items())
@@ -304,15 +301,15 @@ def cost_line(exp: dict, scale: str, rows: list[dict], done: list[dict] | None =
     line += so_far
     if scale not in ("smoke", "small"):
         return line
-    at = exp["scales"].get(scale) or {}
-    selection = len(at.get("lr_grid") or []) * len(at.get("selection_seeds") or [])
-    length = at.get("length_check") or {}
+    at = exp.at(scale)
+    selection = len(at.lr_grid) * len(at.selection_seeds)
+    length = at.length_check
     per_row = [len(r["cell"].values) + len(r["cell"].missing) + selection for r in rows]
     longer = {r["task"]: 0 for r in rows}
     for r in rows:
         if length and (r["is_baseline"] or (r["test"] and r["test"].word in ("better", "worse")
                                             and r["hypothesis"] == "primary")):
-            longer[r["task"]] += int(length.get("factor", 2)) * int(length.get("seeds", 5))
+            longer[r["task"]] += length.factor * length.seeds
     unmeasured = sorted({r["task"] for r in rows} - set(medians))
     total = (sum(medians[r["task"]] * k for r, k in zip(rows, per_row)) +
              sum(medians[t] * k for t, k in longer.items() if t in medians)) if not unmeasured else 0.0
@@ -364,21 +361,11 @@ def plot(rows: list[dict], out: Path, title: str) -> Path | None:
     return out
 
 
-def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,
-                seeds: list[int] | None = None) -> tuple[Path, str]:
-    """Same signature and outputs as condattn.reporting.write_table: results/<scale>/<table>.{md,csv,png}."""
-    seeds = list(seeds if seeds is not None else exp["scales"][scale]["seeds"])
-    rows, cells = table_rows(exp, scale, runs_root, seeds)
-    floors = load_floors(results_root, scale, exp["table"]) if scale in FLOOR_SCALES else {}
-    md, csv_rows = render(exp, scale, rows, cells, floors, trained(exp, scale, runs_root))
-    return save_outputs(exp, scale, results_root, md, csv_rows,
-                        lambda png: plot(rows, png, f"{exp['table']}, scale={scale}"),
+def write_table(plan: Plan) -> tuple[Path, str]:
+    """The renderer of table 9 (`write_table(plan)`, as condattn.reporting.write_table): results/<scale>/<table>.*"""
+    exp, scale = plan.exp, plan.scale
+    rows, cells = table_rows(plan)
+    floors = load_floors(plan.results_root, scale, exp.table) if scale in FLOOR_SCALES else {}
+    md, csv_rows = render(plan, rows, cells, floors, trained(plan))
+    return save_outputs(plan, md, csv_rows, lambda png: plot(rows, png, f"{exp.table}, scale={scale}"),
                         "final accuracy per reading, beside the baseline", floors=False)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return renderer_cli(argv, "python -m condattn.reporting.readings", __doc__, write_table, "readings")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

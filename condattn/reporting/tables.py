@@ -8,16 +8,17 @@ import json
 import re
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..conditioning.spec import METHODS, method_spec
 from ..engine.twins import made_elsewhere
+from ..experiment import Experiment
 from ..runs import RunId, RunRecord
 from .floors import floor_table
 from .floors import load as load_floors
-from .metric import higher_is_better, methods_for, row_metric, row_seeds, rows_for
 from .notes import patch_notes, table_notes, tokenizer_notes
 from .protocol import (
     FOOTER,
@@ -27,7 +28,6 @@ from .protocol import (
     grid_text,
     length_text,
     lr_text,
-    pick_key,
     plateau_step,
     plateau_text,
     steps_column,
@@ -38,6 +38,9 @@ from .protocol import (
 from .reach import table_evidence
 from .stats import fmt_n, fmt_num, fmt_p, mean_std
 
+if TYPE_CHECKING:
+    from ..table.planned import Plan
+
 METHOD_LABELS = {m: method_spec(m).table_label for m in METHODS}  # each method's `short` (conditioning/spec.py)
 # method -> key of the papers' numbers (ci_*: the conditioned-initialisation paper's)
 PAPER_KEYS = {"embedded": "cet", "spectral": "sca", "conditioned_init": "ci_conditioned", "mimetic_init": "ci_mimetic"}
@@ -45,30 +48,16 @@ PAPER_COLUMNS = {"cet_baseline": "paper CET: baseline", "cet": "paper CET: CET",
                  "sca": "paper SCA: SCA"}
 
 
-def method_label(exp: dict, method: str, plain: bool = False) -> str:
+def method_label(plan: Plan, method: str, plain: bool = False) -> str:
     """The method's label, with the science overrides that made its runs ("SCA [conditioning.lam=5]")."""
     label = METHOD_LABELS.get(method, method)
-    made = exp.get("made_with") or {}
-    return label if plain or method not in made.get("methods", ()) else f"{label} [{' '.join(made['overrides'])}]"
+    made = plan.made_with
+    return label if plain or made is None or method not in made.methods else f"{label} [{' '.join(made.overrides)}]"
 
 
-def paper_columns(exp: dict) -> dict[str, str]:
+def paper_columns(exp: Experiment) -> dict[str, str]:
     """The papers' columns of a table: the SCA and CET papers', then any `paper_columns:` (key: label) it adds."""
-    return {**PAPER_COLUMNS, **(exp.get("paper_columns") or {})}
-
-
-def load_experiment(path: str | Path) -> dict:
-    """The experiment file, parsed and checked by its typed schema (condattn/experiment.py: an unknown key is refused
-    in one line naming the nearest valid one), as the plain mapping the renderers read."""
-    from ..experiment import load
-
-    return dict(load(path).mapping)
-
-
-def multiplier(exp: dict) -> float:
-    """What the table multiplies the metric by: 100 (accuracies shown in %) unless the experiment sets
-    `metric_multiplier` (e.g. 1 for a validation loss)."""
-    return float(exp.get("metric_multiplier", 100))
+    return {**PAPER_COLUMNS, **exp.paper_columns}
 
 
 @dataclass
@@ -78,7 +67,7 @@ class TableCell:
     row: str
     method: str
     seeds: list[int]
-    values: list[float] = field(default_factory=list)  # metric × multiplier(exp) (default 100) per finished seed
+    values: list[float] = field(default_factory=list)  # metric × exp.multiplier (default 100) per finished seed
     steps: list[int] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)  # seeds without a finished summary
@@ -90,20 +79,21 @@ class TableCell:
         return fmt_n(self.values) + (f", missing seeds {self.missing}" if self.missing else "")
 
 
-def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | None = None) -> dict[tuple, TableCell]:
-    seeds = list(seeds if seeds is not None else exp["scales"][scale]["seeds"])
+def collect(plan: Plan) -> dict[tuple, TableCell]:
+    """{(row, method): TableCell} of the plan's reported runs."""
+    exp, scale, seeds = plan.exp, plan.scale, list(plan.seeds)
     cells = {}
-    for row in rows_for(exp, scale):
-        metric = row_metric(exp, scale, row)
-        own = row_seeds(exp, scale, row, seeds)
-        for method in methods_for(exp, row):
+    for row in exp.rows_at(scale):
+        metric = exp.row_metric(scale, row)
+        own = exp.row_seeds(scale, row, seeds)
+        for method in exp.methods_of(row):
             cell = TableCell(row, method, own)
             for seed in own:
-                s = RunRecord.of(runs_root, RunId(exp["table"], row, method, scale, seed), exp.get("variants")).summary
+                s = RunRecord.of(plan.runs_root, RunId(exp.table, row, method, scale, seed), plan.variants).summary
                 if s is None or metric not in s["metrics"]:
                     cell.missing.append(seed)
                     continue
-                cell.values.append(multiplier(exp) * float(s["metrics"][metric]))
+                cell.values.append(exp.multiplier * float(s["metrics"][metric]))
                 cell.steps.append(int(s["steps"]))
                 cell.wall.append(float(s["wall_time_s"]))
                 cell.summaries.append(s)
@@ -111,48 +101,42 @@ def collect(exp: dict, scale: str, runs_root: str | Path, seeds: list[int] | Non
     return cells
 
 
-def longer_cell(exp: dict, scale: str, runs_root: str | Path, row: str, method: str,
-                seeds: list[int]) -> TableCell | None:
+def longer_cell(plan: Plan, row: str, method: str, seeds: list[int]) -> TableCell | None:
     """The runs at factor × steps (reproduce's length check) of a row × method: the seeds whose longer run is planned
-    (`exp["longer"]["variants"]`, by the name of the run at 1×); None when it has none."""
-    variants = (exp.get("longer") or {}).get("variants") or {}
-    ids = [i for i in (RunId(exp["table"], row, method, scale, sd) for sd in seeds) if i.name in variants]
+    (`plan.longer.variants`, by the name of the run at 1×); None when it has none."""
+    exp, scale = plan.exp, plan.scale
+    variants = plan.longer.variants if plan.longer else {}
+    ids = [i for i in (RunId(exp.table, row, method, scale, sd) for sd in seeds) if i.name in variants]
     if not ids:
         return None
-    metric, cell = row_metric(exp, scale, row), TableCell(row, method, [i.seed for i in ids])
+    metric, cell = exp.row_metric(scale, row), TableCell(row, method, [i.seed for i in ids])
     for i in ids:
-        s = RunRecord.of(runs_root, i, variants).summary
+        s = RunRecord.of(plan.runs_root, i, variants).summary
         if s is None or metric not in s["metrics"]:
             cell.missing.append(i.seed)
             continue
-        cell.values.append(multiplier(exp) * float(s["metrics"][metric]))
+        cell.values.append(exp.multiplier * float(s["metrics"][metric]))
         cell.steps.append(int(s["steps"]))
         cell.wall.append(float(s["wall_time_s"]))
         cell.summaries.append(s)
     return cell
 
 
-def longer(exp: dict, scale: str, runs_root: str | Path, cells: dict[tuple, TableCell]) -> dict[tuple, TableCell]:
+def longer(plan: Plan, cells: dict[tuple, TableCell]) -> dict[tuple, TableCell]:
     """{(row, method): the cell's runs at factor × steps} for the cells that have them."""
     out = {}
     for (row, method), c in cells.items():
-        if (cell := longer_cell(exp, scale, runs_root, row, method, c.seeds)) is not None:
+        if (cell := longer_cell(plan, row, method, c.seeds)) is not None:
             out[(row, method)] = cell
     return out
 
 
-def paper_row(exp: dict, row: str) -> str:
-    """The paper row whose numbers a row is shown beside: `paper_row:` when the row names one (e.g. table 1's medium
-    CIFAR-10 rows show the ImageNet row of the same family, for orientation), else the row itself."""
-    return (exp["rows"].get(row) or {}).get("paper_row", row)
+def _paper(exp: Experiment, row: str, key: str) -> str:
+    v = exp.paper.get(exp.paper_row(row), {}).get(key)
+    return "–" if v is None else f"{v:.{exp.paper_digits}f}"
 
 
-def _paper(exp: dict, row: str, key: str) -> str:
-    v = (exp.get("paper") or {}).get(paper_row(exp, row), {}).get(key)
-    return "–" if v is None else f"{v:.{int(exp.get('paper_digits', 1))}f}"
-
-
-def provenance_line(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> str:
+def provenance_line(exp: Experiment, scale: str, cells: dict[tuple, TableCell]) -> str:
     sums = [s for c in cells.values() for s in c.summaries]
     commits = sorted({s.get("commit", "unknown") for s in sums}) or ["none"]
     hardware = sorted({s.get("hardware_line", "unknown") for s in sums}) or ["none"]
@@ -169,7 +153,7 @@ def provenance_line(exp: dict, scale: str, cells: dict[tuple, TableCell]) -> str
     else:
         data = "the papers' datasets"
     shared = "".join(f", {n} of them made for {t} (the same science config, reused: engine/twins.py)"
-                     for t, n in sorted(made_elsewhere(sums, exp["table"]).items()))
+                     for t, n in sorted(made_elsewhere(sums, exp.table).items()))
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"Ours: scale={scale}, {data}, seeds {seeds}, commit {', '.join(commits)}{commit_notes(sums)}, "
@@ -220,19 +204,19 @@ def device_hours(summaries: list[dict]) -> str:
     return f", {hours:.1f} GPU-hours used ({len(gpu_runs)} runs on GPUs)" if gpu_runs else ""
 
 
-def _times(exp: dict) -> str:
-    m = multiplier(exp)
+def _times(exp: Experiment) -> str:
+    m = exp.multiplier
     return "" if m == 1 else f" × {m:g}"
 
 
-def _direction(exp: dict) -> str:
+def _direction(exp: Experiment) -> str:
     """A note when lower is better (`higher_is_better: false`, e.g. a loss); nothing for the usual accuracies."""
-    return "" if higher_is_better(exp) else " Lower is better."
+    return "" if exp.higher_is_better_for() else " Lower is better."
 
 
-def table_start(exp: dict, intro: str, head: list[str]) -> list[str]:
+def table_start(exp: Experiment, intro: str, head: list[str]) -> list[str]:
     """The Markdown lines every table renderer starts with: title, what the numbers are, the column header."""
-    return [f"# {exp['table']}: {exp.get('title', '')}", "", intro, "", "| " + " | ".join(head) + " |",
+    return [f"# {exp.table}: {exp.title}", "", intro, "", "| " + " | ".join(head) + " |",
             "|" + "---|" * len(head)]
 
 
@@ -244,11 +228,10 @@ def training_time_line(walls: list[float], median: str | None = None) -> str:
             f"({median}), {sum(walls) / 2 / 3600:.2f} h on two processes of one thread.")
 
 
-def trained(exp: dict, scale: str, runs_root: str | Path) -> list[dict]:
-    """The summaries of every finished run the table's plan trains (`exp["planned_cells"]`: selection, reported and
-    length runs, grid extensions included)."""
-    return [s for name in exp.get("planned_cells") or []
-            if (s := RunRecord(Path(runs_root) / scale / name).summary) is not None]
+def trained(plan: Plan) -> list[dict]:
+    """The summaries of every finished run the table's plan trains (`plan.planned`: selection, reported and length
+    runs, grid extensions included)."""
+    return [s for name in plan.planned if (s := RunRecord(plan.runs_root / plan.scale / name).summary) is not None]
 
 
 def trained_so_far(done: list[dict] | None, table: str | None = None, pretrain: bool = False) -> str:
@@ -265,19 +248,20 @@ def trained_so_far(done: list[dict] | None, table: str | None = None, pretrain: 
             f"summed, {spent / 2 / 3600:.1f} h on two processes{more}.")
 
 
-def render(exp: dict, scale: str, cells: dict[tuple, TableCell], floors: dict | None = None,
+def render(plan: Plan, cells: dict[tuple, TableCell], floors: dict | None = None,
            long: dict[tuple, TableCell] | None = None, done: list[dict] | None = None) -> tuple[str, list[dict]]:
-    """Markdown text and CSV rows for one table at one scale (`floors`: the cached floors, {row: entry}; `long`: the
-    cells' runs at 2× steps, {(row, method): TableCell}; `done`: every run the table's plan trained, `trained()`)."""
-    methods = exp["methods"]
+    """Markdown text and CSV rows for the plan's table (`floors`: the cached floors, {row: entry}; `long`: the cells'
+    runs at 2× steps, {(row, method): TableCell}; `done`: every run the table's plan trained, `trained()`)."""
+    exp, scale = plan.exp, plan.scale
+    methods = exp.methods
     head = ["row", *paper_columns(exp).values()]
-    head += [f"ours: {method_label(exp, m)}" for m in methods] + ["steps", "wall time / run"]
-    lines = table_start(exp, f"Papers' numbers ({exp.get('paper_provenance', 'see experiments yaml')}) beside ours "
-                             f"(mean ± std over seeds of {row_metric(exp, scale)}{_times(exp)})."
+    head += [f"ours: {method_label(plan, m)}" for m in methods] + ["steps", "wall time / run"]
+    lines = table_start(exp, f"Papers' numbers ({exp.paper_provenance or 'see experiments yaml'}) beside ours "
+                             f"(mean ± std over seeds of {exp.row_metric(scale)}{_times(exp)})."
                              f"{_direction(exp)}", head)
     csv_rows = []
     base = methods[0]  # the baseline column: CIs of every other method's difference to it
-    for row in rows_for(exp, scale):
+    for row in exp.rows_at(scale):
         ours = [cells[(row, m)] for m in methods]
         steps = sorted({s for c in ours for s in c.steps})
         walls = [w for c in ours for w in c.wall]
@@ -286,7 +270,7 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell], floors: dict | 
         cols += [",".join(map(str, steps)) or "–", f"{mean_std(walls)[0]:.0f} s" if walls else "–"]
         lines.append("| " + " | ".join(cols) + " |")
         tests = verdicts(cells[(row, base)].values, [(c.method, c.values, "primary") for c in ours[1:]],
-                         higher_is_better(exp, row))
+                         exp.higher_is_better_for(row))
         long_tests = length_verdicts(exp, row, [c.method for c in ours], long or {})
         for c in ours:
             lc, lt = (long or {}).get((row, c.method)), long_tests.get(c.method)
@@ -295,14 +279,14 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell], floors: dict | 
             t = tests.get(c.method)
             ci = t.ci if t else None
             csv_rows.append({
-                "table": exp["table"], "row": row, "method": c.method, "label": METHOD_LABELS.get(c.method, c.method),
-                "scale": scale, "metric": row_metric(exp, scale, row), "n": len(c.values),
+                "table": exp.table, "row": row, "method": c.method, "label": METHOD_LABELS.get(c.method, c.method),
+                "scale": scale, "metric": exp.row_metric(scale, row), "n": len(c.values),
                 "mean": f"{ms[0]:.4f}" if ms else "",
                 "std": f"{ms[1]:.4f}" if len(c.values) > 1 else "",
                 "values": " ".join(f"{v:.4f}" for v in c.values), "missing_seeds": " ".join(map(str, c.missing)),
                 "steps": " ".join(map(str, c.steps)), "wall_time_s": " ".join(f"{w:.1f}" for w in c.wall),
-                "paper_value": (exp.get("paper") or {}).get(paper_row(exp, row), {}).get(pk, "") if pk else "",
-                "paper_baseline": (exp.get("paper") or {}).get(paper_row(exp, row), {}).get("cet_baseline", ""),
+                "paper_value": exp.paper.get(exp.paper_row(row), {}).get(pk, "") if pk else "",
+                "paper_baseline": exp.paper.get(exp.paper_row(row), {}).get("cet_baseline", ""),
                 "commit": " ".join(sorted({s.get("commit", "") for s in c.summaries})),
                 "diff_vs_baseline": f"{ci.diff:.4f}" if ci else "",
                 "diff_ci95_low": f"{ci.low:.4f}" if ci else "",
@@ -315,8 +299,8 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell], floors: dict | 
                 "verdict": t.word if t else "",
                 "mde_05": f"{t.mde:.4f}" if t and t.mde is not None else "",
                 "mde_corrected": f"{t.mde_corrected:.4f}" if t and t.mde_corrected is not None else "",
-                "lr": lr_text(exp, pick_key(exp, row, c.method)),
-                "lr_grid_scores": grid_text(exp, pick_key(exp, row, c.method)),
+                "lr": lr_text(plan, exp.pick_key(row, c.method)),
+                "lr_grid_scores": grid_text(plan, exp.pick_key(row, c.method)),
                 "n_2x": len(lc.values) if lc else "",
                 "values_2x": " ".join(f"{v:.4f}" for v in lc.values) if lc else "",
                 "diff_2x": f"{lt.ci.diff:.4f}" if lt and lt.ci else "",
@@ -324,10 +308,10 @@ def render(exp: dict, scale: str, cells: dict[tuple, TableCell], floors: dict | 
                 "diff_2x_ci95_high": f"{lt.ci.high:.4f}" if lt and lt.ci else "",
                 "p_adjusted_2x": f"{lt.p_adj:.6g}" if lt and lt.p_adj is not None else "",
                 "verdict_2x": lt.word if lt else "",
-                **typed_fields(exp, pick_key(exp, row, c.method), t, lt, c.summaries),
+                **typed_fields(plan, exp.pick_key(row, c.method), t, lt, c.summaries),
             })
     facts: dict[str, dict] = {}
-    lines += protocol_lines(exp, scale, cells, METHOD_LABELS, 2 if multiplier(exp) == 100 else 3, floors, long, done,
+    lines += protocol_lines(plan, cells, METHOD_LABELS, 2 if exp.multiplier == 100 else 3, floors, long, done,
                             facts)
     csv_rows = [{**r, **family_facts(facts, r["row"])} for r in csv_rows]
     lines += tokenizer_notes([s for c in cells.values() for s in c.summaries])
@@ -353,17 +337,17 @@ def floor_verdict(row: str, base: list[float], entry: dict | None, mult: float, 
             f"{value:.{digits}f} on {best['split']}, a gap of {abs(value - mean):.{digits}f} in its favour.")
 
 
-def length_verdicts(exp: dict, row: str, methods: list[str], long: dict[tuple, TableCell]) -> dict:
+def length_verdicts(exp: Experiment, row: str, methods: list[str], long: dict[tuple, TableCell]) -> dict:
     """The row's tests at 2× steps (the methods with runs there against the baseline's), {method: Verdict}."""
-    if (row, methods[0]) not in long or exp.get("pretrain"):
+    if (row, methods[0]) not in long or exp.pretrain:
         return {}
     # the family as declared: a method without runs at 2× counts as p = 1 (Holm never corrects for fewer)
     return verdicts(long[(row, methods[0])].values,
                     [(m, long[(row, m)].values if (row, m) in long else [], "primary") for m in methods[1:]],
-                    higher_is_better(exp, row), pooled=True)
+                    exp.higher_is_better_for(row), pooled=True)
 
 
-def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], digits: int = 2,
+def protocol_lines(plan: Plan, cells: dict, labels: dict[str, str], digits: int = 2,
                    floors: dict | None = None, long: dict[tuple, TableCell] | None = None,
                    done: list[dict] | None = None, facts: dict | None = None) -> list[str]:
     """The fair protocol's block under a table whose scale has an lr grid (tables 1, 3, 4, 5 at small): per row, one
@@ -372,20 +356,21 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
     line), the baseline against its floors (`floors`: {row: cached entry}), a verdict, the protocol's footer and the
     cost line (the runs shown, and `done`: every run the plan trained). `cells`: {(row, method): TableCell}; [] without
     an lr grid. `facts` (a dict) gets {row: {"plateau": bool, "converged_2x": bool | None}} (`family_facts`)."""
+    exp, scale = plan.exp, plan.scale
     facts = {} if facts is None else facts
-    if not (exp["scales"].get(scale) or {}).get("lr_grid"):
+    if not exp.at(scale).lr_grid:
         return []
-    key = (exp.get("curve") or {}).get("key", "acc")
-    higher = higher_is_better(exp)
-    mult = multiplier(exp)
-    head = ["row", "method", f"{row_metric(exp, scale)} (mean ± std)", "Δ vs baseline [95% CI]",
+    key = exp.curve.get("key", "acc")
+    higher = exp.higher_is_better_for()
+    mult = exp.multiplier
+    head = ["row", "method", f"{exp.row_metric(scale)} (mean ± std)", "Δ vs baseline [95% CI]",
             "p: Welch / Holm / permutation", "verdict", "Δ at 2× steps", "lr (pick)", "MDE: α 0.05 / corrected",
             "steps to baseline's half-training val"]
     lines = ["", f"**The protocol** (each method picks its lr; {'higher' if higher else 'lower'} is better; every "
                  "method is a primary hypothesis, one family per row)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes, found = [], []
-    for row in rows_for(exp, scale):
+    for row in exp.rows_at(scale):
         methods = [m for (r, m) in cells if r == row]
         if not methods:
             continue
@@ -395,7 +380,7 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
             target = Target(target.value, None, target.loss_fall, target.final)
         # one pretraining run per method (table 3): every fine-tuning seed shares it, so the method is one unit and
         # no test over fine-tuning seeds can speak for it; the rows are printed, untested
-        tests = {} if exp.get("pretrain") else verdicts(
+        tests = {} if exp.pretrain else verdicts(
             base.values, [(m, cells[(row, m)].values, "primary") for m in methods[1:]], higher)
         long_tests = length_verdicts(exp, row, methods, long or {})
         for m in methods:
@@ -405,9 +390,9 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
             delta = "(baseline)" if m == methods[0] else (t.ci.text(digits) if t and t.ci else "–")
             p = "–" if t is None or t.p is None else f"{fmt_p(t.p)} / {fmt_p(t.p_adj)} / {fmt_p(t.p_perm)}"
             mdes = "–" if t is None or t.mde is None else f"{fmt_num(t.mde)} / {fmt_num(t.mde_corrected)}"
-            lr = lr_text(exp, pick_key(exp, row, m))
+            lr = lr_text(plan, exp.pick_key(row, m))
             word = t.word if t else ("not tested (one pretraining run: n = 1 unit)"
-                                     if exp.get("pretrain") and m != methods[0] else "–")
+                                     if exp.pretrain and m != methods[0] else "–")
             at2 = length_text(m == methods[0], (long or {}).get((row, m)), long_tests.get(m), t, digits)
             lines.append(f"| {row} | {labels.get(m, m)} | {ms} | {delta} | {p} | {word} | {at2} | {lr} | {mdes} | "
                          f"{steps[0]} |")
@@ -416,7 +401,7 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
         facts[row] = {"converged_2x": None}
         notes += [f"{row}: {target.text()}",
                   *table_evidence(exp, scale, row, methods, cells, tests, long, labels, digits, facts[row])]
-        entry, metric = (floors or {}).get(row), row_metric(exp, scale, row)
+        entry, metric = (floors or {}).get(row), exp.row_metric(scale, row)
         if entry and entry.get("metric") != metric:  # cached for another metric (split): not this table's floors
             notes.append(f"{row}: its cached floors are for {entry.get('metric')}, not {metric}: rerun `python -m "
                          f"condattn.floors --scale {scale}`.")
@@ -427,25 +412,25 @@ def protocol_lines(exp: dict, scale: str, cells: dict, labels: dict[str, str], d
         facts[row]["plateau"] = plateau_step(to_final, total) is not None
         if plateau := plateau_text(to_final, total):
             notes.append(f"{row}: {plateau}")
-    if exp.get("pretrain"):
+    if exp.pretrain:
         notes.append("The lr grid covers fine-tuning only; each method has one pretraining run, shared by all its "
                      "fine-tuning seeds, so a method is one unit of evidence here and its difference to the baseline "
                      "is not tested (the interval over fine-tuning seeds would understate the method's variance). A "
                      "test needs one pretraining run per reported seed.")
     walls = [w for c in cells.values() for w in c.wall]
-    cost = ["", training_time_line(walls) + trained_so_far(done, exp["table"], bool(exp.get("pretrain")))] if walls \
+    cost = ["", training_time_line(walls) + trained_so_far(done, exp.table, bool(exp.pretrain))] if walls \
         else []
     return [*lines, "", *[x for n in notes for x in (n, "")], verdict_line(found), "", FOOTER, *cost]
 
 
-def plot_curves(exp: dict, scale: str, cells: dict[tuple, TableCell], out: Path) -> Path | None:
+def plot_curves(exp: Experiment, scale: str, cells: dict[tuple, TableCell], out: Path) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    split, key = exp.get("curve", {}).get("split", "val"), exp.get("curve", {}).get("key", "acc")
-    rows = rows_for(exp, scale)
+    split, key = exp.curve.get("split", "val"), exp.curve.get("key", "acc")
+    rows = exp.rows_at(scale)
     ncols = min(3, len(rows))
     nrows = -(-len(rows) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 3.6 * nrows), squeeze=False)
@@ -453,59 +438,60 @@ def plot_curves(exp: dict, scale: str, cells: dict[tuple, TableCell], out: Path)
         ax.set_visible(False)
     drew = False
     for ax, row in zip(axes.flat, rows):
-        for m in exp["methods"]:
+        for m in exp.methods:
             for i, s in enumerate(cells[(row, m)].summaries):
-                pts = [(r["step"], multiplier(exp) * r[key]) for r in RunRecord(s["run_dir"]).metrics_rows(split)
+                pts = [(r["step"], exp.multiplier * r[key]) for r in RunRecord(s["run_dir"]).metrics_rows(split)
                        if key in r]
                 if pts:
                     x, y = zip(*pts)
-                    ax.plot(x, y, color=f"C{exp['methods'].index(m)}", alpha=0.8,
+                    ax.plot(x, y, color=f"C{exp.methods.index(m)}", alpha=0.8,
                             label=METHOD_LABELS.get(m, m) if i == 0 else None)
                     drew = True
         ax.set_title(f"{row} ({scale})")
         ax.set_xlabel("optimizer step")
-        ax.set_ylabel(f"{split} {key}" + (" (%)" if multiplier(exp) == 100 else ""))
+        ax.set_ylabel(f"{split} {key}" + (" (%)" if exp.multiplier == 100 else ""))
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     if not drew:
         plt.close(fig)
         return None
-    fig.suptitle(f"{exp['table']}: {split} {key}, one line per seed (ours, measured)", fontsize=10)
+    fig.suptitle(f"{exp.table}: {split} {key}, one line per seed (ours, measured)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
 
 
-def save_outputs(exp: dict, scale: str, results_root: str | Path, md: str, csv_rows: list[dict],
+def save_outputs(plan: Plan, md: str, csv_rows: list[dict],
                  plot: Callable[[Path], Path | None], caption: str,
                  fieldnames: list[str] | None = None, floors: bool = True) -> tuple[Path, str]:
     """Write results/<scale>/<table>.{md,csv,png}: `plot(png_path)` draws the figure (None: nothing to draw), which
     the Markdown then embeds under `caption`. Returns (md path, md text). Every table renderer ends here. `floors`:
     print the cached floors of a smoke/small table (reporting/floors.py) under it (False: the renderer has)."""
-    out_dir = Path(results_root) / scale
+    exp, scale = plan.exp, plan.scale
+    out_dir = plan.results_root / scale
     out_dir.mkdir(parents=True, exist_ok=True)
-    block = floor_table(exp, scale, results_root, multiplier(exp)) if floors else ""
+    block = floor_table(exp.table, scale, plan.results_root, exp.multiplier) if floors else ""
     if block:
         md = md.rstrip("\n") + "\n\n" + block + "\n"
-    notes = table_notes(exp, scale, rows_for(exp, scale))
+    notes = table_notes(exp, scale, exp.rows_at(scale))
     if notes:
         md = md.rstrip("\n") + "\n" + "\n".join(notes) + "\n"
-    if made := exp.get("made_with"):  # reproduce with science overrides: the table says what made it
+    if made := plan.made_with:  # reproduce with science overrides: the table says what made it
         title, _, rest = md.partition("\n")
-        md = (f"{title}\n\n**Made with** `{' '.join(made['overrides'])}`, which changes "
-              f"{', '.join(method_label(exp, m, plain=True) for m in made['methods'])}: the papers' numbers beside "
+        md = (f"{title}\n\n**Made with** `{' '.join(made.overrides)}`, which changes "
+              f"{', '.join(method_label(plan, m, plain=True) for m in made.methods)}: the papers' numbers beside "
               "ours are for the papers' own configuration (SCA: λ = 10 fixed; CET after positions), not this one."
               f"\n{rest}")
-        csv_rows = [{**r, "overrides": " ".join(made["overrides"])} for r in csv_rows]
+        csv_rows = [{**r, "overrides": " ".join(made.overrides)} for r in csv_rows]
         fieldnames = [*fieldnames, "overrides"] if fieldnames else None
-    stem = exp.get("output_stem", exp["table"])  # reproduce --rows: `<table>.rows-<patterns>`, beside the full table
+    stem = plan.output_stem  # reproduce --rows: `<table>.rows-<patterns>`, beside the full table
     md_path, png_path = out_dir / f"{stem}.md", out_dir / f"{stem}.png"
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=fieldnames or (list(csv_rows[0]) if csv_rows else ["table"]))
     w.writeheader()
     w.writerows([{k: str(v).lower() if isinstance(v, bool) else v for k, v in r.items()} for r in csv_rows])
-    result = json.dumps({"table": exp["table"], "scale": scale, "stem": stem, "made_with": exp.get("made_with"),
+    result = json.dumps({"table": exp.table, "scale": scale, "stem": stem, "made_with": asdict(made) if made else None,
                          "columns": w.fieldnames, "rows": csv_rows}, indent=1, default=str) + "\n"
     texts = {out_dir / f"{stem}.csv": buf.getvalue(), out_dir / f"{stem}.json": result}
     tmp = out_dir / f".{stem}.tmp.png"  # drawn aside: it replaces the figure only with new values
@@ -535,52 +521,22 @@ def unchanged(md_path: Path, md: str, texts: dict[Path, str]) -> bool:
     return same(md_path, md, lambda t: WRITTEN.sub("written", t)) and all(same(p, t) for p, t in texts.items())
 
 
-def write_table(exp: dict, scale: str, runs_root: str | Path, results_root: str | Path,
-                seeds: list[int] | None = None) -> tuple[Path, str]:
-    cells = collect(exp, scale, runs_root, seeds)
-    md, csv_rows = render(exp, scale, cells, load_floors(results_root, scale, exp["table"]),
-                          longer(exp, scale, runs_root, cells), trained(exp, scale, runs_root))
-    return save_outputs(exp, scale, results_root, md, csv_rows, lambda png: plot_curves(exp, scale, cells, png),
+def write_table(plan: Plan) -> tuple[Path, str]:
+    """The generic renderer: every renderer's entry takes the plan and returns (md path, md text)."""
+    cells = collect(plan)
+    md, csv_rows = render(plan, cells, load_floors(plan.results_root, plan.scale, plan.exp.table), longer(plan, cells),
+                          trained(plan))
+    return save_outputs(plan, md, csv_rows, lambda png: plot_curves(plan.exp, plan.scale, cells, png),
                         "validation curves")
 
 
-def renderer_for(exp: dict):
-    """The experiment's `renderer: module:function` (same signature as write_table), or the generic write_table."""
-    spec = exp.get("renderer")
-    if not spec:
+def renderer_for(exp: Experiment):
+    """The experiment's `renderer: module:function` (a `write_table(plan)`), or the generic write_table."""
+    if not exp.renderer:
         return write_table
     import importlib
 
-    module, _, fn = str(spec).partition(":")
+    module, _, fn = exp.renderer.partition(":")
     return getattr(importlib.import_module(module), fn or "write_table")
 
 
-def renderer_cli(argv: list[str] | None, prog: str, doc: str, write=None, tag: str = "reporting") -> int:
-    """`python -m condattn.reporting[.<renderer>] experiments/tableN.yaml --scale S [--seeds ...] [overrides]`: rebuild
-    one table from its runs with `write` (same signature as write_table; None: the experiment's renderer). A scale
-    with an lr grid is refused: its runs are named by the picks, which `reproduce --report-only` reads."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
-    p.add_argument("experiment")
-    p.add_argument("--scale", default="smoke")
-    p.add_argument("--seeds", help='e.g. "0 1 2"; default: the experiment\'s seeds for this scale')
-    p.add_argument("overrides", nargs="*", help="Hydra overrides that locate the runs (e.g. paths.runs=...)")
-    args = p.parse_intermixed_args(argv)
-    exp = load_experiment(args.experiment)
-    if args.scale not in exp["scales"]:
-        p.error(f"--scale {args.scale!r} is not defined in {args.experiment}; choose one of {list(exp['scales'])}")
-    if (exp["scales"][args.scale] or {}).get("lr_grid"):
-        p.error(f"scale {args.scale} of {exp['table']} has an lr_grid: its rows' runs are the lr picks; rebuild the "
-                f"table with `python -m condattn.reproduce {args.experiment} --scale {args.scale} --report-only` "
-                "(make report-table-N)")
-    seeds = [int(x) for x in args.seeds.replace(",", " ").split()] if args.seeds else exp["scales"][args.scale]["seeds"]
-    from ..config import compose
-
-    write = write or renderer_for(exp)
-
-    cfg = compose([f"scale={args.scale}", *args.overrides])
-    md_path, md = write(exp, args.scale, cfg.paths.runs, cfg.paths.results, seeds)
-    print(md)
-    print(f"[{tag}] wrote {md_path} (+ .csv, .png)")
-    return 0

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..engine import provenance
-from ..reporting.tables import load_experiment
+from ..experiment import load
 from ..runs import RunRecord
 from .cells import parts
 
@@ -30,7 +30,7 @@ ROWS = ("listops_baseline", "listops_sca10", "listops_cet")  # beside one ViT ro
 
 def evidence_cells() -> list[tuple[str, str, list[str]]]:
     """(method, cell name, overrides): table 9's first ViT smoke row of each method, and the ListOps rows of ROWS."""
-    exp = load_experiment(EXPERIMENT)
+    exp = load(EXPERIMENT)
     out, seen = [], set()
     for part in parts(exp, "smoke", [0]):
         if (part.row.startswith("vit_") and part.method not in seen) or part.row in ROWS:

@@ -2,33 +2,27 @@
 
 from __future__ import annotations
 
-from ..experiment import protocol_problem
-from ..launch import ConfigError, RunSpec
-from ..reporting.metric import higher_is_better, row_metric
-from ..reporting.protocol import pick_key
+from ..experiment import Experiment
+from ..launch import RunSpec
 from .cells import Part
 from .compose import Composer, named
 from .lr_grid import LrPick, lr_override
 from .store import Records
 
 
-def length_check(exp: dict, scale: str) -> tuple[int, int] | None:
+def length_check(exp: Experiment, scale: str) -> tuple[int, int] | None:
     """The scale's `length_check: {factor: 2, seeds: 5}`: the baseline and every primary row with a verdict run again
     at factor × their steps, on their `seeds` lowest reported seeds, at their lr pick. None without one."""
-    spec = (exp["scales"].get(scale) or {}).get("length_check")
-    if not spec:
-        return None
-    if problem := protocol_problem(exp["table"], scale, {"length_check": spec}):
-        raise ConfigError(problem)
-    factor, n = spec.get("factor", 2), spec.get("seeds", 5)
-    return factor, n
+    spec = exp.at(scale).length_check  # validated when the file was parsed
+    return (spec.factor, spec.seeds) if spec else None
 
 
 
-def finished_values(exp: dict, scale: str, row: str, specs: list[RunSpec], records: Records) -> list[float] | None:
+def finished_values(exp: Experiment, scale: str, row: str, specs: list[RunSpec],
+                    records: Records) -> list[float] | None:
     """The reported metric of the finished runs of a group once every one of them has ended (a failed run counts as
     ended, and is left out), or None while any is still to run."""
-    key = row_metric(exp, scale, row)
+    key = exp.row_metric(scale, row)
     vals = []
     for c in specs:
         rec = records.of(c.name, c.cfg, c.run_dir)
@@ -42,28 +36,27 @@ def finished_values(exp: dict, scale: str, row: str, specs: list[RunSpec], recor
 
 
 
-def length_cells(comp: Composer, exp: dict, scale: str, reported: dict[tuple, list[tuple[Part, RunSpec]]],
+def length_cells(comp: Composer, exp: Experiment, scale: str, reported: dict[tuple, list[tuple[Part, RunSpec]]],
                   picks: dict[str, LrPick], extra: list[str], renamed: dict[str, str],
                   longer: dict[str, str], records: Records) -> list[tuple[Part, RunSpec]]:
     """The runs at factor × steps of each family whose baseline and primary rows have all finished: the baseline and
     every primary row whose adjusted p < 0.05 (the same tests the table prints). `longer`: their variants, by the
     readable name of the run at 1× steps."""
-    from ..reporting.metric import families, hypothesis
     from ..reporting.protocol import verdicts
 
     factor, n = length_check(exp, scale) or (0, 0)
     out: list[tuple[Part, RunSpec]] = []
-    for fam in families(exp, scale).values():
+    for fam in exp.families(scale).values():
         groups = {rm: reported.get(rm) for rm in fam}
-        primary = [rm for rm in fam[1:] if hypothesis(exp, rm[0]) == "primary"]
+        primary = [rm for rm in fam[1:] if exp.hypothesis(rm[0]) == "primary"]
         values = {rm: finished_values(exp, scale, rm[0], [c for _, c in groups[rm] or []], records)
                   for rm in [fam[0], *primary]}
         if any(not v for v in values.values()):
             continue
         found = verdicts(values[fam[0]], [(rm, values[rm], "primary") for rm in primary],
-                         higher_is_better(exp, fam[0][0]))
+                         exp.higher_is_better_for(fam[0][0]))
         for rm in [fam[0], *(rm for rm in primary if found[rm].word in ("better", "worse"))]:
-            pick = picks[pick_key(exp, *rm)]
+            pick = picks[exp.pick_key(*rm)]
             for part, spec in sorted(groups[rm] or [], key=lambda pc: pc[0].seed)[:n]:  # the n lowest, any order
                 steps = int(spec.cfg.task.steps)
                 tail = [*([] if pick.pick == 1 else [lr_override(pick.base_lr * pick.pick)]),

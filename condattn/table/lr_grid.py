@@ -6,51 +6,44 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from ..experiment import protocol_problem
+from ..experiment import Experiment
 from ..launch import ConfigError, RunSpec
-from ..reporting.metric import higher_is_better, row_metric
 from ..runs import RunRecord
 from .cells import Part
 from .compose import Composer, named, reseeded
 from .store import Records
 
 
-def _checked(exp: dict, scale: str, reported: list[int] | None = None) -> dict:
-    """The scale's node once its lr protocol is sound (experiment.protocol_problem, the parse-time check, here also
-    against the seeds this command reports); ConfigError naming what is wrong."""
-    node = exp["scales"].get(scale) or {}
-    if problem := protocol_problem(exp["table"], scale, node, reported):
-        raise ConfigError(problem)
-    return node
+def lr_grid(exp: Experiment, scale: str) -> list[float]:
+    """The scale's starting `lr_grid` (validated when the file was parsed): log2-spaced multipliers of each row's
+    optim.lr ([] without one)."""
+    return sorted(exp.at(scale).lr_grid)
 
 
-def lr_grid(exp: dict, scale: str) -> list[float]:
-    """The scale's starting `lr_grid`: log2-spaced multipliers of each row's optim.lr ([] without one)."""
-    return sorted(float(m) for m in _checked(exp, scale).get("lr_grid") or [])
-
-
-def lr_bound(exp: dict, scale: str) -> tuple[float, float]:
+def lr_bound(exp: Experiment, scale: str) -> tuple[float, float]:
     """The declared bound of the grid's extension (`lr_bound: [lo, hi]`, default ×1/8 … ×8): while a pick sits at an
     edge of the grid, the grid grows one log2 step that way, never past the bound."""
-    lo, hi = _checked(exp, scale).get("lr_bound") or (0.125, 8.0)
+    lo, hi = exp.at(scale).lr_bound
     return float(lo), float(hi)
 
 
-def selection_seeds(exp: dict, scale: str, reported: list[int] | None = None) -> list[int]:
+def selection_seeds(exp: Experiment, scale: str, reported: list[int] | None = None) -> list[int]:
     """The seeds that pick each row's lr (`selection_seeds`, at least 2): never reported, disjoint from the
-    reported seeds (the scale's, or `reported`: the ones this command reports, --seeds)."""
-    return [int(x) for x in _checked(exp, scale, reported).get("selection_seeds") or []]
+    reported seeds (the scale's, checked when the file was parsed, and `reported`: the ones this command reports,
+    --seeds); ConfigError naming what is wrong."""
+    if problem := exp.at(scale).problem(exp.table, scale, reported):
+        raise ConfigError(problem)
+    return list(exp.at(scale).selection_seeds)
 
 
-def selection_key(exp: dict, row: str, scale: str | None = None) -> str:
+def selection_key(exp: Experiment, row: str, scale: str | None = None) -> str:
     """The validation metric a row's lr grid picks by, never a test metric: the row's (or the experiment's)
     `select_metric`, else the validation twin of the row's metric: test_<k> (scored at the best validation
     checkpoint, LRA) -> val_<k> (the best validation value), final_test_<k> -> final_val_<k>, and a validation
     metric (final_val_<k>: ViT's final validation top-1) itself. The row's metric at `scale` is the one its table
-    reports (reporting/metric.py row_metric)."""
-    spec = exp["rows"][row]
-    metric = row_metric(exp, scale, row)
-    key = spec.get("select_metric", exp.get("select_metric"))
+    reports (`Experiment.row_metric`)."""
+    metric = exp.row_metric(scale, row)
+    key = exp.rows[row].select_metric or exp.select_metric
     if key is None:
         for test, val in (("final_test_", "final_val_"), ("test_", "val_")):
             if metric.startswith(test):
@@ -59,7 +52,7 @@ def selection_key(exp: dict, row: str, scale: str | None = None) -> str:
         else:
             key = metric if metric.startswith(("val_", "final_val_")) else None
     if not key or "test" in key:
-        raise ConfigError(f"row {row!r} of {exp['table']}: no validation metric to pick its lr by (its metric is "
+        raise ConfigError(f"row {row!r} of {exp.table}: no validation metric to pick its lr by (its metric is "
                          f"{metric!r}, select_metric {key!r}); set select_metric: final_val_<k> or val_<k>")
     return str(key)
 
@@ -166,7 +159,7 @@ def grid_score(record: RunRecord, key: str) -> float | None:
 
 
 
-def grid_row(comp: Composer, group: list[Part], grid: list[float], extra: list[str], exp: dict, scale: str,
+def grid_row(comp: Composer, group: list[Part], grid: list[float], extra: list[str], exp: Experiment, scale: str,
               read_records: bool, shown: dict[str, str], renamed: dict[str, str],
               records: Records) -> tuple[list[tuple[Part, RunSpec]], LrPick | None]:
     """One row's cells under an lr grid. Stage 1: every selection seed at every multiplier of the grid; while the best
@@ -181,12 +174,12 @@ def grid_row(comp: Composer, group: list[Part], grid: list[float], extra: list[s
     except ConfigError as e:
         comp.errors.setdefault(str(e), []).append(first.name)
         return [], None
-    table = exp["table"]
+    table = exp.table
     sel = [reseeded(first, s, table, scale) for s in selection_seeds(exp, scale, [p.seed for p in group])]
     pick = LrPick(first.row, selection_key(exp, first.row, scale), base_lr, {}, [p.seed for p in sel],
                   lr_bound(exp, scale))
     out: list[tuple[Part, RunSpec]] = []
-    higher = higher_is_better(exp, first.row)
+    higher = exp.higher_is_better_for(first.row)
     todo = list(grid)
     while todo:
         for m in todo:

@@ -3,55 +3,33 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine.identity import is_science_key
+from ..experiment import Experiment
 from ..launch import ConfigError, RunSpec
-from ..reporting.protocol import pick_key
 from ..runs import RunId
 from .cells import Part, override_slug, parts
 from .compose import Composer, changes, named
 from .length import length_cells, length_check
 from .lr_grid import LrPick, grid_row, lr_grid
+from .planned import LengthPlan, MadeWith, Plan
 from .store import Records
 
-
-@dataclass
-class Plan:
-    """What a table is at this moment: its cells to train (composed, named), the lr picks, where runs and results go,
-    and the experiment as its renderer reads it (`variants`: the variant of each cell run with overrides its name
-    does not carry; `lr_picks`)."""
-
-    exp: dict
-    cells: list[RunSpec]
-    picks: dict[str, LrPick]
-    runs_root: Path
-    results_root: Path
-
-    @property
-    def waiting(self) -> list[str]:
-        """The rows (`pick_key`s: "<row>/<method>" where a row trains several) whose lr grid has no pick yet: their
-        other seeds are not planned."""
-        return [row for row, p in self.picks.items() if p.pick is None]
-
-    def cost(self, specs: list[RunSpec]) -> list[str]:
-        """What these cells will cost before anything is queued (engine/cost.py)."""
-        from ..engine.cost import describe_cost
-
-        return describe_cost(self.exp["table"], [(c.name, c.cfg) for c in specs])
+__all__ = ["Plan", "plan", "problem_report", "refusal"]
 
 
-
-def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: str = "local",
-         only_rows: list[str] | None = None, read_records: bool = True, full: bool = True, reuse: bool = True) -> Plan:
+def plan(exp: Experiment, scale: str, seeds: list[int], extra: list[str], launcher: str = "local",
+         only_rows: list[str] | None = None, read_records: bool = True, full: bool = True, reuse: bool = True,
+         stem: str = "") -> Plan:
     """Every cell of the table at this scale, composed and named, without side effects (it reads run records, writes
     nothing). With an lr grid, a row's other seeds are planned once its stage-1 runs have ended (`read_records`
     False, as under --force: none has). The cells of rows outside `only_rows` are planned too when `full` (their
     variants and picks name the runs the table shows) but never returned to train; a plan that only trains
     (`full=False`) skips them, unless the scale has a length check: its verdicts read every primary row's runs, so a
     `--rows` process trains its rows' length runs too. ConfigError: the overrides that do not compose
-    (one message each), an optim.lr override beside an lr grid, cells that would share a run dir."""
+    (one message each), an optim.lr override beside an lr grid, cells that would share a run dir. `stem`: the output
+file's name (default: the table's); science overrides among `extra` name the table after them."""
     grid = lr_grid(exp, scale)
     full = full or bool(grid and length_check(exp, scale) and read_records)
     if grid and (bad := [o for o in extra if o.split("=", 1)[0].lstrip("+~") == "optim.lr"]):
@@ -74,7 +52,7 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
             row_cells, pick = grid_row(comp, group, grid, extra, exp, scale, read_records, shown, renamed, records)
             planned += row_cells
             if pick is not None:
-                picks[pick_key(exp, group[0].row, group[0].method)] = pick
+                picks[exp.pick_key(group[0].row, group[0].method)] = pick
                 reported[(group[0].row, group[0].method)] = [(p, c) for p, c in row_cells if p in group]
             continue
         for part in group:
@@ -88,25 +66,23 @@ def plan(exp: dict, scale: str, seeds: list[int], extra: list[str], launcher: st
         errors, n = comp.errors, comp.n
         if only_rows:  # report the rows asked for (`--rows`): the others are composed for their picks only
             def asked(name: str) -> bool:
-                run = RunId.parse(name, exp["table"], exp["rows"], exp["methods"], scale)
+                run = RunId.parse(name, exp.table, exp.rows, exp.methods, scale)
                 return run is None or run.row in only_rows
             kept = {m: [x for x in names if asked(x)] for m, names in errors.items()}
             n = sum(1 for p in parts(exp, scale, seeds, launcher) if p.row in only_rows) or n
             errors = {m: names for m, names in kept.items() if names} or errors
         raise ConfigError(refusal(errors, n).lstrip(" "))
     _check_shared_dirs([spec for _, spec in planned])
-    variants = {name: v for name, v in shown.items() if v}
-    exp = {**exp, "planned_cells": [spec.name for _, spec in planned],  # what the table costs: every run it trains
-           **({"variants": variants} if variants else {}),
-           **({"lr_picks": {row: p.as_dict() for row, p in picks.items()}} if grid else {}),
-           **({"longer": {"factor": length_check(exp, scale)[0], "variants": longer}} if longer else {}),
-           **({"made_with": {"overrides": [o for o in extra if is_science_key(o.split("=", 1)[0].lstrip("+~"))],
-                             "methods": sorted(changed)}} if changed else {})}
-    if made := exp.get("made_with"):  # a table of other science than the file's: named by it, never over the default
-        exp["output_stem"] = f"{exp.get('output_stem', exp['table'])}.{override_slug(made['overrides'])}"
+    made = MadeWith(tuple(o for o in extra if is_science_key(o.split("=", 1)[0].lstrip("+~"))),
+                    tuple(sorted(changed))) if changed else None
+    stem = stem or exp.table
+    if made:  # a table of other science than the file's: named by it, never over the default
+        stem = f"{stem}.{override_slug(list(made.overrides))}"
     todo = [spec for part, spec in planned if part.pretrain or only_rows is None or part.row in only_rows]
     first = planned[0][1].cfg
-    return Plan(exp, todo, picks, Path(first.paths.runs), Path(first.paths.results))
+    return Plan(exp, scale, tuple(seeds), Path(first.paths.runs), Path(first.paths.results), tuple(todo),
+                tuple(spec.name for _, spec in planned), picks, {name: v for name, v in shown.items() if v},
+                LengthPlan(length_check(exp, scale)[0], longer) if longer else None, made, stem)
 
 
 

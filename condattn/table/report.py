@@ -30,10 +30,10 @@ def restore_kept(p: Plan, scale: str, dry_run: bool = False, reuse: bool = True)
         return 0
     store = RunStore(kept)
     todo = [c for c in p.cells if restorable(c.run_dir)]
-    feeds = {c.name for c in p.cells if "_pretrain_" in c.name} if p.exp.get("pretrain") else set()
+    feeds = {c.name for c in p.cells if "_pretrain_" in c.name} if p.exp.pretrain else set()
     done = [restore(store, c.name, c.cfg, c.run_dir, reuse) for c in todo if c.name not in feeds]
     for c in todo:  # a pretraining run: only once every fine-tuning cell that starts from it is finished
-        users = [u for u in p.cells if needs(p.exp, u.name, scale) == c.name]
+        users = [u for u in p.cells if needs(p.exp, p.variants, u.name, scale) == c.name]
         if c.name in feeds and users and all(RunRecord(u.run_dir).finished for u in users):
             done.append(restore(store, c.name, c.cfg, c.run_dir, reuse))
     if n := sum(map(bool, done)):
@@ -70,20 +70,21 @@ def _missing(md: str) -> int:
 
 
 
-def report(p: Plan, scale: str, seeds: list[int], failed: list[str], force: bool = False) -> int:
-    """Render the table from the runs there are (with the plan's variants and lr picks); 1 when cells failed. A table
+def report(p: Plan, failed: list[str], force: bool = False) -> int:
+    """Render the table of the plan (`write_table(plan)`) from the runs there are; 1 when cells failed. A table
     with more `missing` cells than the one already at its path (a fresh clone without runs) does not replace it: the
     old files are put back and the refusal says why (`force`: write it anyway)."""
+    scale = p.scale
     if n := keep_finished(p, scale):  # whether or not the table is written below: a finished run is evidence
         print(f"[reproduce] kept the records of {n} finished runs in {kept_root(p, scale)} (summary, config, metrics, "
               "patch report: commit them with the table)")
     out = p.results_root / scale
-    stem = p.exp.get("output_stem", p.exp["table"])
-    old = {f: f.read_bytes() for f in (out / f"{stem}{ext}" for ext in (".md", ".csv", ".png")) if f.exists()}
-    md_path, md = renderer_for(p.exp)(p.exp, scale, p.runs_root, p.results_root, seeds)
+    stem = p.output_stem
+    old = {f: f.read_bytes() for f in (out / f"{stem}{ext}" for ext in (".md", ".csv", ".json", ".png")) if f.exists()}
+    md_path, md = renderer_for(p.exp)(p)
     before = old.get(md_path)
     if before is not None and not force and _missing(md) > _missing(before.decode(errors="replace")):
-        for f in (out / f"{stem}{ext}" for ext in (".md", ".csv", ".png")):
+        for f in (out / f"{stem}{ext}" for ext in (".md", ".csv", ".json", ".png")):
             if f not in old and f.exists():
                 f.unlink()
         for f, data in old.items():
