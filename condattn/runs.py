@@ -20,7 +20,7 @@ the harness: it imports the standard library and condattn.utils, nothing above.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +129,7 @@ class RunSummary:
         plain = RunId(*parts[:4], int(parts[4]))  # type: ignore[arg-type]
         name = str(self.run_name or "")
         rest = name[len(plain.name):] if name.startswith(plain.name) else ""
-        return RunId(*parts[:4], int(parts[4]), rest[1:] if re.fullmatch(VARIANT, rest) else "")  # type: ignore[arg-type]
+        return replace(plain, variant=rest[1:]) if re.fullmatch(VARIANT, rest) else plain
 
 
 class RunRecord:
