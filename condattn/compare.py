@@ -17,7 +17,7 @@ has no per-step curve.
 
 Runs are pooled as seeds only when their science configs (engine/identity.py) agree in everything but the seed: a
 prefix over λ variants gives one group per config, labelled with the readable difference (`[lam=5]`), with a
-warning naming the differing keys; a variant run is listed as `s0-<8 hex>`.
+warning naming the differing keys; a variant run is listed by its seed and variant (`s0-lr2x`, `s0-<8 hex>`).
 
 A group whose runs belong to several tasks (a glob such as 'runs/smoke/table4_*') is split per task, with a
 warning, and each task gets its own table and figure: runs of different tasks are never averaged together.
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from .reporting.protocol import verdicts
 from .reporting.stats import diff_ci, fmt_p, mean_std
-from .runs import RunRecord
+from .runs import SEED_VARIANT, RunRecord
 
 
 @dataclass
@@ -232,9 +232,10 @@ def _default_metric(groups: list[Group]) -> str:
 
 
 def _seed_tag(d: Path) -> str:
-    """'s0', or 's0-1a2b3c4d' for a variant run (its hash; the group label carries the readable difference)."""
-    m = re.search(r"_s(\d+)(-[0-9a-f]{8})?$", d.name)
-    return f"s{m.group(1)}{m.group(2) or ''}" if m else d.name
+    """'s0', or 's0-lr2x', 's0-1a2b3c4d' for a variant run (runs.VARIANT; the group label carries the readable
+    difference)."""
+    m = re.search(rf"_s({SEED_VARIANT.pattern})$", d.name)
+    return f"s{m.group(1)}" if m else d.name
 
 
 def table(groups: list[Group], metric: str, level: float = 0.95) -> tuple[str, list[dict]]:

@@ -1,8 +1,9 @@
 """The run directory, read and written in one place.
 
 A run is named by its identity (`RunId`: table, row, method, scale, seed -> `<table>_<row>_<method>_<scale>_s<seed>`,
-with `-<8 hex>` for a variant whose options the readable name does not carry, under `<runs root>/<scale>/`) and
-recorded in its directory (`RunRecord`); `RunLock` lets one process at a time train it:
+then its variant, if any: the protocol's own in words, `-lr2x` for an lr-grid multiplier and `-steps2x` for the length
+check, then `-<8 hex>` for overrides the words do not carry (`VARIANT`), under `<runs root>/<scale>/`) and recorded
+in its directory (`RunRecord`); `RunLock` lets one process at a time train it:
 
     config.yaml         the resolved config (written at start)
     metrics.jsonl       one row per log / eval / diagnostics step ({"step", "split", ...})
@@ -19,7 +20,7 @@ the harness: it imports the standard library and condattn.utils, nothing above.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,9 @@ KEPT_FILES = (CONFIG, METRICS, PATCH_REPORT, SUMMARY)
 @dataclass(frozen=True)
 class RunId:
     """Who a run is: one cell (row × method × seed) of a table at a scale, and its variant: '' for the config the
-    cell's own overrides compose, else 8 hex digits of the hash of its science config (engine/identity.py), for a run
-    whose options its readable name does not carry (e.g. an extra `conditioning.lam=2`)."""
+    cell's own overrides compose, else what the run changes (`variant_of`): 'lr2x', 'steps2x', 'lr0.5x-steps2x', and
+    after them 8 hex digits of the hash of its science config (engine/identity.py) when it has options the words do
+    not say (e.g. an extra `conditioning.lam=2`: 'lr2x-1a2b3c4d', or '1a2b3c4d' alone)."""
 
     table: str
     row: str
@@ -64,16 +66,27 @@ class RunId:
     def parse(cls, name: str, table: str, rows, methods, scale: str) -> RunId | None:
         """The RunId whose name is `name`, given the table's rows and methods (names alone are ambiguous: rows and
         methods may hold underscores), or None. Longer methods are tried first ("spectral+embedded" before
-        "embedded"). Names without a variant (every run before variants existed) parse with variant ''."""
+        "embedded"). Names without a variant parse with variant ''."""
         for method in sorted(methods, key=len, reverse=True):
             for row in rows:
                 prefix = f"{table}_{row}_{method}_{scale}_s"
-                if name.startswith(prefix) and (m := VARIANT_SEED.fullmatch(name[len(prefix):])):
-                    return cls(table, row, method, scale, int(m.group(1)), m.group(2) or "")
+                if name.startswith(prefix) and (m := SEED_VARIANT.fullmatch(name[len(prefix):])):
+                    return cls(table, row, method, scale, int(m.group(1)), m.group(2)[1:])
         return None
 
 
-VARIANT_SEED = re.compile(r"(-?[0-9]+)(?:-([0-9a-f]{8}))?")
+# What follows a run name's seed: the protocol's variants in words, then the hash of overrides they do not say.
+VARIANT = r"(?:-lr[0-9.]+x)?(?:-steps[0-9.]+x)?(?:-[0-9a-f]{8})?"
+SEED_VARIANT = re.compile(rf"(-?[0-9]+)({VARIANT})")
+
+
+def variant_of(lr: float = 1.0, steps: float = 1.0, digest: str = "") -> str:
+    """A run's variant (`RunId.variant`): 'lr2x' for an lr multiplier, 'steps2x' for a length factor (1: not said),
+    then `digest`, the science hash of overrides the words do not say: variant_of(0.5, 2) == 'lr0.5x-steps2x'."""
+    def x(v: float) -> str:
+        return f"{float(v):.10f}".rstrip("0").rstrip(".")
+    return "-".join([*([f"lr{x(lr)}x"] if lr != 1 else []), *([f"steps{x(steps)}x"] if steps != 1 else []),
+                     *([digest] if digest else [])])
 
 
 @dataclass
@@ -113,8 +126,10 @@ class RunSummary:
         parts = (self.table, self.row, self.method, self.scale, self.seed)
         if any(p is None for p in parts):
             return None
-        variant = VARIANT_SEED.fullmatch(str(self.run_name or "").rpartition("_s")[2] or "")
-        return RunId(*parts[:4], int(parts[4]), (variant.group(2) or "") if variant else "")  # type: ignore[arg-type]
+        plain = RunId(*parts[:4], int(parts[4]))  # type: ignore[arg-type]
+        name = str(self.run_name or "")
+        rest = name[len(plain.name):] if name.startswith(plain.name) else ""
+        return replace(plain, variant=rest[1:]) if re.fullmatch(VARIANT, rest) else plain
 
 
 class RunRecord:

@@ -131,7 +131,7 @@ def test_plan_lr_grid_selection_seeds_extend_at_an_edge_then_report_other_seeds(
     want = [0.5 * base_lr] * 2 + [base_lr] * 2 + [2 * base_lr] * 2
     assert [float(c.cfg.optim.lr) for c in vit] == pytest.approx(want)
     assert vit[2].name == "table9_readings_vit_baseline_none_small_s100"  # ×1: the row's own run, its usual name
-    assert vit[0].name.startswith(vit[2].name + "-")
+    assert [c.name for c in vit[:2]] == [vit[2].name + "-lr0.5x", vit[3].name + "-lr0.5x"]  # the grid in words
     assert not any(o.startswith("optim.lr=") for o in vit[2].overrides)
     assert len({c.run_dir for c in p.cells}) == 18
 
@@ -199,6 +199,7 @@ def test_plan_lr_grid_selection_seeds_extend_at_an_edge_then_report_other_seeds(
     sca_only = plan(typed(exp), "small", [0, 1, 2], extra, only_rows=["vit_sca10"], full=False)
     at2 = [c for c in sca_only.cells if int(c.cfg.task.steps) == 2 * steps]
     assert [(c.cfg.run.row, int(c.cfg.seed)) for c in at2] == [("vit_sca10", 0), ("vit_sca10", 1)]
+    assert at2[0].name == "table9_readings_vit_sca10_spectral_small_s0-lr0.25x-steps2x"  # at its pick, 2× steps
     assert {c.cfg.run.row for c in sca_only.cells} == {"vit_sca10"}
 
 

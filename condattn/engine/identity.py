@@ -3,7 +3,8 @@ check that a run directory holds a run of this config.
 
 A run's directory name is readable (`runs.RunId`: table, row, method, scale, seed), so options that the name does not
 carry (`conditioning.lam=2`, `task.steps=50`, `model=...`) get a variant suffix: `<name>-<8 hex>`, the hash of the
-science config, whenever the config differs from the one the name alone composes (`variant`). Whatever the name, a
+science config, whenever the config differs from the one the name alone composes (`variant`); a table's own lr-grid
+and length-check variants are named in words before it (`-lr2x-steps2x`, table/compose.py `named`). Whatever the name, a
 run directory that already records a config (its config.yaml) is only resumed or reused when the science configs
 agree (`config_mismatch`): resuming never mixes configs, and a finished run answers only for its own config.
 """

@@ -50,21 +50,24 @@ class Composer:
 
 
 
-def named(comp: Composer, part: Part, tail: list[str], renamed: dict[str, str]) -> tuple[RunSpec | None, str]:
-    """The cell of `part` with `tail` after its own overrides, composed, with its variant name `<name>-<8 hex>`
-    (engine/identity.py) when the tail changes its science config, so `ARGS="conditioning.lam=2"` or an lr-grid value
-    trains its own run beside the table's; a tail that changes nothing (λ on a baseline) keeps the name and its
-    finished run. A renamed pretraining run follows into the `model.init_from` of its fine-tuning cells."""
+def named(comp: Composer, part: Part, extra: list[str], renamed: dict[str, str], protocol: tuple[str, ...] = (),
+          words: str = "") -> tuple[RunSpec | None, str]:
+    """The cell of `part` with the protocol's overrides (`protocol`, the variant `words` say: 'lr2x', 'lr2x-steps2x')
+    and the command's `extra` after its own, composed, with its variant name `<name>-<words>`, plus `-<8 hex>` of its
+    science config (engine/identity.py) when `extra` changes it, so `ARGS="conditioning.lam=2"` trains its own run
+    beside the table's; an `extra` that changes nothing (λ on a baseline) keeps the name and its finished run. A
+    renamed pretraining run follows into the `model.init_from` of its fine-tuning cells."""
     from ..engine.identity import variant
 
     def follow(o: str) -> str:
         key, _, value = o.partition("=")
         return f"{key}={renamed[value]}" if key == "model.init_from" and value in renamed else o
 
-    spec = comp.cell(part.name, [follow(o) for o in [*part.own, *tail]])
-    if spec is None or not tail:
+    spec = comp.cell(part.name, [follow(o) for o in [*part.own, *protocol, *extra]])
+    if spec is None or not (words or extra):
         return spec, ""
-    v = variant(spec.cfg, comp.base(part.own))
+    digest = variant(spec.cfg, comp.base([*part.own, *protocol])) if extra else ""
+    v = "-".join(w for w in (words, digest) if w)
     if v:
         renamed[part.name] = new = f"{part.name}-{v}"
         spec.overrides = [f"run.name={new}" if o.startswith("run.name=") else o for o in spec.overrides]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from ..experiment import Experiment
 from ..launch import RunSpec
+from ..runs import variant_of
 from .cells import Part
 from .compose import Composer, named
-from .lr_grid import LrPick, lr_override
+from .lr_grid import LrPick, lr_variant
 from .store import Records
 
 
@@ -58,10 +59,8 @@ def length_cells(comp: Composer, exp: Experiment, scale: str, reported: dict[tup
         for rm in [fam[0], *(rm for rm in primary if found[rm].word in ("better", "worse"))]:
             pick = picks[exp.pick_key(*rm)]
             for part, spec in sorted(groups[rm] or [], key=lambda pc: pc[0].seed)[:n]:  # the n lowest, any order
-                steps = int(spec.cfg.task.steps)
-                tail = [*([] if pick.pick == 1 else [lr_override(pick.base_lr * pick.pick)]),
-                        f"task.steps={factor * steps}", *extra]
-                long_spec, v = named(comp, part, tail, renamed)
+                tail = (*lr_variant(pick.base_lr, pick.pick)[0], f"task.steps={factor * int(spec.cfg.task.steps)}")
+                long_spec, v = named(comp, part, extra, renamed, tail, variant_of(pick.pick, factor))
                 if long_spec is not None:
                     out.append((part, long_spec))
                     longer[part.name] = v

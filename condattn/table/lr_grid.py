@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..experiment import Experiment
 from ..launch import ConfigError, RunSpec
-from ..runs import RunRecord
+from ..runs import RunRecord, variant_of
 from .cells import Part
 from .compose import Composer, named, reseeded
 from .store import Records
@@ -146,6 +146,12 @@ def lr_override(lr: float) -> str:
 
 
 
+def lr_variant(base_lr: float, m: float) -> tuple[tuple[str, ...], str]:
+    """The protocol's overrides and words of multiplier `m` (`compose.named`): ×1 is the row's own cell."""
+    return ((), "") if m == 1 else ((lr_override(base_lr * m),), variant_of(lr=m))
+
+
+
 def grid_score(record: RunRecord, key: str) -> float | None:
     """A stage-1 run's validation score: its summary's `key` when finished, nan when it failed (a diverged lr loses
     the grid), None while it has not ended."""
@@ -185,8 +191,8 @@ def grid_row(comp: Composer, group: list[Part], grid: list[float], extra: list[s
         for m in todo:
             pick.lrs[m] = base_lr * m
             pick.scores[m] = {}
-            for part in sel:  # ×1 is the row's own cell: no lr override, its usual name
-                spec, _ = named(comp, part, [*([] if m == 1 else [lr_override(base_lr * m)]), *extra], renamed)
+            for part in sel:
+                spec, _ = named(comp, part, extra, renamed, *lr_variant(base_lr, m))
                 if spec is None:
                     return out, None
                 out.append((part, spec))
@@ -197,9 +203,8 @@ def grid_row(comp: Composer, group: list[Part], grid: list[float], extra: list[s
         if best is not None and not todo:
             pick.pick = best
     if pick.pick is not None:
-        lr_tail = [] if pick.pick == 1 else [lr_override(base_lr * pick.pick)]
         for part in group:
-            spec, v = named(comp, part, [*lr_tail, *extra], renamed)
+            spec, v = named(comp, part, extra, renamed, *lr_variant(base_lr, pick.pick))
             if spec is not None:
                 out.append((part, spec))
                 shown[part.name] = v
