@@ -2,8 +2,9 @@
 
 `value_problems` (a composed config's numbers: lr, weight decay, threads) runs in the preflight of `train` and of every
 cell of `reproduce`; `threads_problem` also in `diagnose`. `early_problems` runs in `reproduce` before the plan: the
-`resume` mode and the runs and results folders, which the plan and the kept records' restore would otherwise touch
-first. `writable_problem` also writes a probe file: `os.access` says yes to root on /proc and some read-only mounts.
+same numbers where the command's overrides give them, the `resume` mode and the runs and results folders, which the
+plan and the kept records' restore would otherwise touch first. `writable_problem` also writes a probe file: `os.access`
+says yes to root on /proc and some read-only mounts.
 """
 
 from __future__ import annotations
@@ -27,26 +28,34 @@ def _number(v: Any) -> float | None:
 
 def threads_problem(impl: Any) -> str | None:
     """impl.threads: null (torch's default) or a positive integer; 0 or -1 is refused, never read as "unset"."""
-    v = impl.get("threads") if impl is not None else None
+    return _threads(impl.get("threads") if impl is not None else None)
+
+
+def _threads(v: Any) -> str | None:
     if v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
         return None
     return (f"impl.threads={v!r} must be a positive integer (torch's intra-op threads, e.g. impl.threads=1), or null "
             "for torch's default")
 
 
+def _lr(v: Any) -> str | None:
+    if (x := _number(v)) is None or not math.isfinite(x) or x <= 0:
+        return f"optim.lr={v!r} must be a positive number (e.g. optim.lr=1e-4)"
+    return None
+
+
+def _weight_decay(v: Any) -> str | None:
+    if (x := _number(v)) is None or not math.isfinite(x) or x < 0:
+        return f"optim.weight_decay={v!r} must be a number ≥ 0 (0: no weight decay)"
+    return None
+
+
+VALUE_CHECKS = {"optim.lr": _lr, "optim.weight_decay": _weight_decay, "impl.threads": _threads}
+
+
 def value_problems(cfg: Any) -> list[str]:
     """optim.lr > 0 and finite, optim.weight_decay ≥ 0 and finite, impl.threads (threads_problem)."""
-    out = []
-    lr = _number(OmegaConf.select(cfg, "optim.lr"))
-    if lr is None or not math.isfinite(lr) or lr <= 0:
-        out.append(f"optim.lr={OmegaConf.select(cfg, 'optim.lr')!r} must be a positive number (e.g. optim.lr=1e-4)")
-    wd = _number(OmegaConf.select(cfg, "optim.weight_decay"))
-    if wd is None or not math.isfinite(wd) or wd < 0:
-        out.append(f"optim.weight_decay={OmegaConf.select(cfg, 'optim.weight_decay')!r} must be a number ≥ 0 "
-                   "(0: no weight decay)")
-    if why := threads_problem(cfg.get("impl")):
-        out.append(why)
-    return out
+    return [why for key, check in VALUE_CHECKS.items() if (why := check(OmegaConf.select(cfg, key)))]
 
 
 def writable_problem(path: str | Path) -> str | None:
@@ -76,11 +85,22 @@ def _last_override(overrides: list[str], key: str) -> str | None:
 
 
 def early_problems(overrides: list[str]) -> list[str]:
-    """`reproduce`'s checks before it plans a cell: the resume mode given as an override, and the runs and results
-    folders (paths.runs / paths.results overrides, else $CONDATTN_RUNS / $CONDATTN_RESULTS, else the project's)."""
+    """`reproduce`'s checks before it plans a cell: lr, weight decay, threads and the resume mode where overrides give
+    them, and the runs and results folders (paths.runs / paths.results overrides, else $CONDATTN_RUNS /
+    $CONDATTN_RESULTS, else the project's)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     from .config import PROJECT_ROOT
 
     out = []
+    for key, check in VALUE_CHECKS.items():  # as Hydra reads the value (1e-4 a float, null None, 0 an int)
+        if (raw := _last_override(overrides, key)) is not None:
+            try:
+                value = OverridesParser.create().parse_override(f"{key}={raw}").value()
+            except Exception:  # noqa: BLE001 - Hydra's own message comes when the cell composes
+                continue
+            if why := check(value):
+                out.append(why)
     resume = _last_override(overrides, "resume")
     if resume is not None and resume not in RESUME_MODES:
         out.append(f"resume={resume!r} must be auto (continue from the run dir's last checkpoint; a finished run is "

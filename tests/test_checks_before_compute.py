@@ -162,13 +162,16 @@ BAD_VALUES = [("optim.lr=-1", "optim.lr=-1 must be a positive number"),
               ("impl.threads=-1", "impl.threads=-1 must be a positive integer")]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("override", "says"), [BAD_VALUES[i] for i in (0, 2, 3)])  # one per key: the rest as train
-def test_a_bad_number_is_refused_by_reproduce_before_any_cell(tmp_path, capsys, override, says):
-    """impl.threads=0 is refused, never read as "unset" (which made it a run variant of its own)."""
-    assert main([str(listops_only(tmp_path)), "--seeds", "0", *tiny(tmp_path), override]) == 2
-    err = _refusal(capsys)
-    assert len(err) == 1 and err[0].startswith(f"[reproduce] refused before starting any job: {says}"), err
+@pytest.mark.parametrize(("override", "says"), BAD_VALUES)
+def test_a_bad_number_is_refused_by_reproduce_before_the_plan(tmp_path, capsys, override, says):
+    """Table 4's smoke cells have committed records, which a plan restores into the runs folder first: a bad number
+    is refused before that, in one line, with nothing printed and no run directory made. impl.threads=0 is refused,
+    never read as "unset" (which made it a run variant of its own)."""
+    table4 = Path(__file__).resolve().parents[1] / "experiments" / "table4_lra.yaml"
+    assert main([str(table4), "--scale", "smoke", f"paths.runs={tmp_path / 'runs'}", override]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"[reproduce] refused before starting any job: {says}"), err
     assert not (tmp_path / "runs").exists()
 
 
