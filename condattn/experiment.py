@@ -221,7 +221,8 @@ class Experiment:
         return self.free.get("paper_provenance")
 
     @property
-    def paper_columns(self) -> Mapping[str, str]:
+    def paper_columns(self) -> Mapping[str, str] | list[str]:
+        """The paper's columns: key → label for the generic table, a list of labels for table 3's."""
         return self.free.get("paper_columns") or {}
 
     @property

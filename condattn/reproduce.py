@@ -88,7 +88,7 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
             c.run_dir.unlink()
         status = RunRecord(c.run_dir).status
         code = fingerprint(files, str(c.cfg.conditioning.method))
-        first_stage = needs(p.exp, p.variants, c.name, args.scale)
+        first_stage = p.needs(c.name)
         if first_stage and c.cfg.launcher.name in SUBMITIT_LAUNCHERS and \
                 (args.force or not RunRecord(by_name[first_stage].run_dir).finished):
             out.waiting.setdefault(first_stage, []).append(c.name)
@@ -212,7 +212,7 @@ def _local(p: Plan, args: argparse.Namespace, t: Todo, plan_again) -> int:
         attempted |= {c.name for c in pending}
         if pending or res is None:  # the first stage always says what it trained, "0 of 0" included
             res = run_local(pending, p.exp.metric, force=args.force,
-                            needs=lambda name, p=p: needs(p.exp, p.variants, name, args.scale))
+                            needs=p.needs)
             failed += res.failed
             if res.interrupted:
                 break
@@ -254,7 +254,7 @@ def _run(args: argparse.Namespace, exp: Experiment, seeds: list[int], stem: str)
     retrain = args.force and not args.report_only
     restoring = not retrain  # --status and dry runs too: restoring trains nothing, and they then say what is finished
     reuse = not args.no_reuse
-    p = with_kept(plan_now, args.scale, args.dry_run, reuse) if restoring else plan_now(read_records=not retrain)
+    p = with_kept(plan_now, reuse) if restoring else plan_now(read_records=not retrain)
     if args.status:  # queued / running / failed / finished per cell (launch.status_lines)
         from .launch import status_lines
 
@@ -269,7 +269,7 @@ def _run(args: argparse.Namespace, exp: Experiment, seeds: list[int], stem: str)
     _say_made(p)
     if p.cells[0].cfg.launcher.name in SUBMITIT_LAUNCHERS:
         return _submit(p, args, t)
-    return _local(p, args, t, (lambda: with_kept(plan_now, args.scale, reuse=reuse)) if restoring else plan_now)
+    return _local(p, args, t, (lambda: with_kept(plan_now, reuse)) if restoring else plan_now)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -86,7 +86,7 @@ class Projection:
         return sum(x is None for x in [*self.now, *self.after_picks, *self.length])
 
 
-def project(p, scale: str, seeds: list[int], step_s: dict) -> Projection:
+def project(p, step_s: dict) -> Projection:
     """The projection of one table's plan (`reproduce.with_kept`: kept records restored); a finished cell counts as
     finished, and so does one that `reproduce` will link to a finished twin (the same science config, made by this
     code, under another table's name: engine/twins.py)."""
@@ -94,7 +94,7 @@ def project(p, scale: str, seeds: list[int], step_s: dict) -> Projection:
     from .engine.twins import TwinIndex
     from .reproduce import length_check
 
-    exp = p.exp
+    exp, scale, seeds = p.exp, p.scale, list(p.seeds)
     out = Projection(exp.table, cells=len(p.cells))
 
     def cost(cfg, factor: int = 1) -> float | None:
@@ -130,7 +130,7 @@ def project(p, scale: str, seeds: list[int], step_s: dict) -> Projection:
         out.after_picks += [cost(first.get((row, method)))] * len(exp.row_seeds(scale, row, seeds))
     if check := length_check(exp, scale):
         factor, n = check
-        planned = set(p.longer.variants if p.longer else ())
+        planned = set(p.longer)
         for fam in exp.families(scale).values():
             base = RunId(exp.table, *fam[0], scale, 0).name.rsplit("_s", 1)[0]
             if any(name.rsplit("_s", 1)[0] == base for name in planned):
@@ -157,16 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     plans = []
     for f in files:
         exp = load(f)
-        seeds = list(exp.at(args.scale).seeds)
-        def make_plan(exp=exp, seeds=seeds):
-            return plan(exp, args.scale, seeds, list(args.overrides))
+        def make_plan(exp=exp):
+            return plan(exp, args.scale, list(exp.at(args.scale).seeds), list(args.overrides))
 
-        p = with_kept(make_plan, args.scale)  # a dry run too: restoring trains nothing; the plan is the real one
-        plans.append((f, p, seeds))
-    roots = {d for _, p, _ in plans if p.cells
+        plans.append(with_kept(make_plan))  # a dry run too: restoring trains nothing; the plan is the real one
+    roots = {d for p in plans if p.cells
              for d in (p.cells[0].run_dir.parent, p.results_root / args.scale / "runs")}
     step_s = measured(sorted(roots))
-    proj = [project(p, args.scale, seeds, step_s) for _, p, seeds in plans]
+    proj = [project(p, step_s) for p in plans]
     print(f"[reproduce-all] scale {args.scale}: {len(files)} tables; projected cost on this machine, one run after "
           "another (seconds per step measured by finished runs of the same model, data and method):")
     print("\n".join(x.line() for x in proj))
@@ -176,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
     failed = []
-    for f, _, _ in plans:
+    for f in files:
         print(f"[reproduce-all] {f.name}", flush=True)
         if (code := reproduce([str(f), "--scale", args.scale, *args.overrides])) != 0:
             failed.append(f"{f.name} (exit {code})")

@@ -20,6 +20,7 @@ the harness: it imports the standard library and condattn.utils, nothing above.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -139,11 +140,11 @@ class RunRecord:
         self.dir = Path(run_dir)
 
     @classmethod
-    def of(cls, runs_root: str | Path, run_id: RunId, variants: dict[str, str] | None = None) -> RunRecord:
-        """The record of `run_id`; `variants` ({readable name: variant}, as `reproduce` passes a table's renderer in
-        `exp["variants"]`) gives the variant of a cell run with extra overrides."""
+    def of(cls, runs_root: str | Path, run_id: RunId, variants: Mapping[str, str] | None = None) -> RunRecord:
+        """The record of `run_id`; `variants` ({plain name: variant}, a plan's `Plan.variants`) gives the variant the
+        cell ran under: its lr pick's words (`lr2x`) and the hash of the command's own overrides."""
         if variants and not run_id.variant and run_id.name in variants:
-            run_id = RunId(run_id.table, run_id.row, run_id.method, run_id.scale, run_id.seed, variants[run_id.name])
+            run_id = replace(run_id, variant=variants[run_id.name])
         return cls(run_id.dir(runs_root))
 
     def __repr__(self) -> str:

@@ -100,7 +100,6 @@ def test_cell_overrides_are_one_recipe_for_reproduce_and_the_floors():
 
 
 UNTYPED = re.compile(r"\b(dict|Mapping)\b")
-ALLOWED_UNTYPED: set[str] = set()  # "condattn/<file>.py:function" that may still take a mapping (issue 48: ≤ 5)
 
 
 def untyped_experiment_args(source: str, where: str) -> list[str]:
@@ -118,13 +117,13 @@ def untyped_experiment_args(source: str, where: str) -> list[str]:
 
 def test_planning_and_rendering_pass_the_typed_experiment_not_a_mapping():
     """The typed Experiment and the frozen Plan are what planning and rendering pass: no def of condattn takes the
-    experiment as a plain mapping (beyond ALLOWED_UNTYPED)."""
+    experiment as a plain mapping."""
     assert untyped_experiment_args("def f(exp: dict, spec: Mapping[str, Any] | None): ...", "m") == ["m:f", "m:f"]
     assert untyped_experiment_args("def f(exp: Experiment, row: dict): ...", "m") == []
     package = Path(__file__).resolve().parents[1] / "condattn"
     found = [f for path in sorted(package.rglob("*.py"))
              for f in untyped_experiment_args(path.read_text(), str(path.relative_to(package.parent)))]
-    assert len(ALLOWED_UNTYPED) <= 5 and not [f for f in found if f not in ALLOWED_UNTYPED], found
+    assert found == []
 
 
 def test_the_rules_read_per_row_and_scale_are_the_experiments_methods():

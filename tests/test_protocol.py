@@ -19,7 +19,6 @@ from condattn.experiment import ExperimentError
 from condattn.reporting.stats import last_quarter_change, mde, median_steps, steps_to_target
 from condattn.reproduce import LrPick, plan, selection_key
 from condattn.runs import RunRecord
-from condattn.table.planned import LengthPlan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -445,7 +444,7 @@ def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_report
             finish(type("S", (), {"run_dir": runs / f"{name}-2x"}), {"final_test_acc": at2 + 0.01 * seed},
                    steps=800)
     path, md = write_table(plan_of(exp, "small", tmp_path / "runs", tmp_path / "results", picks=picks,
-                                   longer=LengthPlan(2, longer)))
+                                   longer=longer))
     assert "| (baseline) | – | – | 40.50 ± 0.71 (n=2) | ×1 (1e-03, weak pick) |" in md
     assert "| better | +0.50 [" in md and "(n=2; verdict there: no difference detected" in md
     # table 4's ListOps claims (SCA 37.1 → 37.8: a 1.1 % relative fall in error) set the effect: +5.00 is above it
@@ -495,7 +494,7 @@ def test_the_length_check_prints_delta_at_twice_the_steps_and_judges_convergence
                        {"final_val_acc": 0.9 + gain2 + 0.002 * (seed % 3)})
     exp["paper"] = {"vit_cond_init": {"ci_baseline": 80.3, "ci_conditioned": 81.5}}  # 6.1 % of the error: 0.60 here
     md_path, md = write_table(plan_of(exp, "small", tmp_path / "runs", tmp_path / "results",
-                                      longer=LengthPlan(2, longer)))
+                                      longer=longer))
     # SCA stays worse at 2× (Δ -20.20 there); conditioned init's +2.0 vanishes there: the verdict change is said
     assert "| worse | -20.20 [" in md and "(n=5) |" in md
     assert "; verdict there: no difference detected" in md
@@ -521,9 +520,12 @@ def test_local_plans_on_when_a_stage_needs_no_training(monkeypatch):
 
     stage1, extension, reported = [NS(name="s100"), NS(name="s101")], [NS(name="s100-x4")], [NS(name="s0")]
     exp = NS(metric="acc")
-    plans = iter([NS(exp=exp, cells=stage1 + extension, waiting=["row"]),  # the extension: linked
-                  NS(exp=exp, cells=stage1 + extension + reported, waiting=[]),
-                  NS(exp=exp, cells=stage1 + extension + reported, waiting=[])])
+    def no_stage(name):
+        return None
+
+    plans = iter([NS(exp=exp, cells=stage1 + extension, waiting=["row"], needs=no_stage),  # the extension: linked
+                  NS(exp=exp, cells=stage1 + extension + reported, waiting=[], needs=no_stage),
+                  NS(exp=exp, cells=stage1 + extension + reported, waiting=[], needs=no_stage)])
     trained: list[str] = []
 
     def run_local(pending, metric, force, needs):
@@ -535,7 +537,7 @@ def test_local_plans_on_when_a_stage_needs_no_training(monkeypatch):
     monkeypatch.setattr(rp, "length_check", lambda exp, scale: False)
     monkeypatch.setattr(rp, "report", lambda *a, **k: 0)
     args = argparse.Namespace(dry_run=False, force=False, scale="small", only_rows=None)
-    first = NS(exp=exp, cells=stage1, waiting=["row"])
+    first = NS(exp=exp, cells=stage1, waiting=["row"], needs=no_stage)
     assert rp._local(first, args, NS(pending=stage1), lambda: next(plans)) == 0
     assert trained == ["s100", "s101", "s0"]
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -108,7 +109,7 @@ def _fmt(values: list[float], key: str) -> str:
     return f"{_num(st[0], key)} ± {_num(st[1], key)}" if len(values) > 1 else _num(st[0], key)
 
 
-def _run_state(runs_root: str | Path, run: RunId, variants: dict | None = None) -> str:
+def _run_state(runs_root: str | Path, run: RunId, variants: Mapping[str, str] | None = None) -> str:
     """Why a seed has no finished run: failed (with the error's first line), unfinished, or not run."""
     record = RunRecord.of(runs_root, run, variants)
     error = record.failure()

@@ -103,9 +103,9 @@ def collect(plan: Plan) -> dict[tuple, TableCell]:
 
 def longer_cell(plan: Plan, row: str, method: str, seeds: list[int]) -> TableCell | None:
     """The runs at factor × steps (reproduce's length check) of a row × method: the seeds whose longer run is planned
-    (`plan.longer.variants`, by the name of the run at 1×); None when it has none."""
+    (`plan.longer`, by the name of the run at 1×); None when it has none."""
     exp, scale = plan.exp, plan.scale
-    variants = plan.longer.variants if plan.longer else {}
+    variants = plan.longer
     ids = [i for i in (RunId(exp.table, row, method, scale, sd) for sd in seeds) if i.name in variants]
     if not ids:
         return None

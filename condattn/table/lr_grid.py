@@ -23,8 +23,7 @@ def lr_grid(exp: Experiment, scale: str) -> list[float]:
 def lr_bound(exp: Experiment, scale: str) -> tuple[float, float]:
     """The declared bound of the grid's extension (`lr_bound: [lo, hi]`, default ×1/8 … ×8): while a pick sits at an
     edge of the grid, the grid grows one log2 step that way, never past the bound."""
-    lo, hi = exp.at(scale).lr_bound
-    return float(lo), float(hi)
+    return exp.at(scale).lr_bound
 
 
 def selection_seeds(exp: Experiment, scale: str, reported: list[int] | None = None) -> list[int]:

@@ -13,7 +13,7 @@ from .cells import Part, override_slug, parts
 from .compose import Composer, changes, named
 from .length import length_cells, length_check
 from .lr_grid import LrPick, grid_row, lr_grid
-from .planned import LengthPlan, MadeWith, Plan
+from .planned import MadeWith, Plan
 from .store import Records
 
 __all__ = ["Plan", "plan", "problem_report", "refusal"]
@@ -29,7 +29,7 @@ def plan(exp: Experiment, scale: str, seeds: list[int], extra: list[str], launch
     (`full=False`) skips them, unless the scale has a length check: its verdicts read every primary row's runs, so a
     `--rows` process trains its rows' length runs too. ConfigError: the overrides that do not compose
     (one message each), an optim.lr override beside an lr grid, cells that would share a run dir. `stem`: the output
-file's name (default: the table's); science overrides among `extra` name the table after them."""
+    file's name (default: the table's); science overrides among `extra` name the table after them."""
     grid = lr_grid(exp, scale)
     full = full or bool(grid and length_check(exp, scale) and read_records)
     if grid and (bad := [o for o in extra if o.split("=", 1)[0].lstrip("+~") == "optim.lr"]):
@@ -82,7 +82,7 @@ file's name (default: the table's); science overrides among `extra` name the tab
     first = planned[0][1].cfg
     return Plan(exp, scale, tuple(seeds), Path(first.paths.runs), Path(first.paths.results), tuple(todo),
                 tuple(spec.name for _, spec in planned), picks, {name: v for name, v in shown.items() if v},
-                LengthPlan(length_check(exp, scale)[0], longer) if longer else None, made, stem)
+                longer, made, stem)
 
 
 

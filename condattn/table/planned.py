@@ -12,15 +12,6 @@ from .lr_grid import LrPick
 
 
 @dataclass(frozen=True)
-class LengthPlan:
-    """The length check as planned: its factor × steps, and the variant of each run there, by the name of its run at
-    1× steps."""
-
-    factor: int
-    variants: Mapping[str, str]
-
-
-@dataclass(frozen=True)
 class MadeWith:
     """Science overrides of a command (e.g. conditioning.lam=5) and the methods they change: the table says so."""
 
@@ -44,7 +35,7 @@ class Plan:
     planned: tuple[str, ...] = ()  # every run the table trains: selection, reported and length runs
     picks: Mapping[str, LrPick] = field(default_factory=dict)  # by `Experiment.pick_key`
     variants: Mapping[str, str] = field(default_factory=dict)
-    longer: LengthPlan | None = None
+    longer: Mapping[str, str] = field(default_factory=dict)  # the length check's run variants, by the 1× run's name
     made_with: MadeWith | None = None
     stem: str = ""
 
@@ -62,6 +53,12 @@ class Plan:
         """The pick named `key` (a `pick_key`) as `LrPick.as_dict` gives it; None without one."""
         p = self.picks.get(key)
         return p.as_dict() if p is not None else None
+
+    def needs(self, name: str) -> str | None:
+        """The pretraining run the cell `name` starts from (table/cells.needs), with its planned variant."""
+        from .cells import needs
+
+        return needs(self.exp, self.variants, name, self.scale)
 
     def cost(self, specs: list[RunSpec]) -> list[str]:
         """What these cells will cost before anything is queued (engine/cost.py)."""

@@ -7,34 +7,33 @@ from pathlib import Path
 
 from ..reporting.tables import renderer_for
 from ..runs import RunRecord
-from .cells import needs
 from .plan import Plan
 from .store import RunStore, restorable, restore
 from .store import kept_root as store_root
 
 
-def kept_root(p: Plan, scale: str) -> Path:
+def kept_root(p: Plan) -> Path:
     """Where the table's finished runs are kept beside it (committed): results/<scale>/runs/<run name>.json.gz."""
-    return store_root(p.results_root, scale)
+    return store_root(p.results_root, p.scale)
 
 
 
-def restore_kept(p: Plan, scale: str, dry_run: bool = False, reuse: bool = True) -> int:
+def restore_kept(p: Plan, reuse: bool = True) -> int:
     """Put back into the runs root the kept record of each planned cell whose run dir is absent (a fresh clone, a new
     machine), its own or (`reuse`) its twin's (table/store.py): such a cell counts as finished, as it did where it ran.
     Never a cell being trained (its lock) or set aside by --refresh-stale, and never a pretraining run that a
     fine-tuning cell still to train would start from (records carry no weights). A dry run restores too: restoring
     trains nothing, and the plan then says what the real command will do. Returns how many were restored."""
-    kept = kept_root(p, scale)
+    kept = kept_root(p)
     if not p.cells or not kept.is_dir():
         return 0
     store = RunStore(kept)
     todo = [c for c in p.cells if restorable(c.run_dir)]
     feeds = {c.name for c in p.cells if "_pretrain_" in c.name} if p.exp.pretrain else set()
     done = [restore(store, c.name, c.cfg, c.run_dir, reuse) for c in todo if c.name not in feeds]
-    for c in todo:  # a pretraining run: only once every fine-tuning cell that starts from it is finished
-        users = [u for u in p.cells if needs(p.exp, p.variants, u.name, scale) == c.name]
-        if c.name in feeds and users and all(RunRecord(u.run_dir).finished for u in users):
+    for c in (c for c in todo if c.name in feeds):  # a pretraining run: once every cell that starts from it finished
+        users = [u for u in p.cells if p.needs(u.name) == c.name]
+        if users and all(RunRecord(u.run_dir).finished for u in users):
             done.append(restore(store, c.name, c.cfg, c.run_dir, reuse))
     if n := sum(map(bool, done)):
         twins = done.count("twin")
@@ -47,20 +46,20 @@ def restore_kept(p: Plan, scale: str, dry_run: bool = False, reuse: bool = True)
 
 
 
-def with_kept(make_plan, scale: str, dry_run: bool = False, reuse: bool = True) -> Plan:
+def with_kept(make_plan, reuse: bool = True) -> Plan:
     """A plan, then the kept records of its cells restored. The plan reads those records where they lie
     (table/store.Records) to make its lr picks and length checks, so one plan holds every cell they add."""
     p = make_plan()
-    restore_kept(p, scale, dry_run, reuse)  # the plan read the kept records already (table/store.Records): planned once
+    restore_kept(p, reuse)  # the plan read the kept records already (table/store.Records): planned once
     return p
 
 
 
-def keep_finished(p: Plan, scale: str) -> int:
+def keep_finished(p: Plan) -> int:
     """Store the records of the plan's finished cells (selection, reported and length runs) beside the table, once
     each (a twin's link is not stored again), so that committing results/<scale>/ keeps the evidence and a cut session
     loses no finished run."""
-    root = kept_root(p, scale)
+    root = kept_root(p)
     return sum(RunRecord(c.run_dir).keep_in(root) for c in p.cells)
 
 
@@ -74,11 +73,10 @@ def report(p: Plan, failed: list[str], force: bool = False) -> int:
     """Render the table of the plan (`write_table(plan)`) from the runs there are; 1 when cells failed. A table
     with more `missing` cells than the one already at its path (a fresh clone without runs) does not replace it: the
     old files are put back and the refusal says why (`force`: write it anyway)."""
-    scale = p.scale
-    if n := keep_finished(p, scale):  # whether or not the table is written below: a finished run is evidence
-        print(f"[reproduce] kept the records of {n} finished runs in {kept_root(p, scale)} (summary, config, metrics, "
+    if n := keep_finished(p):  # whether or not the table is written below: a finished run is evidence
+        print(f"[reproduce] kept the records of {n} finished runs in {kept_root(p)} (summary, config, metrics, "
               "patch report: commit them with the table)")
-    out = p.results_root / scale
+    out = p.results_root / p.scale
     stem = p.output_stem
     old = {f: f.read_bytes() for f in (out / f"{stem}{ext}" for ext in (".md", ".csv", ".json", ".png")) if f.exists()}
     md_path, md = renderer_for(p.exp)(p)
