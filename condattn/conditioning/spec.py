@@ -76,6 +76,13 @@ class MethodSpec:
     # options that permit rather than change the computation (CET's causal_leak): left out of the run identity, so
     # accepting what a method used to do silently renames no run
     permissions: frozenset[str] = frozenset()
+    # --- what the papers say of it (the tables, reach and findings read these; nothing else lists method names)
+    claim: str = ""  # whose published numbers its rows test ("SCA", "CET", "conditioned init"); '' for none
+    # keys of an experiment's `paper:` node: the claimed number for this method and the same paper's own baseline
+    paper_key: str = ""
+    paper_baseline_key: str = ""
+    effect: bool = True  # the paper claims an effect for it (False: the paper's control, e.g. mimetic init)
+    rival: bool = False  # not one of the two papers' methods (SCA, CET): a method they are compared against
 
     def acting(self, values: Mapping[str, Any]) -> set[str]:
         return set(self.options) if self.applies is None else set(self.applies(values)) & set(self.options)
@@ -384,7 +391,7 @@ register_method(MethodSpec(
                                                  "(conditioning=none turns SCA off)"),
     },
     plan=plan_attention("spectral"), apply=apply_spectral, per_layer=True,
-    init_only=spectral_once, short="SCA",
+    init_only=spectral_once, short="SCA", claim="SCA", paper_key="sca", paper_baseline_key="sca_baseline",
     cost="W + C folded into each W_Q/W_K/W_V per call: one weight-sized add (svd: an SVD per block per refresh)",
 ))
 register_method(MethodSpec(
@@ -401,6 +408,7 @@ register_method(MethodSpec(
         "causal_leak": choice(CAUSAL_LEAK),
     },
     permissions=frozenset({"causal_leak"}), plan=plan_tokens, apply=apply_embedded, short="CET",
+    claim="CET", paper_key="cet", paper_baseline_key="cet_baseline",
     cost="the polar factor of each sample's N × D token matrix per forward (Newton–Schulz steps, or one SVD)",
 ))
 register_method(composite("spectral+embedded", "spectral", "embedded", label="spectral+embedded (SCA and CET)",
@@ -408,4 +416,5 @@ register_method(composite("spectral+embedded", "spectral", "embedded", label="sp
 register_method(MethodSpec("conditioned_init", {k: SPECTRAL_OPTIONS[k] for k in INIT_OPTIONS},
                            label="conditioned_init", site_kind_options=frozenset({"detr_attention"}),
                            plan=plan_attention("conditioned_init"), apply=apply_conditioned_init,
-                           per_layer=True, init_only=True, short="conditioned init"))
+                           per_layer=True, init_only=True, short="conditioned init", rival=True,
+                           claim="conditioned init", paper_key="ci_conditioned", paper_baseline_key="ci_baseline"))

@@ -125,4 +125,7 @@ def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -
 
 register_method(MethodSpec("mimetic_init", dict(DEFAULTS), label="mimetic_init (mimetic initialisation)",
                            validators={k: finite_number(0) for k in DEFAULTS}, apply=_apply, per_layer=True,
-                           init_only=True, short="mimetic init"))
+                           init_only=True, short="mimetic init", rival=True,
+                           # the conditioned-init paper ran it as its control: its numbers, no claimed effect
+                           claim="mimetic init (as the conditioned-init paper ran it)", paper_key="ci_mimetic",
+                           paper_baseline_key="ci_baseline", effect=False))

@@ -129,5 +129,5 @@ def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -
 register_method(MethodSpec("ns_attention", {"ns_steps": 1, "ns_coefficients": MUON},
                            label="ns_attention (NS-attention)", apply=_apply,
                            validators={"ns_steps": integer(1), "ns_coefficients": _coefficients}, per_layer=True,
-                           short="NS-attention",
+                           short="NS-attention", rival=True,
                            cost="ns_steps quintic Newton–Schulz steps on each head's d × N output per forward"))

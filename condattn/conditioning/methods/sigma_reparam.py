@@ -284,5 +284,5 @@ def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -
 register_method(MethodSpec("sigma_reparam", {"scope": "attention", "partition": "fused"},
                            label="sigma_reparam (σReparam)",
                            validators={"scope": choice(SCOPES), "partition": choice(PARTITIONS)}, apply=_apply,
-                           per_layer=True, short="σReparam", adds_keys=True,
+                           per_layer=True, short="σReparam", rival=True, adds_keys=True,
                            cost="one power step (two mat-vecs) and a rescale of each converted weight per forward"))
