@@ -309,6 +309,14 @@ def is_class(m: nn.Module, module: str, qualname: str) -> bool:
     return t.__module__ == module and t.__qualname__ == qualname
 
 
+def of_library(m: nn.Module, package: str) -> bool:
+    """Whether `type(m)` or one of its bases is defined in `package` (a top-level name: "timm", "transformers"), read
+    from the classes' module names, never importing it. Every layout finder of an optional library asks this before
+    it imports that library: a model built without it cannot hold its classes, and the library needs torch alone."""
+    prefix = package + "."
+    return any(c.__module__ == package or c.__module__.startswith(prefix) for c in type(m).__mro__)
+
+
 # ---------------------------------------------------------------- strictness: attention layers no layout matched
 
 # class names that say "attention" but are channel / spatial gates of convolutional nets, not token attention
