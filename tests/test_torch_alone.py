@@ -173,3 +173,39 @@ def test_of_library_reads_class_and_base_modules():
 
     assert of_library(attn, "timm") and not of_library(attn, "transformers") and of_library(Subclass(64, 2), "timm")
     assert not of_library(attn, "tim")  # a package name, not a prefix of one
+
+
+DIAGNOSE = ("import runpy, sys\nfor name in {blocked!r}:\n    sys.modules[name] = None\n"
+            "sys.argv = ['condattn.diagnose', *{args!r}]\nrunpy.run_module('condattn.diagnose', run_name='__main__')\n")
+
+
+@pytest.mark.slow  # two fresh interpreters
+def test_diagnose_own_model_needs_torch_alone():
+    """`python -m condattn.diagnose --model` with no harness package (a pip-installed condattn): the table; a
+    configured model there: one line naming the extra."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
+
+    def diagnose(*args):
+        code = DIAGNOSE.format(blocked=BLOCKED, args=list(args))
+        return subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True,
+                              timeout=120, env=env, cwd=TESTS)
+
+    own = diagnose("--model", "own_model:fused_qkv", "conditioning.lam=2", "conditioning.targets=[q,k]")
+    assert own.returncode == 0, own.stderr[-3000:]
+    assert "own_model:fused_qkv, baseline (none) → spectral(lam=2, targets=['q', 'k'])" in own.stdout
+    assert "patch: spectral:structural ×2" in own.stdout
+    configured = diagnose("model=vit")
+    assert configured.returncode == 2 and configured.stdout == ""
+    assert configured.stderr == ("diagnose: a configured model (Hydra overrides) needs the harness, and omegaconf is "
+                                 "not installed: pip install 'condattn[harness]'; your own model needs torch alone: "
+                                 "--model MODULE:CALLABLE\n")
+
+
+@pytest.mark.parametrize(("text", "value"), [("2", 2), ("-1", -1), ("1e-3", 1e-3), ("2.5", 2.5), ("true", True),
+                                             ("null", None), ("svd", "svd"), ('"10"', "10"), ("'10'", "10"),
+                                             ("[q, k]", ["q", "k"]), ("[]", [])])
+def test_diagnose_reads_override_values_without_yaml(text, value):
+    from condattn.diagnose import _override_value
+
+    got = _override_value(text)
+    assert got == value and type(got) is type(value)
