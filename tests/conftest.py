@@ -42,8 +42,10 @@ def _fresh_caches() -> str | None:
 
 def _warm_caches() -> None:
     """What builds a cache in a subprocess on its first use, built now, before the unit guard would refuse it:
-    matplotlib's font cache (its first import runs fc-list)."""
-    import matplotlib.font_manager  # noqa: F401
+    matplotlib's font cache (its first import runs fc-list). A compat environment (scripts/compat.py) has no
+    matplotlib, and nothing there plots."""
+    if importlib.util.find_spec("matplotlib") is not None:
+        import matplotlib.font_manager  # noqa: F401
 
 
 _CREATED_CACHES = _fresh_caches()
