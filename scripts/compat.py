@@ -131,9 +131,9 @@ def commit() -> str:
     return sha.strip() + (" (with uncommitted changes)" if dirty else "")
 
 
-def record(name: str, py: Path, files: list[str], result: dict) -> dict:
-    """One environment's run as runs.json keeps it: when, where (commit, Python), what ran and what it gave."""
-    return {"run": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M}", "commit": commit(), "python": sys.version.split()[0],
+def record(py: Path, files: list[str], at: str, result: dict) -> dict:
+    """One environment's run as runs.json keeps it: when, where (commit `at`, Python), what ran and what it gave."""
+    return {"run": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M}", "commit": at, "python": sys.version.split()[0],
             "files": files, "versions": installed(py), **{k: result[k] for k in ("passed", "failed", "skipped", "rc")},
             "secs": round(result["secs"]), "why": dict(result["why"].most_common())}
 
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown environment {unknown[0]!r}; the environments are: {', '.join(envs)}")
         envs = {n: envs[n] for n in args.only}
     CACHE.mkdir(exist_ok=True)
-    files = compat_files()
+    files, at = compat_files(), commit()  # (read before this run writes its results)
     runs, failed = load(), []
     for name, releases in envs.items():
         log = CACHE / f"{name}.log"
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         py = build(name, releases, log)
         print(f"compat: {name}: environment ready in {time.perf_counter() - t0:.0f} s", flush=True)
-        r = runs[name] = record(name, py, files, test(name, py, log))
+        r = runs[name] = record(py, files, at, test(name, py, log))
         save(runs)
         write(runs)
         failed += [name] if r["rc"] else []
