@@ -27,9 +27,7 @@ from typing import Any
 
 import torch
 
-from .checks import threads_problem
 from .conditioning.forms import FORMS
-from .config import CONFIG_DIR, ConfigError, compose_cell
 from .diagnostics import layer_jacobian
 from .diagnostics.layer_jacobian import EXACT_MAX_ENTRIES
 
@@ -51,6 +49,18 @@ COLUMNS = (  # (header, flat diagnostics key; i = layer / block index)
 
 class DiagnoseError(Exception):
     """A user error (bad method, option or data path): printed as one message, exit code 2."""
+
+
+def harness():
+    """condattn.config and condattn.checks, which a configured model needs (Hydra, OmegaConf: the `harness` extra);
+    `--model MODULE:CALLABLE` needs torch alone and never imports them."""
+    try:
+        from . import checks, config
+    except ModuleNotFoundError as e:
+        raise DiagnoseError(f"a configured model (Hydra overrides) needs the harness, and {e.name} is not installed: "
+                            "pip install 'condattn[harness]'; your own model needs torch alone: --model "
+                            "MODULE:CALLABLE") from e
+    return config, checks
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -87,7 +97,7 @@ def with_method(method: str | None, overrides: list[str]) -> list[str]:
         if given[-1] != method:
             raise DiagnoseError(f"--method {method} contradicts the override conditioning={given[-1]}")
         return overrides
-    if (CONFIG_DIR / "conditioning" / f"{method}.yaml").is_file():
+    if (harness()[0].CONFIG_DIR / "conditioning" / f"{method}.yaml").is_file():
         return [f"conditioning={method}", *overrides]
     # not a config option: let apply_conditioning's check name the valid methods
     return [*overrides, f"conditioning.method={method}"]
@@ -310,16 +320,21 @@ def absent_notes(attention: list[dict]) -> list[str]:
 
 
 def _override_value(text: str):
-    """A `conditioning.KEY=VALUE` override as YAML reads it, and a number YAML 1.1 leaves a string (1e-3) as one."""
-    import yaml
-
-    v = yaml.safe_load(text)
-    if isinstance(v, str):
+    """A `conditioning.KEY=VALUE` override's value as Hydra reads it: an int, a float (1e-3 too), true / false, null,
+    a [a, b] list of those, a quoted string kept a string, else the text; with the standard library alone (`--model`
+    needs torch alone)."""
+    t = text.strip()
+    if t.startswith("[") and t.endswith("]"):
+        return [_override_value(part) for part in t[1:-1].split(",") if part.strip()]
+    if t.lower() in ("true", "false", "null"):
+        return {"true": True, "false": False, "null": None}[t.lower()]
+    for number in (int, float):
         try:
-            return float(v)
+            return number(t)
         except ValueError:
-            return v
-    return v
+            pass
+    quoted = len(t) > 1 and t[0] == t[-1] and t[0] in "'\""
+    return t[1:-1] if quoted else t
 
 
 def run_own(spec: str, method: str, overrides: list[str], out: str | None) -> dict:
@@ -373,16 +388,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     try:
+        config, checks = harness()
         overrides = with_method(args.method, args.overrides)
     except DiagnoseError as e:
         print(f"diagnose: {e}", file=sys.stderr)
         return 2
     try:  # train's one line: the bad override, with "did you mean" for a typo
-        cfg = compose_cell(overrides)
-    except ConfigError as e:
+        cfg = config.compose_cell(overrides)
+    except config.ConfigError as e:
         print(f"diagnose: {e}", file=sys.stderr)
         return 2
-    if why := threads_problem(cfg.get("impl")):
+    if why := checks.threads_problem(cfg.get("impl")):
         print(f"diagnose: {why}", file=sys.stderr)
         return 2
     try:

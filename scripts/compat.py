@@ -2,11 +2,13 @@
 
 Each environment is a venv under .compat/ (gitignored; reused while its releases are unchanged) holding only
 torch, timm, transformers, pytest and this clone (editable, with the `timm` and `transformers` extras: no harness
-package). In each, the tests marked `compat` (pytest's `-m compat`, in the files that carry the marker) run against
-this clone's code. The results go to results/compat/matrix.md (date, commit, releases, pass / fail counts, time).
+package); one holds torch alone (`pip install condattn`). In each, the tests marked `compat` (pytest's `-m compat`, in
+the files that carry the marker) run against this clone's code. Each environment's last result is kept in
+results/compat/runs.json (when, at which commit, releases, pass / fail / skip counts, time); results/compat/matrix.md
+is rendered from it after every run.
 
-    python scripts/compat.py                 the claimed matrix: every combination of the releases below
-    python scripts/compat.py --only t213-tf457   the named environments only (matrix.md is then not written)
+    python scripts/compat.py                 the claimed matrix: every environment below
+    python scripts/compat.py --only t2130 t2130-tf524   the named environments only (their rows are replaced)
 
 A release is claimed (pyproject.toml's ranges, the README) only when every environment holding it passed.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import re
 import subprocess
@@ -28,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".compat"
 OUT = ROOT / "results" / "compat" / "matrix.md"
+RUNS = ROOT / "results" / "compat" / "runs.json"  # each environment's last run
 
 TORCH = ("2.13.0", "2.14.1")  # the oldest claimed and the harness's pin
 TIMM = ("1.0.15", "1.0.31")  # 1.0.15: the last release before timm moved `Attention` to timm.layers (1.0.16)
@@ -40,15 +44,17 @@ TORCHVISION = {"2.14.1": "0.29.1"}
 TOOLS = ("pytest>=8", "pytest-timeout>=2.3")
 
 
-def env_name(torch: str, timm: str | None, tf: str) -> str:
+def env_name(torch: str, timm: str | None, tf: str | None) -> str:
     return f"t{torch.replace('.', '')[:4]}" + (f"-timm{timm.replace('.', '')}" if timm else "") + \
-        f"-tf{tf.replace('.', '')[:3]}"
+        (f"-tf{tf.replace('.', '')[:3]}" if tf else "")
 
 
-def claimed() -> dict[str, tuple[str, str | None, str]]:
-    """The claimed matrix: every combination of the releases above (timm only on a torch TORCHVISION names)."""
-    return {env_name(*c): c for c in itertools.product(TORCH, (None, *TIMM), TRANSFORMERS)
-            if (c[1] is not None) == (c[0] in TORCHVISION)}
+def claimed() -> dict[str, tuple[str, str | None, str | None]]:
+    """The claimed matrix: torch alone (the core install), then every combination of the releases above (timm only on
+    a torch TORCHVISION names; without timm, torch with transformers)."""
+    alone = (TORCH[0], None, None)
+    return {env_name(*alone): alone} | {env_name(*c): c for c in itertools.product(TORCH, (None, *TIMM), TRANSFORMERS)
+                                        if (c[1] is not None) == (c[0] in TORCHVISION)}
 
 
 def run(cmd: list[str], log: Path, **kw) -> int:
@@ -58,13 +64,13 @@ def run(cmd: list[str], log: Path, **kw) -> int:
         return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, **kw).returncode
 
 
-def build(name: str, releases: tuple[str, str, str], log: Path) -> Path:
+def build(name: str, releases: tuple[str, str | None, str | None], log: Path) -> Path:
     """The venv of `name` (.compat/<name>), built once: reused while its stamp names the same releases."""
     torch, timm, tf = releases
     venv = CACHE / name
     py = venv / "bin" / "python"
     stamp = venv / "condattn-compat.txt"
-    pins = [f"torch=={torch}", f"transformers=={tf}"]
+    pins = [f"torch=={torch}"] + ([f"transformers=={tf}"] if tf else [])
     if timm:
         pins += [f"timm=={timm}", f"torchvision=={TORCHVISION[torch]}"]
     want = " ".join(pins) + "\n"
@@ -73,9 +79,9 @@ def build(name: str, releases: tuple[str, str, str], log: Path) -> Path:
     if run([sys.executable, "-m", "venv", "--clear", str(venv)], log):
         raise SystemExit(f"compat: could not create the venv {venv} (log: {log})")
     pip = [str(py), "-m", "pip", "install", "-q"]
-    extras = "timm,transformers" if timm else "transformers"
+    extras = ",".join(e for e, on in (("timm", timm), ("transformers", tf)) if on)
     # torch first and alone, so its wheel (the CPU build where one is on disk) is not replaced by the resolver
-    steps = [pip + [f"torch=={torch}"], pip + ["-e", f"{ROOT}[{extras}]", *pins, *TOOLS]]
+    steps = [pip + [f"torch=={torch}"], pip + ["-e", f"{ROOT}[{extras}]" if extras else str(ROOT), *pins, *TOOLS]]
     for cmd in steps:
         if run(cmd, log):
             raise SystemExit(f"compat: installing into {venv} failed: {' '.join(cmd[4:])} (log: {log})")
@@ -125,30 +131,60 @@ def commit() -> str:
     return sha.strip() + (" (with uncommitted changes)" if dirty else "")
 
 
-def write(rows: list[dict], files: list[str]) -> None:
-    ok = all(r["rc"] == 0 for r in rows)
+def record(py: Path, files: list[str], at: str, result: dict) -> dict:
+    """One environment's run as runs.json keeps it: when, where (commit `at`, Python), what ran and what it gave."""
+    return {"run": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M}", "commit": at, "python": sys.version.split()[0],
+            "files": files, "versions": installed(py), **{k: result[k] for k in ("passed", "failed", "skipped", "rc")},
+            "secs": round(result["secs"]), "why": dict(result["why"].most_common())}
+
+
+def load() -> dict[str, dict]:
+    return json.loads(RUNS.read_text()) if RUNS.exists() else {}
+
+
+def save(runs: dict[str, dict]) -> None:
+    RUNS.parent.mkdir(parents=True, exist_ok=True)
+    RUNS.write_text(json.dumps(runs, indent=1, ensure_ascii=False) + "\n")
+
+
+def _row(name: str, r: dict | None) -> str:
+    if r is None:
+        return f"| {name} | not run | | | | | | | | | FAIL | | |"
+    v = r["versions"]
+    return (f"| {name} | {v['torch']} | {v['timm']} | {v['transformers']} | {v['tokenizers']} | {v['huggingface-hub']} "
+            f"| {r['passed']} | {r['failed']} | {r['skipped']} | {r['secs']} | {'pass' if r['rc'] == 0 else 'FAIL'} | "
+            f"{r['run']} | {r['commit']}, Python {r['python']} |")
+
+
+def write(runs: dict[str, dict]) -> None:
+    """matrix.md from runs.json: every claimed environment's last run (a row that never ran fails the matrix)."""
+    envs = claimed()
+    ok = all(runs.get(n, {}).get("rc", 1) == 0 for n in envs)
     lines = [
-        "# Compatibility matrix (generated by `make test-compat`; do not edit)",
+        "# Compatibility matrix (generated by `make test-compat` from results/compat/runs.json; do not edit)",
         "",
-        f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC at commit {commit()}, Python {sys.version.split()[0]}, "
-        f"CPU. Each environment holds torch, timm, transformers, pytest and condattn only (no harness package); "
-        f"the tests marked `compat` ran in each: {', '.join(f'`{f}`' for f in files)}.",
+        "Each environment holds torch, the timm / transformers releases named, pytest and condattn only (no harness "
+        "package); `t2130` holds torch alone, the core install. The tests marked `compat` ran in each, on CPU. A row "
+        "is that environment's last run, with its date and commit (`scripts/compat.py --only ENV` replaces that row).",
         "",
         "| environment | torch | timm | transformers | tokenizers | huggingface-hub | passed | failed | skipped "
-        "| time (s) | result |",
-        "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+        "| time (s) | result | run (UTC) | commit |",
+        "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- |",
+        *(_row(n, runs.get(n)) for n in envs),
+        "", "`-`: not installed. timm needs a torchvision built for the same torch, and PyPI's (a CUDA build) does not "
+        "load beside the CPU torch 2.13.0 on this machine, so timm is tested on torch 2.14.1. A test that needs a "
+        "package, or a model or option this release lacks, is skipped (tests/conftest.py, under CONDATTN_COMPAT=1); "
+        "a layout that imports a package the model does not come from fails instead.",
+        "", "Test files, by run:", "",
     ]
-    for r in rows:
-        v = r["versions"]
-        lines.append(f"| {r['name']} | {v['torch']} | {v['timm']} | {v['transformers']} | {v['tokenizers']} | "
-                     f"{v['huggingface-hub']} | {r['passed']} | {r['failed']} | {r['skipped']} | {r['secs']:.0f} | "
-                     f"{'pass' if r['rc'] == 0 else 'FAIL'} |")
-    lines += ["", "`-`: not installed. timm needs a torchvision built for the same torch, and PyPI's (a CUDA build) "
-              "does not load beside the CPU torch 2.13.0 on this machine, so timm is tested on torch 2.14.1. A test "
-              "that needs a package, or a model or option this release lacks, is skipped (tests/conftest.py, under "
-              "CONDATTN_COMPAT=1).",
-              "", "Skipped, by reason:", ""]
-    lines += [f"- {r['name']}: " + "; ".join(f"{n} × {why}" for why, n in r["why"].most_common()) for r in rows]
+    by_files: dict[tuple, list[str]] = {}
+    for n in envs:
+        if n in runs:
+            by_files.setdefault(tuple(runs[n]["files"]), []).append(n)
+    lines += [f"- {', '.join(ns)}: {', '.join(f'`{f}`' for f in fs)}" for fs, ns in by_files.items()]
+    lines += ["", "Skipped, by reason:", ""]
+    lines += [f"- {n}: " + ("; ".join(f"{k} × {why}" for why, k in runs[n]["why"].items()) or "none")
+              for n in envs if n in runs]
     lines += ["", f"Overall: {'pass' if ok else 'FAIL'}.", ""]
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines))
@@ -156,7 +192,7 @@ def write(rows: list[dict], files: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", nargs="+", metavar="ENV", help="run these environments only (matrix.md not written)")
+    p.add_argument("--only", nargs="+", metavar="ENV", help="run these environments only (their rows are replaced)")
     args = p.parse_args(argv)
     envs = claimed()
     if args.only:
@@ -165,22 +201,22 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown environment {unknown[0]!r}; the environments are: {', '.join(envs)}")
         envs = {n: envs[n] for n in args.only}
     CACHE.mkdir(exist_ok=True)
-    files = compat_files()
-    rows = []
+    files, at = compat_files(), commit()  # (read before this run writes its results)
+    runs, failed = load(), []
     for name, releases in envs.items():
         log = CACHE / f"{name}.log"
         log.write_text("")
         t0 = time.perf_counter()
         py = build(name, releases, log)
         print(f"compat: {name}: environment ready in {time.perf_counter() - t0:.0f} s", flush=True)
-        r = {"name": name, "versions": installed(py), **test(name, py, log)}
-        rows.append(r)
+        r = runs[name] = record(py, files, at, test(name, py, log))
+        save(runs)
+        write(runs)
+        failed += [name] if r["rc"] else []
         print(f"compat: {name}: {r['passed']} passed, {r['failed']} failed, {r['skipped']} skipped in "
-              f"{r['secs']:.0f} s ({'pass' if r['rc'] == 0 else 'FAIL, log: ' + str(log)})", flush=True)
-    if not args.only:
-        write(rows, files)
-        print(f"compat: wrote {OUT.relative_to(ROOT)}")
-    return 0 if all(r["rc"] == 0 for r in rows) else 1
+              f"{r['secs']} s ({'pass' if r['rc'] == 0 else 'FAIL, log: ' + str(log)})", flush=True)
+    print(f"compat: wrote {RUNS.relative_to(ROOT)} and {OUT.relative_to(ROOT)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from torch import nn
 from .embedded import EmbeddedTokens
 from .initialise import conditioned_init
 from .report import PatchEntry, PatchReport
-from .sites import require_attention, require_tokens
+from .sites import qk_norms, require_attention, require_tokens
 from .spectral import patch_spectral, unpatch_spectral
 
 
@@ -107,6 +107,8 @@ def apply_spectral(model: nn.Module, spec, report: PatchReport, partial: bool = 
         handles.append(Undo(unpatch_spectral, model))
     report.entries += [_entry(site, "spectral", patched[site.name]) for site in sites]
     what = "λI" if opts["correction"] == "identity" else "C = σ_max(W)·UVᵀ (Theorem 3.5)"
+    if caveat := norm_caveat(sites, opts["targets"], what):
+        report.notes.append(caveat)
     if opts["mode"] == "init":
         report.notes.append(f"mode=init: {what} was added to the W_Q/W_K/W_V weights once; the modules are plain "
                             "Linears, trained and weight-decayed from here (remove_conditioning cannot undo it)")
@@ -114,6 +116,26 @@ def apply_spectral(model: nn.Module, spec, report: PatchReport, partial: bool = 
         report.notes.append(f"correction=svd: {what} per block, detached, recomputed every {opts['refresh_every']} "
                             "optimizer step(s); κ(W + C) ≤ 2.05 asserted")
     return handles
+
+
+def norm_caveat(sites: list, targets, what: str) -> str:
+    """Where SCA's shift lands when the attention normalises q and k after W_Q / W_K (Qwen3's per-head RMSNorm): one
+    line for the report, '' when no patched site does."""
+    normed = [(s, {r: v for r, v in qk_norms(s.module).items() if r in targets}) for s in sites]
+    normed = [(s, n) for s, n in normed if n]
+    if not normed:
+        return ""
+    site, norms = normed[0]
+    names = "/".join(f"W_{r.upper()}" for r in norms)
+    children = ", ".join(n for n, _ in norms.values())
+    norm = next(iter(norms.values()))[1]
+    width = getattr(getattr(norm, "weight", None), "shape", (0,))[-1]
+    over = "each head's" if width == site.head_dim else "the whole" if width else "its"
+    return (f"{len(normed)} of {len(sites)} attention layers normalise q, k after the projections ({children}: "
+            f"{type(norm).__name__} over {over} {width or ''} channels, e.g. {site.name}): {what} is added to {names} "
+            "before that norm, which then rescales each token's q, k, so the logits see norm(x(W + λI)), not "
+            "x(W + λI): the norm removes the λ² growth of the logits, and for large λ the normalised q, k tend to "
+            "x's own channels (of each head), normalised; κ(W + λI) is the projection's, not the normalised q's")
 
 
 def apply_conditioned_init(model: nn.Module, spec, report: PatchReport, partial: bool = False, planned=None) -> list:

@@ -309,6 +309,30 @@ def is_class(m: nn.Module, module: str, qualname: str) -> bool:
     return t.__module__ == module and t.__qualname__ == qualname
 
 
+def of_library(m: nn.Module, package: str) -> bool:
+    """Whether `type(m)` or one of its bases is defined in `package` (a top-level name: "timm", "transformers"), read
+    from the classes' module names, never importing it. Every layout finder of an optional library asks this before
+    it imports that library: a model built without it cannot hold its classes, and the library needs torch alone."""
+    prefix = package + "."
+    return any(c.__module__ == package or c.__module__.startswith(prefix) for c in type(m).__mro__)
+
+
+# the norms a module applies to q and k after W_Q / W_K: Qwen3, Gemma 3, OLMo 2 and timm's qk_norm=True (q_norm,
+# k_norm), Persimmon / StableLM (q_layernorm, k_layernorm)
+QK_NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_norm", "key_norm"))
+
+
+def qk_norms(m: nn.Module) -> dict[str, tuple[str, nn.Module]]:
+    """{role: (child name, norm module)} for the q / k norms `m` applies after its projections; {} when it has none
+    (an nn.Identity is none: timm's qk_norm=False)."""
+    for names in QK_NORMS:
+        found = {r: (n, c) for r, n in zip("qk", names)
+                 if isinstance(c := getattr(m, n, None), nn.Module) and not isinstance(c, nn.Identity)}
+        if found:
+            return found
+    return {}
+
+
 # ---------------------------------------------------------------- strictness: attention layers no layout matched
 
 # class names that say "attention" but are channel / spatial gates of convolutional nets, not token attention

@@ -22,8 +22,9 @@
 | refused         | (none: sites.REFUSED, why attention without q·kᵀ or one W per role is refused) | (none) |
 | structural      | structural (any q/k/v or fused-qkv Linears / 1×1 convs with a head count; priority -100) | (none) |
 
-timm and transformers are imported inside the finders, after a cheap attribute test where one exists, so a model
-of one library never imports the other and both stay optional.
+timm and transformers are imported inside the finders, and only after `sites.of_library(m, "timm")` (or
+"transformers") found the module's class, or one of its bases, defined in that package: a model of one library never
+imports the other, and a home-made model neither, so the library needs torch alone (tests/test_torch_alone.py).
 
 Expected PatchReport counts follow from each architecture's definition (asserted in tests/test_layouts.py and the
 model zoo's tests): ViT / DeiT: `depth` timm_fused_qkv; Swin: sum(depths) timm_swin_window; XCiT: `depth` timm_xca

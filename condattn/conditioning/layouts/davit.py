@@ -6,14 +6,14 @@ from __future__ import annotations
 from torch import nn
 
 from ..forms import CHANNEL_SOFTMAX
-from ..sites import AttentionSite, TokenSite, attention_layout, feature_stages, join, stacked, token_layout
+from ..sites import AttentionSite, TokenSite, attention_layout, feature_stages, join, of_library, stacked, token_layout
 
 
 @attention_layout("timm_davit_window")
 def timm_davit_window(name: str, m: nn.Module) -> AttentionSite | None:
     """timm DaViT spatial `WindowAttention`: fused `qkv`, block-stacked [Q; K; V], softmax over each window's
     tokens (no relative position bias; DaViT's positions come from the depthwise-conv ConvPosEnc)."""
-    if not hasattr(m, "qkv"):
+    if not (hasattr(m, "qkv") and of_library(m, "timm")):  # cheap tests first: no timm import for other models
         return None
     from timm.models.davit import WindowAttention
 
@@ -33,7 +33,7 @@ def timm_davit_channel(name: str, m: nn.Module) -> AttentionSite | None:
     chunk 1 ("k") plays the query, chunk 2 ("v") the key and chunk 0 ("q") the value. `ChannelAttentionV2`
     computes softmax(qᵀ k) and aggregates v (chunks in order). With the default targets [q, k, v] both readings
     patch the same three blocks; they differ only for a subset such as targets=[v]."""
-    if not hasattr(m, "qkv"):
+    if not (hasattr(m, "qkv") and of_library(m, "timm")):
         return None
     from timm.models.davit import ChannelAttention, ChannelAttentionV2
 
@@ -56,7 +56,7 @@ def timm_davit(name: str, m: nn.Module) -> TokenSite | None:
     matrix). DaViT has no position embedding before the blocks: each block starts with a depthwise-conv
     positional encoding (ConvPosEnc) inside it, so after_pos_embed and before_pos_embed (the stem output) are the
     same X. The FeatureListNet of `features_only=True` holds the same stem and stages (stages_0, stages_1, ...)."""
-    if not (hasattr(m, "stages") or "stages_0" in m._modules):
+    if not ((hasattr(m, "stages") or "stages_0" in m._modules) and of_library(m, "timm")):
         return None
     from timm.models.davit import DaVit, DaVitStage
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..sites import AttentionSite, TokenSite, attention_layout, join, separate, token_layout
+from ..sites import AttentionSite, TokenSite, attention_layout, join, of_library, separate, token_layout
 
 DETR_ATTENTION = ("encoder", "decoder_self", "decoder_cross")
 
@@ -24,7 +24,7 @@ def hf_detr(name: str, m: nn.Module) -> AttentionSite | None:
     them. Kind (`group`) by place: self-attention under `encoder` or `decoder`, cross-attention (queries from the
     decoder, keys/values from the encoder memory) in the decoder. The encoder's padding mask applies to encoder
     queries and keys and to cross-attention keys; decoder queries (object queries) are never padded."""
-    if not hasattr(m, "q_proj"):  # cheap test first: no transformers import for other models
+    if not (hasattr(m, "q_proj") and of_library(m, "transformers")):  # no transformers import for others
         return None
     from transformers.models.detr import modeling_detr as md
 
@@ -56,7 +56,7 @@ def hf_detr_tokens(name: str, m: nn.Module) -> TokenSite | None:
     before_pos_embed is the same X (`embed` None: both hook the first layer's input). No prefix tokens. The encoder's
     forward receives the flattened pixel mask as `attention_mask` (B, H·W), so CET excludes padded positions; only the
     encoder layers are listed as blocks (the decoder's inputs are object queries, not image tokens)."""
-    if not (hasattr(m, "encoder") and hasattr(m, "input_projection") and hasattr(m, "query_position_embeddings")):
+    if not (hasattr(m, "query_position_embeddings") and of_library(m, "transformers")):
         return None
     from transformers.models.detr.modeling_detr import DetrModel
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..sites import ROLES, AttentionSite, Projection, TokenSite, attention_layout, join, token_layout
+from ..sites import ROLES, AttentionSite, Projection, TokenSite, attention_layout, join, of_library, token_layout
 
 
 def _conv1d_as_linear(conv: nn.Module) -> nn.Module:
@@ -28,7 +28,7 @@ def hf_gpt2(name: str, m: nn.Module) -> AttentionSite | None:
     λI to each D × D block (x(W + λI) = xW + λx on those columns). Cross-attention (add_cross_attention=True) has
     its own `q_attn` Conv1D for W_Q and `c_attn` holding [K | V] (applied to the encoder states); it counts as an
     attention layer as well (our default: all self- and cross-attention)."""
-    if not hasattr(m, "c_attn"):  # cheap test first: no transformers import for other models
+    if not (hasattr(m, "c_attn") and of_library(m, "transformers")):  # no transformers import for others
         return None
     from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
 
@@ -53,7 +53,7 @@ def hf_gpt2_tokens(name: str, m: nn.Module) -> TokenSite | None:
     forward receives `attention_mask` (keyword from GPT2LMHeadModel, third positional otherwise), so CET excludes
     padded rows. Attention is causal; CET (as specified) excludes nothing else: every non-padded row of a sample
     enters one SVD, so the corrected row i depends on the later tokens of that sample (see tests/test_lm.py)."""
-    if not (hasattr(m, "wte") and hasattr(m, "wpe") and hasattr(m, "h")):
+    if not (hasattr(m, "wte") and hasattr(m, "wpe") and hasattr(m, "h") and of_library(m, "transformers")):
         return None
     from transformers.models.gpt2.modeling_gpt2 import GPT2Model
 

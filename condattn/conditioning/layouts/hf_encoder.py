@@ -11,7 +11,7 @@ import importlib
 
 from torch import nn
 
-from ..sites import AttentionSite, TokenSite, attention_layout, join, separate, token_layout
+from ..sites import AttentionSite, TokenSite, attention_layout, join, of_library, separate, token_layout
 
 ENCODERS = (
     ("transformers.models.bert.modeling_bert", "BertModel", ("BertSelfAttention", "BertCrossAttention")),
@@ -34,7 +34,7 @@ def _classes(which: str) -> tuple[type, ...]:
 def hf_separate_qkv(name: str, m: nn.Module) -> AttentionSite | None:
     """transformers self-attention with separate `query`/`key`/`value` Linears (BERT, Nyströmformer): token softmax
     (Nyströmformer approximates it with landmarks; the probe measures the exact softmax its q and k define)."""
-    if not hasattr(m, "attention_head_size"):  # cheap test first: no transformers import for other models
+    if not (hasattr(m, "attention_head_size") and of_library(m, "transformers")):  # cheap tests first
         return None
     if not isinstance(m, _classes("attention")):
         return None
@@ -46,7 +46,7 @@ def hf_separate_qkv(name: str, m: nn.Module) -> AttentionSite | None:
 def hf_encoder(name: str, m: nn.Module) -> TokenSite | None:
     """transformers encoder models (BERT, Nyströmformer): X is the input of `encoder.layer[0]`,
     i.e. word + position (+ token type) embeddings after their LayerNorm and dropout."""
-    if not (hasattr(m, "embeddings") and hasattr(m, "encoder")):
+    if not (hasattr(m, "embeddings") and hasattr(m, "encoder") and of_library(m, "transformers")):
         return None
     if not isinstance(m, _classes("model")):
         return None

@@ -18,7 +18,7 @@ import importlib
 
 from torch import nn
 
-from ..sites import AttentionSite, TokenSite, attention_layout, join, separate, token_layout
+from ..sites import AttentionSite, TokenSite, attention_layout, join, of_library, separate, token_layout
 
 DECODERS = (
     ("transformers.models.llama.modeling_llama", "LlamaModel", "LlamaAttention"),
@@ -35,7 +35,7 @@ def _classes(which: int) -> tuple[type, ...]:
 def hf_llama(name: str, m: nn.Module) -> AttentionSite | None:
     """Llama-style attention: q_proj (num_attention_heads × head_dim outputs), k_proj / v_proj (num_key_value_heads
     × head_dim); causal token softmax scaled by the module's `scaling`; RoPE on q, k after the projections."""
-    if not (hasattr(m, "q_proj") and hasattr(m, "num_key_value_groups")):  # cheap test first
+    if not (hasattr(m, "q_proj") and hasattr(m, "num_key_value_groups") and of_library(m, "transformers")):
         return None
     if type(m) not in _classes(2):
         return None
@@ -49,7 +49,7 @@ def hf_llama_tokens(name: str, m: nn.Module) -> TokenSite | None:
     as `embed_tokens` returns them (positions enter as RoPE inside each attention, so before_pos_embed and
     after_pos_embed see the same X). No prefix tokens. The model's forward receives `attention_mask` (keyword, or
     second positional), so CET excludes padded rows."""
-    if not (hasattr(m, "embed_tokens") and hasattr(m, "layers") and hasattr(m, "rotary_emb")):
+    if not (hasattr(m, "embed_tokens") and hasattr(m, "rotary_emb") and of_library(m, "transformers")):
         return None
     if not isinstance(m, _classes(1)) or len(m.layers) == 0:
         return None

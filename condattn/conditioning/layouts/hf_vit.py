@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..sites import AttentionSite, TokenSite, attention_layout, join, separate, token_layout
+from ..sites import AttentionSite, TokenSite, attention_layout, join, of_library, separate, token_layout
 
 
 @attention_layout("hf_vit")
 def hf_vit(name: str, m: nn.Module) -> AttentionSite | None:
     """transformers `ViTAttention` (4.x: `ViTSelfAttention`, query/key/value): separate q/k/v Linears
     (num_attention_heads × head_dim outputs each), token softmax scaled by the module's `scaling` (1/sqrt(head_dim))."""
+    if not of_library(m, "transformers"):  # cheap test first: no transformers import for other models
+        return None
     if hasattr(m, "query") and hasattr(m, "attention_head_size"):  # transformers 4.x: ViTSelfAttention
         from transformers.models.vit import modeling_vit
 
@@ -37,7 +39,7 @@ def hf_vit_tokens(name: str, m: nn.Module) -> TokenSite | None:
     """transformers `ViTModel`: X is the input of `layers.0`, i.e. [CLS] + patch embeddings + position embeddings
     after the embedding dropout (one prefix token); before_pos_embed hooks `embeddings.patch_embeddings` (patch
     tokens only). The model's forward receives an optional `attention_mask` (keyword, or fourth positional)."""
-    if not hasattr(m, "embeddings"):  # cheap test first
+    if not (hasattr(m, "embeddings") and of_library(m, "transformers")):  # cheap tests first
         return None
     from transformers.models.vit.modeling_vit import ViTModel
 

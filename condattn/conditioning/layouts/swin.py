@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..sites import AttentionSite, TokenSite, attention_layout, feature_stages, join, stacked, token_layout
+from ..sites import AttentionSite, TokenSite, attention_layout, feature_stages, join, of_library, stacked, token_layout
 
 
 @attention_layout("timm_swin_window")
@@ -13,7 +13,7 @@ def timm_swin_window(name: str, m: nn.Module) -> AttentionSite | None:
     """timm Swin `WindowAttention`: one fused `qkv` (block-stacked [Q; K; V]) applied to each window's tokens
     (B·nW, window_area, C); softmax over the window with a learned relative position bias (and the shift mask)
     added to the logits. SCA adds λI to W_Q/W_K/W_V exactly as for ViT; the bias is untouched."""
-    if not hasattr(m, "qkv"):
+    if not (hasattr(m, "qkv") and of_library(m, "timm")):  # cheap tests first: no timm import for other models
         return None
     from timm.models.swin_transformer import WindowAttention
 
@@ -28,7 +28,7 @@ def timm_swin(name: str, m: nn.Module) -> TokenSite | None:
     """timm Swin: X is the input of `layers[0].blocks[0]`, the patch embedding after its LayerNorm, laid out
     B × H × W × C (CET flattens it to (H·W) × C). Swin v1 has no absolute position embedding (positions enter
     as a relative bias inside each window attention), so after_pos_embed and before_pos_embed see the same X."""
-    if not (hasattr(m, "layers") or "layers_0" in m._modules):
+    if not ((hasattr(m, "layers") or "layers_0" in m._modules) and of_library(m, "timm")):
         return None
     from timm.models.swin_transformer import SwinTransformer, SwinTransformerStage
 

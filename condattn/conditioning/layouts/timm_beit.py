@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..sites import AttentionSite, TokenSite, attention_layout, token_layout
+from ..sites import AttentionSite, TokenSite, attention_layout, of_library, token_layout
 from .timm_eva import fused_or_separate
 from .timm_vit import blocks_token_site
 
@@ -23,7 +23,7 @@ from .timm_vit import blocks_token_site
 def timm_beit(name: str, m: nn.Module) -> AttentionSite | None:
     """timm `beit.Attention`: fused `qkv`, block-stacked [Q; K; V]; token softmax with the module's `scale` plus
     the relative position bias."""
-    if not (hasattr(m, "qkv") and hasattr(m, "relative_position_bias_table")):  # cheap test first
+    if not (hasattr(m, "qkv") and hasattr(m, "relative_position_bias_table") and of_library(m, "timm")):
         return None
     from timm.models.beit import Attention
 
@@ -37,7 +37,7 @@ def timm_beit(name: str, m: nn.Module) -> AttentionSite | None:
 def timm_beit_tokens(name: str, m: nn.Module) -> TokenSite | None:
     """timm `Beit`: X is the input of `blocks[0]`, i.e. the class token and patch tokens after the absolute
     position embedding (when the model uses one) and pos_drop; before_pos_embed hooks the patch embedding."""
-    if not (hasattr(m, "blocks") and hasattr(m, "rel_pos_bias")):  # cheap test first
+    if not (hasattr(m, "blocks") and hasattr(m, "rel_pos_bias") and of_library(m, "timm")):  # cheap tests first
         return None
     from timm.models.beit import Beit
 

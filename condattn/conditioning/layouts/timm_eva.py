@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from torch import nn
 
-from ..sites import AttentionSite, TokenSite, attention_layout, separate, stacked, token_layout
+from ..sites import AttentionSite, TokenSite, attention_layout, of_library, separate, stacked, token_layout
 from .timm_vit import blocks_token_site
 
 
@@ -45,7 +45,8 @@ def fused_or_separate(m: nn.Module) -> tuple[int, dict]:
 def timm_eva(name: str, m: nn.Module) -> AttentionSite | None:
     """timm `EvaAttention` (eva.py) and `AttentionRope` (layers/attention.py): fused or separate q/k/v, token softmax
     with the module's `scale`; RoPE on q, k after the projections."""
-    if not (hasattr(m, "q_proj") and hasattr(m, "qkv")):  # cheap test first (both exist, one of them None)
+    # cheap tests first (both exist, one of them None; a timm class): no timm import for other models
+    if not (hasattr(m, "q_proj") and hasattr(m, "qkv") and of_library(m, "timm")):
         return None
     from timm.models.eva import EvaAttention
 
@@ -64,7 +65,7 @@ def timm_eva_tokens(name: str, m: nn.Module) -> TokenSite | None:
     """timm `Eva`: X is the input of `blocks[0]`, i.e. after class/register tokens, the absolute position embedding
     (where the model has one; RoPE models add positions inside each attention instead) and norm_pre;
     before_pos_embed hooks the patch embedding's output."""
-    if not (hasattr(m, "blocks") and hasattr(m, "rope")):  # cheap test first
+    if not (hasattr(m, "blocks") and hasattr(m, "rope") and of_library(m, "timm")):  # cheap tests first
         return None
     from timm.models.eva import Eva
 

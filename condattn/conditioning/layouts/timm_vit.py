@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..sites import ROLES, AttentionSite, Projection, TokenSite, attention_layout, join, token_layout
+from ..sites import ROLES, AttentionSite, Projection, TokenSite, attention_layout, join, of_library, token_layout
 
 
 @attention_layout("timm_fused_qkv")
 def timm_fused_qkv(name: str, m: nn.Module) -> AttentionSite | None:
     """timm `Attention` (ViT, DeiT): one `qkv` Linear whose output is block-stacked [Q; K; V]; token softmax."""
-    if not hasattr(m, "qkv"):  # cheap test first
+    if not (hasattr(m, "qkv") and of_library(m, "timm")):  # cheap tests first: no timm import for other models
         return None
     if type(m) is not _attention_class():
         return None
@@ -32,7 +32,7 @@ def _attention_class() -> type:
 def timm_vit(name: str, m: nn.Module) -> TokenSite | None:
     """timm `VisionTransformer` (ViT, DeiT and its distilled subclass): X is the input of `blocks[0]`, i.e. after
     cls token, pos_embed and norm_pre."""
-    if not hasattr(m, "blocks"):  # cheap test first
+    if not (hasattr(m, "blocks") and of_library(m, "timm")):  # cheap tests first
         return None
     from timm.models.vision_transformer import VisionTransformer
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..forms import CROSS_COVARIANCE
-from ..sites import AttentionSite, TokenSite, attention_layout, join, separate, stacked, token_layout
+from ..sites import AttentionSite, TokenSite, attention_layout, join, of_library, separate, stacked, token_layout
 
 
 @attention_layout("timm_xca")
@@ -22,7 +22,7 @@ def timm_xca(name: str, m: nn.Module) -> AttentionSite | None:
     so q̂ᵀk̂ tends to the channel-correlation (cosine) matrix of X within each head, bounded by |τ|. The softmax
     cannot go one-hot through λ; SCA instead pulls XCA's attention towards the input's own channel correlations.
     """
-    if not hasattr(m, "temperature"):  # cheap test first
+    if not (hasattr(m, "temperature") and of_library(m, "timm")):  # cheap tests first: no timm import for others
         return None
     from timm.models.xcit import XCA
 
@@ -42,7 +42,7 @@ def timm_class_attn(name: str, m: nn.Module) -> AttentionSite | None:
     W_Q, W_K, W_V, and the SCA paper adds λI to "every attention layer"; so XCiT-M has 24 XCA + 2 class-attention
     sites. The papers do not say whether their XCiT runs conditioned them; this decision is recorded in every
     PatchReport (kind `spectral:timm_class_attn`)."""
-    if not hasattr(m, "q"):
+    if not (hasattr(m, "q") and of_library(m, "timm")):
         return None
     from timm.models.cait import ClassAttn
 
@@ -61,7 +61,7 @@ def timm_xcit(name: str, m: nn.Module) -> TokenSite | None:
     `blocks` lists the XCA blocks and then the class-attention blocks (whose input includes the class token).
     position=before_pos_embed hooks the convolutional patch embedding's output, before the Fourier positional
     encoding (the patch embedding returns a tuple (tokens, (Hp, Wp)); CET corrects its tokens)."""
-    if not hasattr(m, "blocks"):
+    if not (hasattr(m, "blocks") and of_library(m, "timm")):
         return None
     from timm.models.xcit import Xcit
 
