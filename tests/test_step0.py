@@ -3,6 +3,7 @@ record whose step 0 a resume lost gets it back, marked as recomputed; one that w
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -62,9 +63,11 @@ def test_fill_refuses_a_recompute_that_does_not_match_the_logged_rows(tmp_path, 
     rec = record(tmp_path)
     before = rec.path.read_bytes()
     monkeypatch.setattr(step0, "recompute", lambda config, threads: dict(got))
-    line = step0.fill(rec, "abc1234")
-    assert "not written" in line and why in line
+    with pytest.raises(step0.NotWritten, match=re.escape(why)):
+        step0.fill(rec, "abc1234")
     assert rec.path.read_bytes() == before
+    line, ok = step0.guarded(step0.fill, rec, "abc1234")
+    assert not ok and line.startswith(f"{rec.name}: not written, ") and why in line
 
 
 def test_the_cli_names_a_missing_folder(tmp_path, capsys):
@@ -96,3 +99,23 @@ def test_recompute_equals_the_step0_an_uninterrupted_run_recorded(tmp_path, monk
     back = KeptRecord(rec.path).summary
     assert back["diagnostics"]["step0"] == measured
     assert back["diagnostics"]["step0_recomputed"]["max_abs_diff_to_logged_rows"] == 0.0
+
+
+def test_a_run_that_cannot_be_rebuilt_is_named_and_the_others_go_on(tmp_path, monkeypatch, capsys):
+    a, b = record(tmp_path, "t_r_none_smoke_s0"), record(tmp_path, "t_r_none_smoke_s1")
+
+    def recompute(config, threads):  # the first record (by name: s0) cannot be rebuilt
+        calls.append(1)
+        if len(calls) == 1:
+            raise FileNotFoundError("model.init_from='pretrain_s0': it is no file or run dir")
+        return {"kappa_wq/mean": 2.5, "entropy/mean": 1.25, "gradnorm_wq/mean": 0.5}
+
+    calls: list[int] = []
+    monkeypatch.setattr(step0, "recompute", recompute)
+    monkeypatch.setattr("condattn.engine.provenance.git_commit", lambda: "abc1234")
+    assert step0.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "2 of 2 records have an empty step 0" in out
+    assert f"{a.name}: not recomputed, the run cannot be rebuilt here: FileNotFoundError: model.init_from=" in out
+    assert f"{b.name}: step 0 written (3 values" in out
+    assert [r.name for r in step0.empty_step0([KeptRecord(a.path), KeptRecord(b.path)])] == [a.name]

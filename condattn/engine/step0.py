@@ -97,15 +97,19 @@ def measure(record: KeptRecord) -> tuple[dict[str, Any], dict[str, Any], float, 
     return got, logged, *difference(got, logged)
 
 
+class NotWritten(ValueError):
+    """A recompute that does not match the record's logged step-0 rows (the record is left as it was)."""
+
+
 def fill(record: KeptRecord, commit: str) -> str:
-    """Give `record` its recomputed step 0 (kept only when it matches its logged rows); one line saying what was
-    done."""
+    """Give `record` its recomputed step 0 when it matches its logged rows (else NotWritten); one line saying what
+    was done."""
     got, logged, gap, rel = measure(record)
     if not logged or rel > TOLERANCE:
         why = "its metrics.jsonl has no step-0 rows" if not logged else \
             f"the recompute lacks {sorted(set(logged) - set(got))[:3]} of its logged step-0 rows" if gap == math.inf \
             else f"the recompute differs from its logged step-0 rows by {gap:.3g} ({rel:.3g} relative)"
-        return f"{record.name}: not written, {why}"
+        raise NotWritten(f"not written, {why}")
     files = record.files or {}
     summary = dict(files[SUMMARY])
     values = {k: got[k] for k in logged}  # what the run's own code measured (a later version measures more)
@@ -126,6 +130,18 @@ def check(record: KeptRecord) -> str:
             f"({rel:.3g} relative; {len(set(got) - set(recorded))} values measured now that its code did not)")
 
 
+def guarded(do: Any, record: KeptRecord, *args: Any) -> tuple[str, bool]:
+    """(`do(record, *args)`'s line, True), or (why not, False): a recompute that does not match, or a run that cannot
+    be rebuilt here (e.g. a fine-tuning run whose pretraining run is not under paths.runs). The other records go on."""
+    try:
+        return do(record, *args), True
+    except NotWritten as e:
+        return f"{record.name}: {e}", False
+    except Exception as e:  # noqa: BLE001 (one record's failure is reported, not fatal)
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"{record.name}: not recomputed, the run cannot be rebuilt here: {type(e).__name__}: {why}", False
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m condattn.engine.step0", description=__doc__.split("\n\n")[0])
     ap.add_argument("roots", nargs="+", help="folders of committed run records (results/<scale>/runs)")
@@ -135,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from .provenance import git_commit
 
+    failed = 0
     for root in args.roots:
         if not Path(root).is_dir():
             print(f"[condattn] {root}: no such folder; give results/<scale>/runs", file=sys.stderr)
@@ -144,13 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             full = [r for r in records if r.finished and r not in empty]
             picks = full[:: max(1, len(full) // args.check)][: args.check]
-            lines = [check(r) for r in picks]
+            done = [guarded(check, r) for r in picks]
         else:
             print(f"[condattn] {root}: {len(empty)} of {len(records)} records have an empty step 0", flush=True)
-            lines = [fill(r, git_commit()) for r in empty]
-        for line in lines:
+            commit = git_commit() if empty else ""
+            done = [guarded(fill, r, commit) for r in empty]
+        for line, ok in done:
             print(f"[condattn] {line}", flush=True)
-    return 0
+            failed += not ok
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
