@@ -1,14 +1,18 @@
 """The trainer's parts: the checkpointed state keeps the format of earlier runs, the parts' hooks run in the
 documented order, and every task implements the declared interface."""
 
+import json
 import math
 import pickle
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
-from condattn.engine.parts import BestModel, BudgetStop, Part
+from condattn.engine.parts import BestModel, BudgetStop, Diagnostics, Part
 from condattn.engine.state import KEY_ORDER
 from condattn.engine.trainer import TrainState
 from condattn.tasks import TASKS, Task, evaluation_mode
@@ -96,3 +100,40 @@ def test_evaluation_mode_restores_the_mode_and_disables_grad():
     with pytest.raises(RuntimeError), evaluation_mode(m):
         raise RuntimeError("boom")
     assert not m.training and torch.is_grad_enabled()
+
+
+def _diagnostics(step: int = 0, metrics: Path | None = None) -> Diagnostics:
+    cfg = OmegaConf.create({"diagnostics": {"every": 0, "batch_size": 2, "jacobian": False}})
+    run = SimpleNamespace(cfg=cfg, main=True, state=SimpleNamespace(step=step),
+                          logger=SimpleNamespace(path=metrics) if metrics else None,
+                          data=SimpleNamespace(val=[{"x": torch.zeros(2)}] * 3, collate_fn=None))
+    return Diagnostics(run)
+
+
+def test_step0_diagnostics_travel_with_the_checkpoint_state():
+    (state, _, _), part = _state(), _diagnostics()
+    state.attach(part)
+    part.step0.update({"kappa_wq/mean": 2.5, "gradnorm_wq/mean": 0.125})
+    saved = pickle.loads(pickle.dumps(state.state_dict()))  # what accelerate writes and reads back
+    assert tuple(saved) == (*KEY_ORDER, "diagnostics_step0")  # earlier checkpoints' keys first, in their order
+    again, back = TrainState(), _diagnostics()
+    again.attach(back)
+    again.load_state_dict(saved)
+    assert back.step0 == {"kappa_wq/mean": 2.5, "gradnorm_wq/mean": 0.125} and "diagnostics_step0" not in vars(again)
+    old, part_old = TrainState(), _diagnostics()  # a checkpoint written before step 0 was kept in it
+    old.attach(part_old)
+    old.load_state_dict(dict(OLD_STATE))
+    assert part_old.step0 == {} and old.step == 4
+
+
+def test_a_run_resumed_from_an_older_checkpoint_reads_step0_from_its_log(tmp_path):
+    rows = [{"step": 0, "split": "diag", "kappa_wq/mean": 2.5}, {"step": 0, "split": "grad", "gradnorm_wq/mean": 0.5},
+            {"step": 1, "split": "train", "loss": 2.0}, {"step": 2, "split": "diag", "kappa_wq/mean": 9.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    part = _diagnostics(step=2, metrics=tmp_path / "metrics.jsonl")
+    part.before_train(None)
+    assert part.summary()["step0"] == {"kappa_wq/mean": 2.5, "gradnorm_wq/mean": 0.5}
+    kept = _diagnostics(step=2, metrics=tmp_path / "metrics.jsonl")
+    kept.step0 = {"kappa_wq/mean": 3.0}  # from the checkpoint: it wins over the log
+    kept.before_train(None)
+    assert kept.summary()["step0"] == {"kappa_wq/mean": 3.0}

@@ -92,6 +92,10 @@ def test_interrupt_and_resume_equals_uninterrupted_run(tmp_path, cache):
     resumed = train(compose(tiny(tmp_path / "b", cache)))
     assert resumed["steps"] == 6 and resumed["metrics"] == ref["metrics"]
     assert train_rows(ref["run_dir"]) == train_rows(resumed["run_dir"])
+    # step 0's diagnostics came back with the checkpoint (a resumed run once recorded step0 = {})
+    assert resumed["diagnostics"]["step0"] == ref["diagnostics"]["step0"] and "gradnorm_wq/mean" in ref["diagnostics"][
+        "step0"]
+    assert resumed["diagnostics"]["final"] == ref["diagnostics"]["final"]
     wa, wb = final_weights(ref["run_dir"]), final_weights(resumed["run_dir"])
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     # a finished run is not trained again

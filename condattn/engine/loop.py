@@ -43,6 +43,7 @@ class StepLoop:
         self.test = TestProtocol(run, self.best)
         run.state.attach(self.best)  # their state goes into every checkpoint (and comes back on resume)
         run.state.attach(self.budget)
+        run.state.attach(self.diagnostics)  # step 0's values: a resumed run's summary has them too
         self.checkpoints = Checkpointing(run)
         self.signals = StopSignals(run, self.checkpoints)
         self.divergence = Divergence(run, self.checkpoints)
@@ -92,16 +93,42 @@ class StepLoop:
         run.accelerator.wait_for_everyone()
         return summary
 
-    def _steps(self) -> None:
-        run, state = self.run, self.run.state
+    def step0(self) -> dict:
+        """Step 0's diagnostics without training (engine/step0.py): the run's start and its first step's forward and
+        backward passes as `train` runs them, then no optimizer step. The run must start at step 0 (resume=never)."""
+        run = self.run
+        start(run)
+        if run.state.step != 0:
+            raise ValueError(f"{run.run_dir} resumed at step {run.state.step}: step 0 is measured on a fresh run")
+        self._hooks("before_train")
+        run.model.train()
+        self._first_batches()
+        self._forward_backward()
+        self._hooks("after_backward")
+        self._hooks("close")
+        run.logger.finish()
+        return dict(self.diagnostics.step0)
+
+    def _first_batches(self) -> None:
         # a resumed run continues the epoch at the micro-batch it had reached (nothing before it is loaded, so data
         # augmentation draws no random numbers for skipped samples)
-        run.sampler.set_epoch(state.epoch, skip=state.batch_in_epoch)
-        self._it = iter(run.train_loader)
+        state = self.run.state
+        self.run.sampler.set_epoch(state.epoch, skip=state.batch_in_epoch)
+        self._it = iter(self.run.train_loader)
+
+    def _forward_backward(self) -> int:
+        """One step's micro-batches forward and backward (the loss and accuracy kept); how many there were."""
+        run = self.run
+        accum_now = run.budget.accumulation(run.state.step, run.glob, run.micro * run.world)  # = accum unless ramped
+        self.loss, self.acc = self._accumulate(accum_now)
+        return accum_now
+
+    def _steps(self) -> None:
+        run, state = self.run, self.run.state
+        self._first_batches()
         while state.step < run.steps and not run.budget.exhausted():  # (a resumed run may have used its budget up)
             self._t0 = time.time()
-            accum_now = run.budget.accumulation(state.step, run.glob, run.micro * run.world)  # = accum unless ramped
-            self.loss, self.acc = self._accumulate(accum_now)
+            accum_now = self._forward_backward()
             self._hooks("after_backward")
             self._optimizer_step()
             state.step += 1

@@ -102,7 +102,8 @@ METHOD_FILES = {
 STALE_PARTS = ("conditioning", "model", "task", "engine")  # what --refresh-stale retrains for
 NOT_RESULT = tuple(f"condattn/engine/{f}" for f in (
     "cost.py", "flops.py", "logging.py", "errors.py", "provenance.py", "summary.py", "twins.py", "identity.py",
-    "preflight.py", "signals.py", "parts/progress.py", "parts/throughput.py", "parts/signals.py"))
+    "preflight.py", "signals.py", "parts/progress.py", "parts/throughput.py", "parts/signals.py",
+    "step0.py"))  # (step0.py: recomputes a record's step-0 readings; a training run never executes it)
 
 
 def _files(paths: tuple[str, ...], root: Path | None = None) -> list[Path]:

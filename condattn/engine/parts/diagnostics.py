@@ -1,6 +1,8 @@
 """Diagnostics during training (rank 0; they draw nothing from the training RNG): the cheap ones (κ of the tokens
 and of W_Q/W_K/W_V) at step 0, every `diagnostics.every` steps and at the end, on a fixed validation batch; the
-gradient norms of W_Q/W_K/W_V at step 0, before the first update; κ(J) of layer 0 with `diagnostics.jacobian`."""
+gradient norms of W_Q/W_K/W_V at step 0, before the first update; κ(J) of layer 0 with `diagnostics.jacobian`.
+Step 0's values are saved with every checkpoint, so a resumed run's summary carries them as an uninterrupted run's
+does (a checkpoint written before they were kept there: read back from the step-0 rows of metrics.jsonl)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 from accelerate.utils import send_to_device
 
 from ...diagnostics import cheap_diagnostics, grad_diagnostics
+from ...utils.io import read_jsonl
 from .base import Part
 
 
@@ -31,6 +34,19 @@ class Diagnostics(Part):
         self.batch = None
         self.step0: dict[str, Any] = {}
         self.final: dict[str, Any] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"diagnostics_step0": dict(self.step0)}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.step0 = dict(d.get("diagnostics_step0") or {})
+
+    def logged_step0(self) -> dict[str, Any]:
+        """Step 0's values as metrics.jsonl holds them: its step-0 `diag` and `grad` rows (the summary's `step0` is
+        their union), for a run resumed from a checkpoint that predates keeping them."""
+        rows = read_jsonl(self.run.logger.path) if self.run.logger is not None else []
+        return {k: v for r in rows if r.get("step") == 0 and r.get("split") in ("diag", "grad")
+                for k, v in r.items() if k not in ("step", "split")}
 
     def measure(self, step: int) -> dict:
         run = self.run
@@ -56,6 +72,8 @@ class Diagnostics(Part):
         self.batch = first_items(run.data.val, int(run.cfg.diagnostics.batch_size), run.data.collate_fn)
         if run.state.step == 0:
             self.step0.update(self.measure(0))
+        elif run.main and not self.step0:
+            self.step0 = self.logged_step0()
 
     def after_backward(self, loop: Any) -> None:
         if self.run.state.step == 0 and self.run.main:  # gradient norms of W_Q/W_K/W_V before the first update
