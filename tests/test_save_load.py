@@ -1,7 +1,12 @@
 """A conditioned model saves and loads whole (conditioning/checkpoint.py): QK-norm and σReparam on BERT and Llama
-through save_pretrained and condattn.conditioning.from_pretrained; SCA keeps torch.export on GPT-2."""
+through save_pretrained and condattn.conditioning.from_pretrained, also between a base model and a model with a head;
+a plain transformers load of any conditioned checkpoint says in one line which method it drops (or keeps, init-only)
+and the loader; condattn's loader reports none of the keys it restores; SCA keeps torch.export on GPT-2."""
 
 from __future__ import annotations
+
+import logging
+import warnings
 
 import pytest
 import torch
@@ -16,10 +21,11 @@ def _model(family: str):
     import transformers as tf
 
     torch.manual_seed(0)
-    if family == "bert":
+    if family in ("bert", "bert-head"):
         cfg = tf.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                             intermediate_size=64, max_position_embeddings=32)
-        return tf.BertModel, tf.BertModel(cfg).eval()
+        cls = tf.BertModel if family == "bert" else tf.BertForSequenceClassification
+        return cls, cls(cfg).eval()
     cfg = tf.LlamaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=32)
     return tf.LlamaForCausalLM, tf.LlamaForCausalLM(cfg).eval()
@@ -102,3 +108,102 @@ def test_transformers_init_reaches_what_sigma_reparam_adds():
         torch.testing.assert_close((proj.sigma_v @ vh[0]).abs(), torch.tensor(1.0))
     condattn.remove_conditioning(model)
     assert "_init_weights" not in model.__dict__ and not any("sigma" in k for k in model.state_dict())
+
+
+def _plain_load(cls, path) -> list[str]:
+    """The PlainLoadWarning lines of a plain transformers from_pretrained."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cls.from_pretrained(path)
+    return [str(w.message) for w in caught if type(w.message).__name__ == "PlainLoadWarning"]
+
+
+@pytest.mark.parametrize(("method", "label"), [("spectral", "spectral (SCA)"), ("embedded", "embedded (CET)"),
+                                               ("ns_attention", "NS-attention"), ("qk_norm", "QK-norm"),
+                                               ("sigma_reparam", "σReparam")])
+def test_a_plain_load_names_the_method_it_drops(tmp_path, method, label):
+    cls, model = _model("bert")
+    condattn.apply_conditioning(model, method)
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    model.save_pretrained(tmp_path)
+    lines = _plain_load(cls, tmp_path)
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert label in lines[0] and "without it" in lines[0]
+    assert "condattn.conditioning.from_pretrained(BertModel, path)" in lines[0]
+    assert ("added weights are dropped" in lines[0]) == condattn.conditioning.method_spec(method).adds_keys
+    if method != "sigma_reparam":  # (σReparam leaves Ŵ = W until trained)
+        assert not torch.allclose(_out(cls.from_pretrained(tmp_path), ids), _out(model, ids), atol=1e-4)
+
+
+@pytest.mark.parametrize(("method", "options"), [("mimetic_init", {}), ("conditioned_init", {}),
+                                                 ("spectral", {"mode": "init"})])
+def test_a_plain_load_of_an_init_only_method_says_it_is_kept(tmp_path, method, options):
+    cls, model = _model("bert")
+    condattn.apply_conditioning(model, method, **options)
+    model.save_pretrained(tmp_path)
+    lines = _plain_load(cls, tmp_path)
+    assert len(lines) == 1 and "kept in the loaded weights and nothing is lost" in lines[0], lines
+
+
+def test_a_plain_load_of_a_composite_says_what_it_drops_and_keeps(tmp_path):
+    cls, model = _model("bert")
+    condattn.apply_conditioning(model, "spectral+embedded", mode="init")
+    model.save_pretrained(tmp_path)
+    (line,) = _plain_load(cls, tmp_path)
+    assert "conditioned with embedded (CET);" in line and "(spectral with mode=init is kept in the weights)" in line
+
+
+def test_a_plain_load_of_an_unconditioned_checkpoint_says_nothing(tmp_path):
+    cls, model = _model("bert")
+    model.save_pretrained(tmp_path)
+    assert _plain_load(cls, tmp_path) == []
+
+
+@pytest.fixture
+def transformers_log(caplog, monkeypatch):
+    from transformers.utils import logging as tf_logging
+
+    tf_logging.get_logger("transformers")  # (configured now: its root stops propagation, which caplog needs)
+    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)
+    caplog.set_level(logging.WARNING)
+    return caplog
+
+
+@pytest.mark.parametrize("method", ["qk_norm", "sigma_reparam"])
+@pytest.mark.parametrize(("saved", "loaded"), [("bert", "bert-head"), ("bert-head", "bert")])
+def test_condattn_loads_between_base_and_head(tmp_path, transformers_log, method, saved, loaded):
+    """A checkpoint of BertModel loads into BertForSequenceClassification and back (keys matched through
+    base_model_prefix): the encoder's outputs are equal, and transformers' report names the head's keys only."""
+    _, model = _model(saved)
+    condattn.apply_conditioning(model, method)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    model.train()
+    model(ids)  # (σReparam: a training step moves v)
+    model.eval()
+    model.save_pretrained(tmp_path)
+    cls, _ = _model(loaded)
+    transformers_log.clear()
+    out = from_pretrained(cls, tmp_path)
+    base = lambda m: getattr(m, m.base_model_prefix, m)  # noqa: E731
+    torch.testing.assert_close(base(out)(ids).last_hidden_state, base(model)(ids).last_hidden_state, rtol=0, atol=1e-6)
+    text = "\n".join(r.getMessage().split("\n", 1)[-1] for r in transformers_log.records)  # (less the path)
+    assert "classifier.weight" in text and "sigma_" not in text and "condattn_" not in text, text
+
+
+@pytest.mark.parametrize("method", ["qk_norm", "sigma_reparam"])
+def test_condattn_loader_reports_none_of_the_keys_it_restores(tmp_path, transformers_log, method):
+    cls, model = _model("bert")
+    condattn.apply_conditioning(model, method)
+    model.save_pretrained(tmp_path)
+    transformers_log.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no PlainLoadWarning from the loader that keeps the method)
+        loaded = from_pretrained(cls, tmp_path)
+    assert not [r for r in transformers_log.records if "LOAD REPORT" in r.getMessage()
+                or "were not used" in r.getMessage()]
+    assert condattn.conditioning_report(loaded).method == method
+    cls.from_pretrained(tmp_path)  # a plain load still reports the keys it dropped
+    assert any("UNEXPECTED" in r.getMessage() or "were not used" in r.getMessage() for r in transformers_log.records)
