@@ -90,8 +90,11 @@ def test_sca_on_gpt2_exports():
 
 
 def test_transformers_init_reaches_what_sigma_reparam_adds():
-    """transformers' own initialisation (init_weights: `_init_weights` on every module) re-initialises W, and γ, v
-    follow from the new W as at application (σ_max(W) and its top right singular vector)."""
+    """transformers' own initialisation (init_weights: `_init_weights` on every module) re-initialises W; γ follows
+    from the new W as at application (σ_max(W)), v goes back to its constant start, the same on every build, and
+    takes the new W's top right singular vector at the first forward."""
+    from condattn.conditioning.methods.sigma_reparam import start_vector
+
     cls, model = _model("llama")
     condattn.apply_conditioning(model, "sigma_reparam")
     with torch.no_grad():
@@ -102,13 +105,44 @@ def test_transformers_init_reaches_what_sigma_reparam_adds():
         m._is_hf_initialized = False
     model.init_weights()
     attn = model.model.layers[0].self_attn
-    for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+    for proj in projs:
+        assert torch.equal(proj.sigma_v, start_vector(proj.sigma_v.numel(), proj.sigma_v))
+    model(torch.randint(0, 50, (1, 5)))
+    for proj in projs:
         _, s, vh = torch.linalg.svd(proj.weight.detach())
         torch.testing.assert_close(proj.sigma_gamma.detach(), s[0])
         torch.testing.assert_close((proj.sigma_v @ vh[0]).abs(), torch.tensor(1.0))
     condattn.remove_conditioning(model)
     assert "_init_weights" not in model.__dict__ and not any("sigma" in k for k in model.state_dict())
 
+
+def test_sigma_reparam_buffers_are_the_same_on_every_build():
+    """transformers' test_init_weights_can_init_buffers: a model built with its own init skipped and one built on
+    the meta device then initialised (to_empty, init_weights) hold equal buffers; v's start does not depend on W."""
+    cls, model = _model("bert")
+    condattn.apply_conditioning(model, "sigma_reparam")
+    with torch.device("meta"):
+        meta = cls(model.config)
+    condattn.apply_conditioning(meta, "sigma_reparam")
+    meta.to_empty(device="cpu")
+    meta.init_weights()
+    built, inited = dict(model.named_buffers()), dict(meta.named_buffers())
+    assert built.keys() == inited.keys() and any("sigma_v" in k for k in built)
+    assert all(torch.equal(v, inited[k]) for k, v in built.items() if "sigma_v" in k)
+
+
+def test_a_set_sigma_v_is_kept_at_the_first_forward():
+    """A v other than the constant start (loaded, or set by hand) is not replaced by the SVD at the first forward."""
+    cls, model = _model("bert")
+    condattn.apply_conditioning(model, "sigma_reparam")
+    v = model.encoder.layer[0].attention.self.query.sigma_v
+    with torch.no_grad():
+        v.copy_(torch.nn.functional.normalize(torch.randn(v.shape, generator=torch.Generator().manual_seed(3)), dim=0))
+    kept = v.clone()
+    model.eval()
+    model(torch.randint(0, 50, (1, 5)))
+    assert torch.equal(v, kept)
 
 def _plain_load(cls, path) -> list[str]:
     """The PlainLoadWarning lines of a plain transformers from_pretrained."""
