@@ -110,8 +110,6 @@ def conditioned(cls, method: str):
 
 def refusal(family: str, method: str) -> str:
     """'' when `method` applies to `family`'s models, else the one-line reason it is refused."""
-    import condattn
-
     try:
         conditioned(model_classes(family)[0], method)(Tester(None, family).get_config())
     except (ValueError, RuntimeError) as e:
@@ -179,7 +177,8 @@ def write_entry(pkg: Path, methods: list[str], families: list[str]) -> Path:
 
 
 def run_tests(entry: Path, junit: Path, k: str | None) -> float:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{CACHE / 'deps'}",
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{CACHE / 'deps'}",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", "-n", "0",
            "--rootdir", str(entry.parent.parent), "-c", os.devnull, f"--junitxml={junit}", str(entry)]
@@ -199,18 +198,25 @@ def outcomes(junit: Path) -> dict[tuple[str, str], dict[str, str]]:
     return out
 
 
-def report(results, refused, methods, families, seconds: float, k: str | None) -> str:
+def provenance(seconds: float, k: str | None) -> str:
+    """The run's command, releases, commit and time."""
     import torch
     import transformers
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     dirty = subprocess.run(["git", "status", "--porcelain", "condattn"], cwd=ROOT, capture_output=True, text=True)
-    lines = [f"# transformers' common model tests under each method ({datetime.now(timezone.utc):%Y-%m-%d})", "",
-             f"`python scripts/transformers_common.py{' -k ' + k if k else ''}`: transformers {transformers.__version__}"
-             f" (its tests/test_modeling_common.py), torch {torch.__version__}, condattn at {commit.strip()}"
-             f"{' (condattn/ modified)' if dirty.stdout.strip() else ''}, CPU, {seconds / 60:.1f} min. Passed / "
-             "failed / skipped per family (the model classes in scripts/transformers_common.py); failures beyond "
-             "the unconditioned model's (`none`) named below the table.", "",
+    return (f"`python scripts/transformers_common.py{' --k ' + k if k else ''}`, "
+            f"{datetime.now(timezone.utc):%Y-%m-%d}: transformers {transformers.__version__} (its "
+            f"tests/test_modeling_common.py), torch {torch.__version__}, condattn at {commit.strip()}"
+            f"{' (condattn/ modified)' if dirty.stdout.strip() else ''}, CPU, {seconds / 60:.1f} min")
+
+
+def report(results, refused, methods, families, made: str) -> str:
+    """The markdown page: `made` (provenance), the counts per family and method, the failures beyond `none`."""
+    lines = ["# transformers' common model tests under each method", "",
+             f"{made}. Passed / failed / skipped test cases per family (the model classes in "
+             "scripts/transformers_common.py); failures beyond the unconditioned model's (`none`) named below the "
+             "table.", "",
              "| method | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
     extra: dict[str, set[str]] = defaultdict(set)
     for method in methods:
@@ -254,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     pkg = sources(transformers.__version__)
     junit = pkg.parent / "junit.xml"
     seconds = run_tests(write_entry(pkg, methods, args.families), junit, args.k)
-    text = report(outcomes(junit), refused, methods, args.families, seconds, args.k)
+    text = report(outcomes(junit), refused, methods, args.families, provenance(seconds, args.k))
     print(text)
     if not args.k and set(args.families) == set(FAMILIES):
         OUT.parent.mkdir(parents=True, exist_ok=True)
