@@ -198,17 +198,22 @@ def outcomes(junit: Path) -> dict[tuple[str, str], dict[str, str]]:
     return out
 
 
-def provenance(seconds: float, k: str | None) -> str:
+def commit() -> str:
+    """The commit this run tests (read when it starts), marked when condattn/ differs from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "status", "--porcelain", "condattn"], cwd=ROOT, capture_output=True, text=True)
+    return head.strip() + (" (condattn/ modified)" if dirty.stdout.strip() else "")
+
+
+def provenance(seconds: float, k: str | None, tested: str) -> str:
     """The run's command, releases, commit and time."""
     import torch
     import transformers
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    dirty = subprocess.run(["git", "status", "--porcelain", "condattn"], cwd=ROOT, capture_output=True, text=True)
     return (f"`python scripts/transformers_common.py{' --k ' + k if k else ''}`, "
             f"{datetime.now(timezone.utc):%Y-%m-%d}: transformers {transformers.__version__} (its "
-            f"tests/test_modeling_common.py), torch {torch.__version__}, condattn at {commit.strip()}"
-            f"{' (condattn/ modified)' if dirty.stdout.strip() else ''}, CPU, {seconds / 60:.1f} min")
+            f"tests/test_modeling_common.py), torch {torch.__version__}, condattn at {tested}, CPU, "
+            f"{seconds / 60:.1f} min")
 
 
 def report(results, refused, methods, families, made: str) -> str:
@@ -257,10 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     methods = ["none", *[m for m in args.methods if m != "none"]]
     refused = {(f, m): why for f in args.families for m in methods if (why := refusal(f, m))}
+    tested = commit()
     pkg = sources(transformers.__version__)
     junit = pkg.parent / "junit.xml"
     seconds = run_tests(write_entry(pkg, methods, args.families), junit, args.k)
-    text = report(outcomes(junit), refused, methods, args.families, provenance(seconds, args.k))
+    text = report(outcomes(junit), refused, methods, args.families, provenance(seconds, args.k, tested))
     print(text)
     if not args.k and set(args.families) == set(FAMILIES):
         OUT.parent.mkdir(parents=True, exist_ok=True)
