@@ -1,11 +1,9 @@
 """What a new user of the method library meets first (issue 50): options of another method and numbers given as
 strings refused in one line; remove_conditioning's refusal on init-only methods telling what happened; κ(J) on a
 channels-first attention (EfficientViT-MSRA), unpatched and patched, and σReparam's convolutions still found by the
-diagnostics; a plain transformers load of a conditioned checkpoint naming the loader that keeps its weights."""
+diagnostics. (A plain transformers load of a conditioned checkpoint: tests/test_save_load.py.)"""
 
 from __future__ import annotations
-
-import logging
 
 import pytest
 import torch
@@ -99,50 +97,6 @@ def test_cheap_diagnostics_after_sigma_reparam_keeps_every_key():
     condattn.apply_conditioning(model, "sigma_reparam")
     patched = cheap_diagnostics(model, lambda m, b: m(b), x)["flat"]
     assert len(plain) > 100 and set(patched) == set(plain)
-
-
-def _bert():
-    tf = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    return tf.BertModel(tf.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                      intermediate_size=64, max_position_embeddings=32)).eval()
-
-
-@pytest.mark.parametrize("method", ["qk_norm", "sigma_reparam"])
-def test_a_plain_transformers_load_names_the_loader(tmp_path, caplog, monkeypatch, method):
-    import json
-
-    from transformers.utils import logging as tf_logging
-
-    tf_logging.get_logger("transformers")  # (configured now: its root stops propagation, which caplog needs)
-    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)
-    model = _bert()
-    condattn.apply_conditioning(model, method)
-    model.save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())["condattn_conditioning"]
-    assert saved["method"] == method and set(saved) - {"method"}  # the method and its options
-    with caplog.at_level(logging.WARNING):
-        type(model).from_pretrained(tmp_path)
-    lines = [r.getMessage().splitlines()[0] for r in caplog.records if "condattn" in r.getMessage()]
-    assert len(set(lines)) == 1 and repr(method) in lines[0]  # (transformers 4.x may log its report twice)
-    assert "condattn.conditioning.from_pretrained" in lines[0]
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):  # the loader that keeps the weights does not warn about itself
-        loaded = condattn.conditioning.from_pretrained(type(model), tmp_path)
-    assert not [r for r in caplog.records if "condattn:" in r.getMessage()]
-    assert set(loaded.state_dict()) == set(model.state_dict())
-
-
-def test_a_plain_load_of_an_unconditioned_checkpoint_says_nothing(tmp_path, caplog, monkeypatch):
-    model = _bert()
-    from transformers.utils import logging as tf_logging
-
-    tf_logging.get_logger("transformers")
-    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)
-    model.save_pretrained(tmp_path)
-    with caplog.at_level(logging.WARNING):
-        type(model).from_pretrained(tmp_path)
-    assert not [r for r in caplog.records if "condattn" in r.getMessage()]
 
 
 def test_the_core_install_needs_only_torch():

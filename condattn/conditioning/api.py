@@ -15,7 +15,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import CONFIG_KEY, LOADING_ITSELF, forget, record, saved_weights
+from .checkpoint import (
+    CONFIG_KEY,
+    HELD,
+    LOADING_ITSELF,
+    base_prefix_map,
+    forget,
+    record,
+    report_untaken,
+    saved_weights,
+)
 from .report import PatchReport
 from .spec import (
     EMBEDDED_OPTIONS,
@@ -53,7 +62,7 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
 
     What a method adds is a fact of its MethodSpec: most add no parameters or buffers, so `state_dict` keys are
     unchanged and checkpoints load into a patched or unpatched model alike; `qk_norm` and `sigma_reparam` add theirs
-    (`adds_keys`; `condattn.conditioning.load` re-applies them before the weights load). Init-only methods
+    (`adds_keys`; `condattn.conditioning.from_pretrained` re-applies them before the weights load). Init-only methods
     (`conditioned_init`, `mimetic_init`, `spectral` with mode=init) change the weights' values once and attach
     nothing. Returns a PatchReport listing every patched (and skipped) module, with how it was matched.
 
@@ -135,30 +144,47 @@ def conditioning_report(model: nn.Module) -> PatchReport | None:
 def from_pretrained(model_class, path: str | Path, **kwargs: Any) -> nn.Module:
     """`model_class.from_pretrained(path, **kwargs)` with the conditioning recorded in its config re-applied and
     every saved weight (the parameters and buffers the method added included) loaded (checkpoint.py). An init-only
-    method is not re-applied (its effect is in the weights); a composite re-applies its parts that attach."""
-    token = LOADING_ITSELF.set(True)  # (transformers' report of the added keys it skipped: this loader adds them)
+    method is not re-applied (its effect is in the weights); a composite re-applies its parts that attach. The
+    checkpoint may hold the model with or without its head (keys matched through `base_model_prefix`, as transformers
+    does). transformers' report of checkpoint keys it did not take leaves out those this loader then loads."""
+    held: list = []
+    tokens = LOADING_ITSELF.set(True), HELD.set(held)
     try:
-        model = model_class.from_pretrained(str(path), **kwargs)
+        model, info = model_class.from_pretrained(str(path), **{**kwargs, "output_loading_info": True})
     finally:
-        LOADING_ITSELF.reset(token)
+        HELD.reset(tokens[1])
+        LOADING_ITSELF.reset(tokens[0])
+    restored, model_key = _reapply(model, Path(path))
+    untaken = info.get("unexpected_keys", ())
+    info["unexpected_keys"] = type(untaken)(k for k in untaken if k not in restored and model_key(k) not in restored)
+    report_untaken(held, model, info)
+    return (model, info) if kwargs.get("output_loading_info") else model
+
+
+def _reapply(model: nn.Module, path: Path) -> tuple[set[str], Any]:
+    """Re-apply the conditioning recorded in `model`'s config and load the saved weights it adds; returns the model
+    keys loaded and the checkpoint key -> model key map (nothing for a checkpoint saved without conditioning)."""
     node = dict(getattr(model.config, CONFIG_KEY, None) or {})
     if not node:
-        return model
+        return set(), str
     method = node.pop("method")
     parts = [p for p in (method_spec(method).parts or (method,)) if not method_spec(p).once(node)]
     if not parts or parts == ["none"]:
-        return model  # init-only: its effect is in the saved weights
+        return set(), str  # init-only: its effect is in the saved weights
     plain = set(model.state_dict())
     opts = {k for p in parts for k in method_spec(p).options}
     apply_conditioning(model, "+".join(parts), **{k: v for k, v in node.items() if k in opts})
     record(model, method, node)  # (the config keeps what was saved)
-    saved = saved_weights(Path(path))
-    lost = sorted(set(model.state_dict()) - plain - set(saved))
+    saved = saved_weights(path)
+    keys = base_prefix_map(model, saved)
+    state = model.state_dict()
+    added = set(state) - plain
+    lost = sorted(added - set(keys.values()))
     if lost:
         raise ValueError(f"condattn from_pretrained: the checkpoint at {path} lacks {len(lost)} of the keys "
                          f"{method} adds (e.g. {lost[0]}); it was not saved from a model conditioned this way")
     with torch.no_grad():
-        state = model.state_dict()
-        for k in sorted(set(saved) & set(state)):
-            state[k].copy_(saved[k].to(state[k]))
-    return model
+        for k, mk in keys.items():
+            if mk in state:
+                state[mk].copy_(saved[k].to(state[mk]))
+    return added, lambda k: keys.get(k, k)

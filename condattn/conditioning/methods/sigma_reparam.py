@@ -7,8 +7,13 @@ reference: apple/ml-sigma-reparam, `vision/layers.py` and `vision/vit.py`): ever
   and uses σ = uᵀ W v' with u, v' held constant, so gradients reach W through that bilinear form (and γ).
 - In training mode the step is stored (v ← v'), also under torch.no_grad, as the reference's `if self.training`
   does; in eval mode the step is taken afresh on every forward and not stored.
-- γ (`sigma_gamma*`) is learnable, initialised to σ_max(W), and v starts at W's top right singular vector (one SVD
-  when the method is applied), so Ŵ = W at init.
+- γ (`sigma_gamma*`) is learnable, initialised to σ_max(W), and v starts at W's top right singular vector, so Ŵ = W
+  at init. That SVD is taken at the first forward, from the weight as it is then (the reference takes it when the
+  layer is built; nothing changes W in between unless the model is re-initialised or loaded, and then this is the
+  weight that counts): until then v holds the constant 1/√n (`start_vector`), so a freshly built or re-initialised
+  model's buffers are the same on every build (transformers' `test_init_weights_can_init_buffers`). A v other than
+  that constant (loaded, or set by hand) is kept. A graph traced by torch.compile / export before the first forward
+  computes that start in the graph (torch.where on v = 1/√n), so its numbers are the eager model's.
 
 `partition` says which matrix gets one σ and one γ:
 - `fused` (default; the reference's reading): one per weight as the module stores it. The reference's `vit.py`
@@ -53,6 +58,26 @@ def power_step(w: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Te
         return u, F.normalize(wd.T @ u, dim=0)
 
 
+def start_vector(n: int, like: torch.Tensor) -> torch.Tensor:
+    """v before the first forward: the constant unit vector 1/√n (a buffer's value independent of W's draw)."""
+    return torch.full((n,), n ** -0.5, dtype=like.dtype, device=like.device)
+
+
+def _tracing() -> bool:
+    """Under torch.compile, torch.export or jit tracing (tensors' values cannot be read; fx's Proxy tracing reads
+    the module's real tensors and is not this)."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or \
+        getattr(torch.compiler, "is_exporting", lambda: False)()
+
+
+def _start_in_graph(v: torch.Tensor, w_b: torch.Tensor) -> torch.Tensor:
+    """SigmaReparam._start without reading values (a traced graph): W_b's top right singular vector where v is
+    still the constant start, else v."""
+    with torch.no_grad():
+        top = torch.linalg.svd(w_b.detach().float(), full_matrices=False)[2][0].to(v.dtype)
+        return torch.where((v == start_vector(v.numel(), v)).all(), top, v)
+
+
 class SigmaReparam:
     """Ŵ of one weight parameter (`param` of `holder`): blocks of output rows (torch layout; None: all of them), each
     with its own σ and γ, registered on the holder as sigma_gamma{suffix} and sigma_v{suffix}."""
@@ -60,6 +85,7 @@ class SigmaReparam:
     def __init__(self, holder: nn.Module, param: str, transposed: bool, owner: nn.Module):
         self.holder, self.param, self.transposed, self.owner = holder, param, transposed, owner
         self.blocks: list[tuple[str, torch.Tensor | None]] = []  # (suffix, torch-layout output rows or None)
+        self.starting: set[str] = set()  # blocks whose v takes W's top singular vector at the next eager forward
 
     def _ndim(self) -> int:
         return self.holder._parameters[self.param].dim()  # (the stored parameter's: `w` may be an fx Proxy)
@@ -79,26 +105,41 @@ class SigmaReparam:
     @torch.no_grad()
     def add_block(self, suffix: str, rows: torch.Tensor | None = None) -> None:
         s, v = self._svd(rows)
-        dt = self.holder._parameters[self.param].dtype
-        self.holder.register_parameter(f"sigma_gamma{suffix}", nn.Parameter(s.to(dt).clone()))
-        self.holder.register_buffer(f"sigma_v{suffix}", v.to(dt).contiguous())
+        w = self.holder._parameters[self.param]
+        self.holder.register_parameter(f"sigma_gamma{suffix}", nn.Parameter(s.to(w.dtype).clone()))
+        self.holder.register_buffer(f"sigma_v{suffix}", start_vector(v.numel(), w))
         self.blocks.append((suffix, rows))
+        self.starting.add(suffix)
 
     @torch.no_grad()
     def reset(self) -> None:
         """γ and v as at application, from the current weight (after a model's own re-initialisation of it)."""
         for suffix, rows in self.blocks:
-            s, v = self._svd(rows)
-            getattr(self.holder, f"sigma_gamma{suffix}").copy_(s)
-            getattr(self.holder, f"sigma_v{suffix}").copy_(v)
+            getattr(self.holder, f"sigma_gamma{suffix}").copy_(self._svd(rows)[0])
+            v = getattr(self.holder, f"sigma_v{suffix}")
+            v.copy_(start_vector(v.numel(), v))
+            self.starting.add(suffix)
+
+    @torch.no_grad()
+    def _start(self, suffix: str, v: torch.Tensor) -> None:
+        """At the first eager forward: v ← W's top right singular vector, unless v was set since (loaded)."""
+        self.starting.discard(suffix)
+        if torch.equal(v, start_vector(v.numel(), v)):
+            rows = dict(self.blocks)[suffix]
+            v.copy_(self._svd(rows)[1].to(v.dtype))
 
     def sigma(self, suffix: str, w_b: torch.Tensor) -> torch.Tensor:
         """σ = uᵀ W_b v' after one power step from the stored v; the step is stored in training mode only."""
-        v = getattr(self.holder, f"sigma_v{suffix}")
+        v = stored = getattr(self.holder, f"sigma_v{suffix}")
+        if suffix in self.starting:
+            if _tracing():
+                v = _start_in_graph(stored, w_b)
+            else:
+                self._start(suffix, stored)
         u, v_new = power_step(w_b, v)
         if self.holder.training:
             with torch.no_grad():
-                v.copy_(v_new)
+                stored.copy_(v_new)
         return u @ w_b @ v_new
 
     def weight(self, w: torch.Tensor) -> torch.Tensor:
