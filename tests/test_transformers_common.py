@@ -20,6 +20,7 @@ runner = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(runner)
 
 
+@pytest.mark.slow  # builds, saves and reloads a BERT: seconds (the first conditioning in a process)
 def test_a_conditioned_class_keeps_its_name_and_conditions_every_model_it_builds(tmp_path):
     import transformers as tf
 
