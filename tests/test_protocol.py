@@ -16,7 +16,7 @@ from helpers import experiment_raw, plan_of, typed
 
 from condattn.config import ConfigError
 from condattn.experiment import ExperimentError
-from condattn.reporting.stats import last_quarter_change, mde, median_steps, steps_to_target
+from condattn.stats import last_quarter_change, mde, median_steps, steps_to_target
 from condattn.reproduce import LrPick, plan, selection_key
 from condattn.runs import RunRecord
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..reporting.tables import renderer_for
 from ..runs import RunRecord
 from .plan import Plan
 from .store import RunStore, restorable, restore
@@ -73,6 +72,8 @@ def report(p: Plan, failed: list[str], force: bool = False) -> int:
     """Render the table of the plan (`write_table(plan)`) from the runs there are; 1 when cells failed. A table
     with more `missing` cells than the one already at its path (a fresh clone without runs) does not replace it: the
     old files are put back and the refusal says why (`force`: write it anyway)."""
+    from ..reporting.tables import renderer_for
+
     if n := keep_finished(p):  # whether or not the table is written below: a finished run is evidence
         print(f"[reproduce] kept the records of {n} finished runs in {kept_root(p)} (summary, config, metrics, "
               "patch report: commit them with the table)")
