@@ -149,3 +149,11 @@ def plateau_step(steps: list[int | None], total: int) -> float | None:
     """The baseline's median step to its final level when that is in the first half of training, else None."""
     med = median_steps(steps) if steps else None
     return None if med is None or not total or med > total / 2 else med
+
+
+def last_quarter_gain(summaries: list[dict]) -> float | None:
+    """Mean over runs of the validation top-1 gained over the last quarter of training (points); None when no run
+    has a curve (tables 6 and 8 print it as a figure)."""
+    gains = [g for s in summaries
+             if (g := last_quarter_change(curve(s, "acc", 100.0), int(s.get("steps") or 0))) is not None]
+    return statistics.fmean(gains) if gains else None

@@ -6,8 +6,11 @@ serialisation, numbers as numbers."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from enum import Enum
 
@@ -32,14 +35,15 @@ from ..stats import (
     mean_std,
     noise_floor,
     pick_strength,
+    project_holm,
     reach,
     speaks_to,
     verdict_basis,
     verdicts,
 )
 from .observed import (
-    Target,
     TableCell,
+    Target,
     baseline_target,
     collect,
     heuristic_holds,
@@ -213,16 +217,45 @@ class TableResult:
 
     def as_json(self) -> dict:
         """The result as JSON-ready values: numbers as numbers, enums as their words, NaN as None."""
-        return _plain(asdict(self))
+        return plain(asdict(self))
+
+    @classmethod
+    def from_json(cls, doc: Mapping) -> TableResult:
+        """The result back from its serialisation (`as_json`), typed as it was built (findings reads it so)."""
+        return _build(cls, doc)
 
 
-def _plain(x):
+def _build(tp, x):
+    """`x` (JSON values) as an instance of the type hint `tp`: dataclasses field by field, enums by value, tuples."""
+    if x is None:
+        return None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return _build(next(a for a in args if a is not type(None)), x)
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: _build(hints[f.name], x[f.name]) for f in dataclasses.fields(tp) if f.name in x})
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return tp(x)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_build(args[0], v) for v in x)
+        return tuple(_build(a, v) for a, v in zip(args, x))
+    return float(x) if tp is float else x
+
+
+def project_tests(tests: Sequence[tuple[str, float | None, Outcome]]):
+    """Holm over every primary test of a scale (stats.project_holm), for the findings' sensitivity lines."""
+    return project_holm(tests)
+
+
+def plain(x):
     if isinstance(x, Enum):
         return x.value
     if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
+        return {str(k): plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
+        return [plain(v) for v in x]
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x
@@ -378,3 +411,7 @@ def table_result(plan: Plan, floors: Mapping | None = None) -> tuple[TableResult
     result = TableResult(exp.table, scale, plan.output_stem, exp.row_metric(scale), exp.multiplier,
                          exp.higher_is_better_for(), fams, missing_runs(cells) + missing_runs(long))
     return result, cells, long
+
+
+__all__ = ["Arm", "Basis", "Family", "FloorCheck", "Mark", "Outcome", "PaperClaim", "Pick", "Speaks", "State",
+           "TableResult", "Test", "Values", "paper_claim", "plain", "project_tests", "table_result"]
