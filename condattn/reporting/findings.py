@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..table.result import Arm, Basis, Family, Outcome, TableResult, project_tests
+from ..table.result import Arm, Basis, Family, Outcome, State, TableResult, project_tests
 from .fmt import fmt_ci, fmt_num, fmt_p, test_word
 from .protocol import pick_marks
 from .reach import holm_lines, noise_text, speak_sentence
@@ -97,8 +97,10 @@ def _limits(f: Family, a: Arm) -> list[str]:
         out.append(f"at 2× steps: {test_word(a.test2)}"
                    + (f" (Δ {a.test2.diff:+.2f})" if a.test2.diff is not None else ""))
     if a.basis == Basis.BUDGET and a.test is not None:
-        why = (f"Δ {a.trend.at1:+.3g} at 1× → {a.trend.at2:+.3g} at 2×" if a.trend is not None else "no run at 2×")
-        out.append(f"verdict at a budget (baseline {f.state.value if f.state else 'not judged'}; {why})")
+        out.append("verdict at a budget (the baseline converged; the row's Δ moved from 1× to 2× by its MDE or more, or "
+                   "it has no run at 2×)" if f.state == State.CONVERGED else
+                   f"verdict at a budget (baseline {f.state.value if f.state else 'not judged'} at 2× its steps)")
+        out.append(f"Δ {a.trend.at1:+.3g} at 1× → {a.trend.at2:+.3g} at 2×" if a.trend is not None else "no run at 2×")
     if len(set(a.commits) - {""}) > 1:
         out.append(f"runs from {len(set(a.commits) - {''})} commits")
     return out

@@ -108,13 +108,13 @@ def floor_text(f: Family, scale: str, digits: int = 2) -> str:
 
 def family_notes(f: Family, scale: str, unit: str, digits: int) -> list[str]:
     """The lines under a family: last quarter, reach, convergence, noise floor, floors, plateau."""
+    out = [f"{f.name}: {target_text(f, unit or 'points')}"]
     if f.untested:
-        return [f"{f.name}: {target_text(f, unit)}", f"Reach ({f.name}): not tested (one pretraining run per method): "
-                "this table rules out no effect size and its rows print no interval."]
-    out = [f"{f.name}: {target_text(f, unit)}", reach_text(f, digits)]
-    if f.length_check:
-        out.append(convergence_text(f, unit, digits))
-    out.append(noise_text(f, digits))
+        out.append(f"Reach ({f.name}): not tested (one pretraining run per method): this table rules out no effect "
+                   "size and its rows print no interval.")
+    else:
+        out += [reach_text(f, digits), *([convergence_text(f, unit, digits)] if f.length_check else []),
+                noise_text(f, digits)]
     if floor := floor_text(f, scale, digits):
         out.append(f"{f.name}: {floor}")
     if plateau := plateau_text(f):

@@ -253,7 +253,7 @@ def protocol_lines(plan: Plan, result: TableResult, cells: dict, digits: int = 2
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows, found = protocol_rows(result, lambda a: METHOD_LABELS.get(a.method, a.method), digits, bool(exp.pretrain))
     unit = "points" if exp.multiplier == 100 else ""
-    notes = [n for f in result.families for n in family_notes(f, scale, unit or "points", digits)]
+    notes = [n for f in result.families for n in family_notes(f, scale, unit, digits)]
     if exp.pretrain:
         notes.append("The lr grid covers fine-tuning only; each method has one pretraining run, shared by all its "
                      "fine-tuning seeds, so a method is one unit of evidence here and its difference to the baseline "

@@ -293,7 +293,9 @@ def _values(c: TableCell | None) -> Values | None:
                                          tuple(c.missing))
 
 
-def _pick(plan: Plan, key: str, cell: TableCell, higher: bool) -> Pick | None:
+def pick_of(plan: Plan, key: str, cell: TableCell | None = None, higher: bool = True) -> Pick | None:
+    """The lr pick named `key` with its mark (the reported runs of `cell` at the pick add to the spread its lead is
+    judged against); None without a grid."""
     p = plan.picks.get(key)
     if p is None:
         return None
@@ -303,11 +305,10 @@ def _pick(plan: Plan, key: str, cell: TableCell, higher: bool) -> Pick | None:
     if p.pick is None:
         return Pick(p.key, p.base_lr, None, None, False, False, Mark.NONE, None, None, None, 0, n_sel, scores, means)
     flat = p.flat()
-    at_pick = [float(s["metrics"][p.key]) for s in cell.summaries if s["metrics"].get(p.key) is not None]
+    sums = cell.summaries if cell else []
+    at_pick = [float(s["metrics"][p.key]) for s in sums if s["metrics"].get(p.key) is not None]
     st = pick_strength({m: list(by.values()) for m, by in p.scores.items()}, p.pick, higher, p.at_bound, at_pick)
     mark = Mark.FLAT if flat else st.mark if st.mark != Mark.NONE or not p.at_bound else Mark.BOUND
-    if mark == Mark.WEAK and p.at_bound:
-        mark = Mark.WEAK  # the weak mark says more than the bound's (the bound shows in `at_bound`)
     return Pick(p.key, p.base_lr, float(p.pick), float(p.lrs[p.pick]), p.at_bound, flat, mark, st.lead, st.se,
                 st.sigma, st.df, n_sel, scores, means)
 
@@ -343,7 +344,7 @@ def _arm(ctx: _Ctx, rm: tuple[str, str], hyp: str, t: Verdict | None, t2: Verdic
     higher = exp.higher_is_better_for(row)
     med, last, steps = steps_to(cell.summaries, target.value, exp.curve.get("key", "acc"), exp.multiplier, higher)
     return Arm(row, method, label, reading, hyp, _values(cell), _values(ctx.long.get(rm)), _test(t), _test(t2), trend,
-               basis, _pick(plan, exp.pick_key(row, method), cell, higher), paper_claim(exp, row, method),
+               basis, pick_of(plan, exp.pick_key(row, method), cell, higher), paper_claim(exp, row, method),
                spec.rival, med, last, tuple(steps), tuple(sorted({s.get("commit", "") for s in cell.summaries})))
 
 
@@ -375,7 +376,7 @@ def _family(ctx: _Ctx, name: str, members: list[tuple[str, str]]) -> Family:
     sc = scale_of(exp, base_rm[0])
     r = reach(name, base.values, mde_, [(lab, Claim(c.who, c.baseline, c.value, sc)) for lab, c in claims], sc, alpha) \
         if mde_ is not None and len(base.values) >= 2 and not untested else None
-    check = bool(exp.at(scale).length_check) and not untested
+    check = (bool(exp.at(scale).length_check) or base_rm in ctx.long) and not untested
     one, two = base.by_seed(), ctx.long[base_rm].by_seed() if base_rm in ctx.long else {}
     conv = convergence(one, two, r.smallest.here if r is not None and r.smallest else None, higher) if two else None
     state = (conv.state if conv is not None else State.NOT_JUDGED) if check else None
@@ -414,4 +415,4 @@ def table_result(plan: Plan, floors: Mapping | None = None) -> tuple[TableResult
 
 
 __all__ = ["Arm", "Basis", "Family", "FloorCheck", "Mark", "Outcome", "PaperClaim", "Pick", "Speaks", "State",
-           "TableResult", "Test", "Values", "paper_claim", "plain", "project_tests", "table_result"]
+           "TableResult", "Test", "Values", "paper_claim", "pick_of", "plain", "project_tests", "table_result"]
