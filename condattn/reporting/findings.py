@@ -97,8 +97,8 @@ def _limits(f: Family, a: Arm) -> list[str]:
         out.append(f"at 2× steps: {test_word(a.test2)}"
                    + (f" (Δ {a.test2.diff:+.2f})" if a.test2.diff is not None else ""))
     if a.basis == Basis.BUDGET and a.test is not None:
-        out.append("verdict at a budget (the baseline converged; the row's Δ moved from 1× to 2× by its MDE or more, or "
-                   "it has no run at 2×)" if f.state == State.CONVERGED else
+        out.append("verdict at a budget (the baseline converged; the row's Δ moved from 1× to 2× by its MDE or "
+                   "more, or it has no run at 2×)" if f.state == State.CONVERGED else
                    f"verdict at a budget (baseline {f.state.value if f.state else 'not judged'} at 2× its steps)")
         out.append(f"Δ {a.trend.at1:+.3g} at 1× → {a.trend.at2:+.3g} at 2×" if a.trend is not None else "no run at 2×")
     if len(set(a.commits) - {""}) > 1:
