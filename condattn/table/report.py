@@ -94,14 +94,16 @@ def report(p: Plan, failed: list[str], force: bool = False) -> int:
     json_path = md_path.with_suffix(".json")
     now, before = _missing(json_path, json_path.read_bytes() if json_path.exists() else None), \
         _missing(json_path, old.get(json_path))
-    if before is not None and now is not None and not force and now > before:
+    # a committed table without the count (written before it was recorded) is replaced only by a complete one
+    worse = now is not None and now > (before if before is not None else 0)
+    if md_path in old and worse and not force:
         for f in (out / f"{stem}{ext}" for ext in (".md", ".csv", ".json", ".png")):
             if f not in old and f.exists():
                 f.unlink()
         for f, data in old.items():
             f.write_bytes(data)
         print(f"[reproduce] kept {md_path}: the table from the runs under {p.runs_root} has more missing runs "
-              f"({now}) than the one there ({before}); are the runs "
+              f"({now}) than the one there ({'none recorded' if before is None else before}); are the runs "
               "elsewhere (paths.runs, $CONDATTN_RUNS)? --force (FORCE=1) writes it anyway", file=sys.stderr)
         return 1
     print()
