@@ -400,11 +400,13 @@ def _family(ctx: _Ctx, name: str, members: list[tuple[str, str]]) -> Family:
                   heuristic_holds(target), plateau_step(to_final, total), total)
 
 
-def table_result(plan: Plan, floors: Mapping | None = None) -> tuple[TableResult, dict, dict]:
-    """The table's result from its plan's runs (`floors`: the cached floors, {family or row: entry}), with the cells it
-    was built from at 1× and 2× ({(row, method): TableCell}: the views' provenance and curves read their runs)."""
+def table_result(plan: Plan, floors: Mapping | None = None,
+                 cells: dict | None = None) -> tuple[TableResult, dict, dict]:
+    """The table's result from its plan's runs (`floors`: the cached floors, {family or row: entry}; `cells`: the
+    cells at 1× when already read), with the cells it was built from at 1× and 2× ({(row, method): TableCell}: the
+    views' provenance and curves read their runs)."""
     exp, scale = plan.exp, plan.scale
-    cells = collect(plan)
+    cells = collect(plan) if cells is None else cells
     long = longer(plan, cells)
     ctx = _Ctx(plan, cells, long, floors or {})
     fams = tuple(_family(ctx, name, members) for name, members in exp.families(scale).items()
