@@ -34,9 +34,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .reporting.protocol import verdicts
-from .reporting.stats import diff_ci, fmt_p, mean_std
+from .reporting.fmt import fmt_ci, fmt_p, verdict_text
 from .runs import SEED_VARIANT, RunRecord
+from .stats import diff_ci, mean_std, verdicts
 
 
 @dataclass
@@ -46,6 +46,10 @@ class Group:
     summaries: list[dict] = field(default_factory=list)
     unfinished: list[Path] = field(default_factory=list)
     histories: list[list[dict]] = field(default_factory=list)  # metrics.jsonl rows of each finished run
+
+
+def _word(t) -> str:
+    return verdict_text(t.outcome, t.mde_printed)
 
 
 def _is_run(p: Path) -> bool:
@@ -267,7 +271,7 @@ def table(groups: list[Group], metric: str, level: float = 0.95) -> tuple[str, l
         if i == 0:
             delta = "–"
         elif ci:
-            delta = ci.text()
+            delta = fmt_ci(ci.diff, ci.low, ci.high)
         elif vals and ref:
             delta = f"{ms[0] - mean_std(ref)[0]:+.2f} (no CI: needs ≥ 2 runs per group)"
         else:
@@ -276,7 +280,7 @@ def table(groups: list[Group], metric: str, level: float = 0.95) -> tuple[str, l
         p = "–" if t is None or t.p is None else f"{fmt_p(t.p)} / {fmt_p(t.p_adj)} / {fmt_p(t.p_perm)}"
         cells = [
             g.label, str(len(vals)), f"{ms[0]:.2f} ± {spread}" if ms else "no finished runs", delta, p,
-            t.word if t else "–", ",".join(map(str, steps)) or "–", f"{mean_std(walls)[0]:.0f} s" if walls else "–",
+            _word(t) if t else "–", ",".join(map(str, steps)) or "–", f"{mean_std(walls)[0]:.0f} s" if walls else "–",
             " ".join(_seed_tag(d) for d in g.runs) + (f" (+{len(g.unfinished)} unfinished)" if g.unfinished else ""),
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -285,7 +289,7 @@ def table(groups: list[Group], metric: str, level: float = 0.95) -> tuple[str, l
                      "diff": ci.diff if ci else None, "ci_low": ci.low if ci else None,
                      "ci_high": ci.high if ci else None, "p_welch": t.p if t else None,
                      "p_adjusted": t.p_adj if t else None, "p_permutation": t.p_perm if t else None,
-                     "verdict": t.word if t else None, "values": vals, "steps": steps, "wall_time_s": walls})
+                     "verdict": _word(t) if t else None, "values": vals, "steps": steps, "wall_time_s": walls})
     how = {"welch-t": "Welch t interval", "bootstrap": "bootstrap percentile interval (scipy not installed)"}
     kinds = ", ".join(how[m] for m in sorted(methods)) or "none computed"
     which = f"Holm-adjusted p over the {len(groups) - 1} groups set beside the first" if holm else "p"

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from .engine import provenance
-from .reporting.stats import fmt_p, mde, mean_std, welch_ci, welch_p
+from .reporting.fmt import fmt_p
+from .stats import mde, mean_std, welch_ci, welch_p
 
 
 def verdict(ci, m: float | None) -> str:

@@ -2,12 +2,14 @@
 
 Layers, top to bottom (a module may import its own layer and the layers below it, never one above):
 
-1. entry points: train, reproduce, launch, compare, bench, diagnose, reporting, table, floors, medium_claim (+ its
-   report and projection)
-2. the engine: engine (trainer and its parts, optimizer, preflight), config (Hydra composition), checks (values)
-3. the zoo: models, data, tasks
-4. leaves of the harness: runs (the run record), utils
-5. the method library: conditioning, diagnostics. They import torch (and timm / transformers to match layouts),
+1. entry points: train, reproduce, compare, bench, diagnose, floors, medium_claim (+ its report and projection), the
+   table wing's commands (table.report: plan → result → views; table.equivalence) and `python -m condattn.reporting`
+2. the views: reporting (Markdown, CSV, JSON, figures, findings, README block), formatting a TableResult
+3. the table wing: table (plan, run store, TableResult) and launch (composing and launching cells)
+4. the engine: engine (trainer and its parts, optimizer, preflight), config (Hydra composition), checks (values)
+5. the zoo: models, data, tasks
+6. leaves of the harness: runs (the run record), utils, stats (the statistics: pure functions on numbers)
+7. the method library: conditioning, diagnostics. They import torch (and timm / transformers to match layouts),
    nothing else of condattn; diagnostics may read conditioning's sites, never the reverse.
 
 Every import counts, also one inside a function: a lazy import is still a dependency.
@@ -24,12 +26,15 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "condattn"
 
 LAYERS: list[list[str]] = [
-    ["condattn.train", "condattn.reproduce", "condattn.reproduce_all", "condattn.launch", "condattn.compare",
-     "condattn.bench", "condattn.diagnose", "condattn.reporting", "condattn.table", "condattn.floors",
-     "condattn.medium_claim", "condattn.medium_claim_report", "condattn.medium_projection"],
+    ["condattn.train", "condattn.reproduce", "condattn.reproduce_all", "condattn.compare", "condattn.bench",
+     "condattn.diagnose", "condattn.floors", "condattn.medium_claim", "condattn.medium_claim_report",
+     "condattn.medium_projection", "condattn.table.report", "condattn.table.equivalence",
+     "condattn.reporting.__main__"],
+    ["condattn.reporting"],
+    ["condattn.table", "condattn.launch"],
     ["condattn.engine", "condattn.config", "condattn.experiment", "condattn.checks"],
     ["condattn.models", "condattn.data", "condattn.tasks"],
-    ["condattn.runs", "condattn.utils"],
+    ["condattn.runs", "condattn.utils", "condattn.stats"],
     ["condattn.diagnostics"],
     ["condattn.conditioning"],
 ]
@@ -128,6 +133,20 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_dependencies_point_down():
     problems = violations(import_graph())
     assert not problems, "upward imports:\n" + "\n".join(problems)
+
+
+def test_no_view_imports_the_statistics():
+    """The views format a TableResult: none of reporting/ imports condattn.stats (the table wing decides)."""
+    graph = import_graph()
+    bad = sorted(f"{m} imports {d}" for m in graph if m.startswith("condattn.reporting")
+                 for d in graph[m] if d == "condattn.stats" or d.startswith("condattn.stats."))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_statistics_import_nothing_of_condattn():
+    graph = import_graph()
+    assert not [d for m in graph if m.startswith("condattn.stats") for d in graph[m]
+                if not d.startswith("condattn.stats")]
 
 
 def test_no_import_cycle():

@@ -103,10 +103,11 @@ def test_the_makefile_refuses_a_look_alike_of_its_own_variables():
 
 
 def test_one_seed_prints_no_spread():
-    from condattn.reporting.stats import fmt_n
+    from condattn.reporting.fmt import fmt_values
+    from condattn.table.result import Values
 
-    assert fmt_n([19.333]) == "19.33, n = 1 (no spread)"  # today's main printed "19.33 ± 0.00 (n=1)"
-    assert fmt_n([30.0, 32.0]) == "31.00 ± 1.41 (n=2)"
+    assert fmt_values(Values((0,), (19.333,), ())) == "19.33, n = 1 (no spread)"  # never "19.33 ± 0.00 (n=1)"
+    assert fmt_values(Values((0, 1), (30.0, 32.0), ())) == "31.00 ± 1.41 (n=2)"
 
 
 def test_relative_paths_are_the_project_roots_from_a_subdirectory(tmp_path, monkeypatch):

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from condattn.compare import main, resolve
-from condattn.reporting.stats import bootstrap_ci, diff_ci, fmt_mean_std, fmt_p, mean_std, welch_ci, welch_p
+from condattn.reporting.fmt import fmt_ci, fmt_p, fmt_values
+from condattn.stats.core import bootstrap_ci, diff_ci, mean_std, welch_ci, welch_p
+from condattn.table.result import Values
+
+
+def ci_text(ci) -> str:
+    return fmt_ci(ci.diff, ci.low, ci.high)
 
 REPO = Path(__file__).resolve().parents[1]
 A = [0.30, 0.32, 0.31]  # test_acc of a baseline over 3 seeds
@@ -43,7 +49,7 @@ def runs(tmp_path):
 
 def test_stats_helpers():
     assert mean_std([1.0]) == (1.0, 0.0)
-    assert fmt_mean_std([30.0, 32.0]) == "31.00 ± 1.41"  # the tables' format (sample std)
+    assert fmt_values(Values((0, 1), (30.0, 32.0), ())) == "31.00 ± 1.41 (n=2)"  # the tables' format (sample std)
     ci = welch_ci([100 * a for a in A], [100 * b for b in B])
     from scipy import stats
 
@@ -79,7 +85,7 @@ def test_compare_cli_table_and_figure(runs, tmp_path, capsys):
     # Holm over the 2 groups set beside the first: the one-run group has no test but still counts (as p = 1)
     p = welch_p([100 * a for a in A], [100 * b for b in B])
     assert lines[2] == "| t4_listops_none_smoke | 3 | 31.00 ± 1.00 | – | – | – | 120 | 30 s | s0 s1 s2 |"
-    assert lines[3] == (f"| t4_listops_embedded_smoke_s* | 3 | 36.33 ± 1.53 | {ci.text()} | {fmt_p(p)} / "
+    assert lines[3] == (f"| t4_listops_embedded_smoke_s* | 3 | 36.33 ± 1.53 | {ci_text(ci)} | {fmt_p(p)} / "
                         f"{fmt_p(2 * p)} / 0.100 | better | 120 | 40 s | s0 s1 s2 |")
     assert lines[4] == ("| t4_listops_spectral | 1 | 20.00 ± n/a | -11.00 (no CI: needs ≥ 2 runs per group) | – | – | "
                         "120 | 30 s | s0 (+1 unfinished) |")
@@ -154,7 +160,8 @@ def test_compare_reads_wandb_groups(runs, tmp_path, capsys, monkeypatch):
     lines = capsys.readouterr().out.splitlines()
     ci = welch_ci([100 * a for a in A], [100 * b for b in B])
     p = fmt_p(welch_p([100 * a for a in A], [100 * b for b in B]))  # one group beside the first: p unadjusted
-    assert lines[3] == (f"| t4_listops_embedded | 3 | 36.33 ± 1.53 | {ci.text()} | {p} / {p} / 0.100 | better | 120 | "
+    assert lines[3] == (f"| t4_listops_embedded | 3 | 36.33 ± 1.53 | {ci_text(ci)} | {p} / {p} / 0.100 | better | "
+                        "120 | "
                         "30 s | s0 s1 s2 (+1 unfinished) |")
     assert (tmp_path / "w.png").stat().st_size > 10_000
 

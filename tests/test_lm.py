@@ -316,12 +316,15 @@ def test_table5_renders_losses_lower_is_better():
     exp = load(EXP)
     cells = {("gpt2", m): TableCell("gpt2", m, [0, 1], values=v, steps=[40] * len(v), wall=[5.0] * len(v))
              for m, v in {"none": [6.0, 6.2], "spectral": [6.3, 6.3], "embedded": [5.9, 6.1]}.items()}
-    md, rows = render(plan_of(exp, "smoke", ".", "."), cells)
+    from condattn.table.result import table_result
+
+    plan = plan_of(exp, "smoke", ".", ".")
+    md, rows = render(plan, table_result(plan, cells=cells)[0], cells)
     line = [ln for ln in md.splitlines() if ln.startswith("| gpt2")][0]
     assert line == ("| gpt2 | 2.41 | 2.36 | – | – | 6.10 ± 0.14 (n=2) | 6.30 ± 0.00 (n=2) | 6.00 ± 0.14 (n=2) "
                     "| 40 | 5 s |")
     assert "of val_loss). Lower is better." in md and "× 100" not in md
-    assert [r["paper_value"] for r in rows] == ["", "", 2.36]
+    assert [r["paper_value"] for r in rows] == [None, None, 2.36]
 
 
 @pytest.mark.slow

@@ -16,9 +16,9 @@ from helpers import experiment_raw, plan_of, typed
 
 from condattn.config import ConfigError
 from condattn.experiment import ExperimentError
-from condattn.reporting.stats import last_quarter_change, mde, median_steps, steps_to_target
 from condattn.reproduce import LrPick, plan, selection_key
 from condattn.runs import RunRecord
+from condattn.stats import last_quarter_change, mde, median_steps, steps_to_target
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,7 +101,8 @@ def test_lr_pick_a_flat_grid_grows_each_way_to_the_bound_then_is_marked_flat():
     d = p.as_dict()
     assert d["flat"] and not d["at_bound"]
     from condattn.reporting.protocol import lr_text
-    assert lr_text(plan_of(grid_exp(), "small", ".", ".", picks={"r": p}), "r") == "×1 (1e-03, flat)"
+    from condattn.table.result import pick_of
+    assert lr_text(pick_of(plan_of(grid_exp(), "small", ".", ".", picks={"r": p}), "r")) == "×1 (1e-03, flat)"
     # a grid that differs anywhere is not flat; a failed lr is not a score
     q = LrPick("r", "val_acc", 1e-3, {0.5: 5e-4, 1.0: 1e-3}, [100, 101], (0.125, 8.0),
                {0.5: {100: 0.1, 101: 0.1}, 1.0: {100: 0.1, 101: 0.12}})
@@ -242,10 +243,10 @@ def test_steps_to_target_and_convergence_on_a_synthetic_curve():
 
 
 def test_a_baseline_at_its_final_level_in_the_first_half_is_called_a_plateau():
-    from condattn.reporting.protocol import plateau_text
-    assert "by step 200 of 400" in plateau_text([200, 100, 300, 200, None], 400)
-    assert plateau_text([2500, 2400, 2600], 3000) == ""
-    assert plateau_text([None, None, 100], 400) == "" and plateau_text([], 400) == ""
+    from condattn.table.observed import plateau_step
+    assert plateau_step([200, 100, 300, 200, None], 400) == 200  # the median step, in the first half
+    assert plateau_step([2500, 2400, 2600], 3000) is None
+    assert plateau_step([None, None, 100], 400) is None and plateau_step([], 400) is None
 
 
 def test_readings_table_reports_the_protocol(tmp_path):
@@ -383,15 +384,16 @@ def test_cost_line_projects_the_whole_table_from_each_tasks_median():
 
 def test_a_pick_at_the_declared_bound_is_marked():
     from condattn.reporting.protocol import lr_text
+    from condattn.table.result import pick_of
 
     def exp(pick, bound=(0.5, 2.0)):
-        return plan_of(grid_exp(), "small", ".", ".", picks={"r": lr_pick({0.5: 0.9, 1.0: 0.8, 2.0: 0.7}, pick,
-                                                                              bound=bound)})
+        return pick_of(plan_of(grid_exp(), "small", ".", ".", picks={"r": lr_pick({0.5: 0.9, 1.0: 0.8, 2.0: 0.7}, pick,
+                                                                                      bound=bound)}), "r")
 
-    assert lr_text(exp(0.5), "r") == "×0.5 (5e-04, bound binding)"  # still beats its inner neighbour
-    assert lr_text(exp(2.0), "r") == "×2 (2e-03, bound, weak pick)"  # at the bound, behind its neighbour
-    assert lr_text(exp(1.0), "r") == "×1 (1e-03, weak pick)"  # not a bound; behind its neighbour ×0.5
-    assert lr_text(exp(2.0, bound=(0.125, 8)), "r") == "×2 (2e-03, weak pick)"  # inside the bound: no bound mark
+    assert lr_text(exp(0.5)) == "×0.5 (5e-04, bound binding)"  # still beats its inner neighbour
+    assert lr_text(exp(2.0)) == "×2 (2e-03, bound, weak pick)"  # at the bound, behind its neighbour
+    assert lr_text(exp(1.0)) == "×1 (1e-03, weak pick)"  # not a bound; behind its neighbour ×0.5
+    assert lr_text(exp(2.0, bound=(0.125, 8))) == "×2 (2e-03, weak pick)"  # inside the bound: no bound mark
 
 
 def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_reports_metric_at(tmp_path):
@@ -448,27 +450,32 @@ def test_a_generic_table_with_an_lr_grid_prints_each_methods_protocol_and_report
     assert "| (baseline) | – | – | 40.50 ± 0.71 (n=2) | ×1 (1e-03, weak pick) |" in md
     assert "| better | +0.50 [" in md and "(n=2; verdict there: no difference detected" in md
     # table 4's ListOps claims (SCA 37.1 → 37.8: a 1.1 % relative fall in error) set the effect: +5.00 is above it
-    assert "Convergence (listops), judged against the effect the table tests: at 2× its steps the baseline gains " \
-           "+5.00 [" in md and "NOT under the paper-sized effect here" in md and "NOT converged" in md
-    assert "Δ from 1× to 2× on the same seeds: SCA" in md
+    assert "Convergence (listops): at 2× its steps the baseline gains +5.00 points [" in md
+    assert "still learning (its lower bound is above 0)" in md and "SCA +10.00 → +0.50 (at a budget)" in md
     rows = {r["method"]: r for r in csv.DictReader(open(path.with_suffix(".csv")))}
-    assert rows["spectral"]["diff_2x"] == "0.5000" and rows["none"]["n_2x"] == "2"
+    assert float(rows["spectral"]["diff_2x"]) == pytest.approx(0.5) and rows["none"]["n_2x"] == "2"
+    doc = json.loads(path.with_suffix(".json").read_text())  # numbers as numbers
+    assert doc["rows"][1]["diff_2x"] == pytest.approx(0.5) and doc["missing_runs"] == 0
 
 
-def test_floor_verdict_names_the_best_floor_and_the_gap():
-    from condattn.reporting.tables import floor_verdict
+def test_floor_check_names_the_best_floor_and_the_gap():
+    from condattn.reporting.protocol import floor_text
+    from condattn.table.result import FloorCheck, _floor
 
     entry = {"floors": [{"label": "floor: majority class", "value": 0.10, "split": "test"},
                         {"label": "floor: MLP", "value": 0.942, "split": "test"}]}
-    assert floor_verdict("vit", [96.0, 96.04], entry, 100, True) == (
-        "vit: the baseline (96.02) beats every floor (the best: MLP, 94.20 on test).")
-    below = floor_verdict("rt", [70.0, 72.0], {"floors": [{"label": "floor: tf-idf", "value": 0.74, "split": "test"}]},
-                          100, True, 1)
-    assert "does NOT beat its floors: the best, tf-idf, reaches 74.0 on test, a gap of 3.0" in below
+    assert _floor(entry, [96.0, 96.04], 100, True) == FloorCheck("MLP", pytest.approx(94.2), "test", True,
+                                                                 pytest.approx(1.82))
+    below = _floor({"floors": [{"label": "floor: tf-idf", "value": 0.74, "split": "test"}]}, [70.0, 72.0], 100, True)
+    assert not below.beats and below.gap == pytest.approx(3.0)
     loss = {"floors": [{"label": "floor: trigram", "value": 4.14, "split": "test"}]}
-    assert "a gap of 0.36" in floor_verdict("gpt2", [4.5], loss, 1, False)  # lower is better
-    assert "beats every floor" in floor_verdict("gpt2", [4.0], loss, 1, False)
-    assert floor_verdict("x", [], entry, 100, True) == "" and floor_verdict("x", [1.0], None, 100, True) == ""
+    assert _floor(loss, [4.5], 1, False).gap == pytest.approx(0.36)  # lower is better
+    assert _floor(loss, [4.0], 1, False).beats
+    assert _floor(entry, [], 100, True) is None and _floor(None, [1.0], 100, True) is None
+    fam = type("F", (), {"floor_metric_mismatch": "", "floor": below,
+                         "baseline": type("A", (), {"at1": type("V", (), {"mean": 71.0})()})()})()
+    said = floor_text(fam, "small", 1)
+    assert "does NOT beat its floors: the best, tf-idf, reaches 74.0 on test, a gap of 3.0" in said
 
 
 def test_the_length_check_prints_delta_at_twice_the_steps_and_judges_convergence(tmp_path):
@@ -498,11 +505,12 @@ def test_the_length_check_prints_delta_at_twice_the_steps_and_judges_convergence
     # SCA stays worse at 2× (Δ -20.20 there); conditioned init's +2.0 vanishes there: the verdict change is said
     assert "| worse | -20.20 [" in md and "(n=5) |" in md
     assert "; verdict there: no difference detected" in md
-    # the baseline gains +0.20 points at 2× on the same 5 seeds, under the paper-sized effect here: converged
-    assert ("Convergence (vit), judged against the effect the table tests: at 2× its steps the baseline gains +0.20 "
-            "[+0.20, +0.20] points (95 % paired interval, the same 5 seeds at 1×), under the paper-sized effect here, "
-            "0.6 points") in md
-    assert "): converged." in md
+    # the baseline gains +0.20 points at 2× on the same 5 seeds, under the paper-sized effect here: converged, and
+    # SCA's Δ held (at convergence) while conditioned init's moved by 2 points (at a budget)
+    assert ("Convergence (vit): at 2× its steps the baseline gains +0.20 points [+0.20, +0.20] (90 % paired interval, "
+            "the same 5 seeds at 1×); equivalence test against the paper-sized effect here, 0.6 points") in md
+    assert "converged (its upper bound is under the margin)" in md
+    assert "SCA -20.00 → -20.20 (at convergence)" in md and "conditioned init +2.00 → -0.20 (at a budget)" in md
     assert "Reach (vit): the MDE" in md and "conditioned init 6.1 % (80.3 → 81.5; MDE" in md
     csv = md_path.with_suffix(".csv").read_text().splitlines()
     assert "diff_2x" in csv[0] and "verdict_2x" in csv[0]
@@ -544,11 +552,14 @@ def test_local_plans_on_when_a_stage_needs_no_training(monkeypatch):
 
 def test_length_column_says_missing_for_planned_runs_at_2x_not_finished():
     from condattn.reporting.protocol import length_text
-    from condattn.reporting.tables import TableCell
+    from condattn.table.result import Arm, Basis, Values
 
-    assert length_text(False, None, None, None) == "–"  # the row has no length check
-    planned = TableCell("swin_base", "embedded", seeds=[0, 1, 2, 3, 4])  # planned at 2×, none finished
-    assert length_text(False, planned, None, None) == "missing"
-    assert length_text(True, planned, None, None) == "missing"
-    one = TableCell("swin_base", "embedded", seeds=[0, 1, 2, 3, 4], values=[97.0], missing=[1, 2, 3, 4])
-    assert length_text(False, one, None, None) == "– (n=1, missing seeds [1, 2, 3, 4])"  # a partial check says so
+    def arm(at2):
+        return Arm("swin_base", "embedded", "CET", "CET", "primary", Values((0,), (97.0,), ()), at2, None, None, None,
+                   Basis.BUDGET, None, None, False, None, 0, (), ())
+
+    assert length_text(arm(None), False) == "–"  # the row has no length check
+    planned = Values((), (), (0, 1, 2, 3, 4))  # planned at 2×, none finished
+    assert length_text(arm(planned), False) == "missing" and length_text(arm(planned), True) == "missing"
+    one = Values((0,), (97.0,), (1, 2, 3, 4))
+    assert length_text(arm(one), False) == "– (n=1, missing seeds [1, 2, 3, 4])"  # a partial check says so

@@ -18,6 +18,7 @@ from condattn.experiment import load
 from condattn.reporting import render
 from condattn.reporting.tables import TableCell
 from condattn.reproduce import main
+from condattn.table.result import table_result
 from condattn.utils.io import read_json, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -231,13 +232,15 @@ def test_render_golden():
         c = TableCell("listops", m, [0, 1], values=vals, steps=[120] * len(vals), wall=[10.0] * len(vals))
         c.missing = [1] if len(vals) == 1 else ([0, 1] if not vals else [])
         cells[("listops", m)] = c
-    md, rows = render(plan_of(exp, "smoke", ".", "."), cells)
+    plan = plan_of(exp, "smoke", ".", ".")
+    md, rows = render(plan, table_result(plan, cells=cells)[0], cells)
     line = [ln for ln in md.splitlines() if ln.startswith("| listops")][0]
     assert line == (
         "| listops | 37.1 | 37.9 | 37.1 | 37.8 | 31.00 ± 1.41 (n=2) | 19.00, n = 1 (no spread), missing seeds [1] "
         "| missing | 120 | 10 s |"
     )
-    assert [r["paper_value"] for r in rows] == ["", 37.8, 37.9]
+    assert [r["paper_value"] for r in rows] == [None, 37.8, 37.9]  # each beside its own paper's baseline:
+    assert [r["paper_baseline"] for r in rows] == [None, 37.1, 37.1]
     assert "no finished runs yet" in md
 
 

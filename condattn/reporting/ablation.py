@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..experiment import Experiment
 from ..runs import RunRecord
-from .protocol import curve
-from .stats import last_quarter_change
+from ..table.observed import last_quarter_gain
 from .tables import collect, provenance_line, save_outputs, training_time_line
 
 if TYPE_CHECKING:
@@ -69,14 +68,6 @@ def _plain_lambda(summary: dict) -> bool:
     c = (summary.get("config") or {}).get("conditioning") or {}
     return c.get("identity", "full") == "full" and c.get("lam_unit", "abs") == "abs" and \
         c.get("correction", "identity") == "identity" and {"q", "k"} <= set(c.get("targets", ["q", "k", "v"]))
-
-
-def last_quarter_gain(summaries: list[dict]) -> float | None:
-    """Mean over runs of the validation top-1 gained over the last quarter of training (points); None when no run
-    has a curve."""
-    gains = [g for s in summaries
-             if (g := last_quarter_change(curve(s, "acc", 100.0), int(s.get("steps") or 0))) is not None]
-    return statistics.fmean(gains) if gains else None
 
 
 def cost_and_convergence(rows: list[dict]) -> list[str]:

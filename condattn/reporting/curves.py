@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING
 
 from ..experiment import Experiment
 from ..runs import RunId, RunRecord
+from ..table.result import Values
 from .ablation import last_quarter_gain
+from .fmt import fmt_values
 from .tables import METHOD_LABELS, TableCell, collect, provenance_line, save_outputs, training_time_line
 
 if TYPE_CHECKING:
@@ -191,9 +193,13 @@ def _chance(cell: TableCell) -> float | None:
     return None
 
 
+def _cell_text(c: TableCell) -> str:
+    return fmt_values(Values(tuple(c.seeds), tuple(c.values), tuple(c.missing)))
+
+
 def _metric_line(exp: Experiment, scale: str, row: str, methods: list[str], cells: dict) -> str:
     """The runs' task metric beside their κ: a method whose runs did not learn has κ values of an untrained model."""
-    parts = [f"{METHOD_LABELS.get(m, m)} {cells[(row, m)].text()}" for m in methods]
+    parts = [f"{METHOD_LABELS.get(m, m)} {_cell_text(cells[(row, m)])}" for m in methods]
     chance = next((c for m in methods if (c := _chance(cells[(row, m)])) is not None), None)
     return (f"{_metric_label(exp, scale, row)} at the end of these runs (mean ± std over seeds; a method near chance"
             + (f", {chance:.2f} here," if chance is not None else "")

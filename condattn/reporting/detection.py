@@ -14,10 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..conditioning.spec import method_spec
 from ..experiment import Experiment
+from ..table.result import Values
 from . import tables
-from .stats import fmt_n, mean_std
-from .tables import METHOD_LABELS, PAPER_KEYS, _direction, plot_curves, provenance_line, save_outputs, table_start
+from .fmt import fmt_values
+from .tables import METHOD_LABELS, _direction, plot_curves, provenance_line, save_outputs, table_start
 
 if TYPE_CHECKING:
     from ..table.planned import Plan
@@ -46,7 +48,7 @@ def paper_values(exp: Experiment, row: str, method: str, i: int) -> list[tuple[s
     for src, entry in (exp.paper.get(row) or {}).items():
         if method == "none":
             vals = entry.get("baseline")
-        elif PAPER_KEYS.get(method) == src:
+        elif method_spec(method).paper_key == src:
             vals = entry.get("conditioned")
         else:
             continue
@@ -56,9 +58,7 @@ def paper_values(exp: Experiment, row: str, method: str, i: int) -> list[tuple[s
 
 
 def _ours(vals: list[float], missing: list[int]) -> str:
-    if not vals:
-        return "missing"
-    return fmt_n(vals) + (f", missing seeds {missing}" if missing else "")
+    return fmt_values(Values((), tuple(vals), tuple(missing)))
 
 
 def render(exp: Experiment, scale: str, cells: dict, values: dict) -> tuple[str, list[dict]]:
@@ -82,18 +82,18 @@ def render(exp: Experiment, scale: str, cells: dict, values: dict) -> tuple[str,
                 vals = values[(row, method, m["key"])]
                 paper = paper_values(exp, row, method, i)
                 cols += [_ours(vals, c.missing), " · ".join(f"{lab} {v:.{digits}f}" for lab, v in paper) or "–"]
-                ms = mean_std(vals) if vals else None
+                v = Values((), tuple(vals), ())
                 csv_rows.append({
                     "table": exp.table, "row": row, "method": method, "label": METHOD_LABELS.get(method, method),
                     "scale": scale, "metric": m["key"], "metric_label": m["label"], "n": len(vals),
-                    "mean": f"{ms[0]:.4f}" if ms else "", "std": f"{ms[1]:.4f}" if len(vals) > 1 else "",
+                    "mean": v.mean, "std": v.std,
                     "values": " ".join(f"{v:.4f}" for v in vals), "missing_seeds": " ".join(map(str, c.missing)),
                     "steps": " ".join(map(str, c.steps)), "wall_time_s": " ".join(f"{w:.1f}" for w in c.wall),
                     "papers": "; ".join(f"{lab}: {v}" for lab, v in paper),
                     "commit": " ".join(sorted({s.get("commit", "") for s in c.summaries})),
                 })
             cols += [",".join(map(str, sorted(set(c.steps)))) or "–",
-                     f"{mean_std(c.wall)[0]:.0f} s" if c.wall else "–"]
+                     f"{Values((), tuple(c.wall), ()).mean:.0f} s" if c.wall else "–"]
             lines.append("| " + " | ".join(cols) + " |")
     lines += ["", provenance_line(exp, scale, cells)]  # the scale's note follows (save_outputs: notes.table_notes)
     return "\n".join(lines) + "\n", csv_rows

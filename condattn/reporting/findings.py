@@ -1,19 +1,17 @@
 """The findings, generated from the committed tables, never written by hand.
 
 `make findings SCALE=small` (`python -m condattn.reporting.findings --scale small`) reads every
-`results/<scale>/<table>.json` (the table's rows as its renderer wrote them, reporting/tables.py `save_outputs`) that
-carries per-seed values, recomputes each comparison with the tests the tables use (reporting/protocol.py `verdicts`:
-Welch, Holm over each family's primary rows, a Benjamini–Hochberg q over its exploratory rows, an exact permutation p)
-and writes `results/<scale>/findings.md`: for each claim of each paper (the experiment files' paper numbers) and each
-rival method, our Δ, interval, adjusted p, verdict, n, scale, and the limits that apply (a baseline below its floor,
-an lr pick at the bound, on a flat grid or made by the old one-seed protocol, a plateau, too few seeds, runs from
-several commits). The limits come from the rows' typed fields (`lr_at_bound`, `lr_flat`, `lr_weak_pick`,
-`lr_selection_seeds`, `outcome_2x`, `mde_2x`, `plateau`, `converged_2x`, `n_commits`), never from the printed text,
-so a renderer's wording cannot change a finding. Tables that describe rather than test (table 6's κ over training,
-table 8's λ sweep) get a few lines read off their rows instead (claimed directions, final accuracy, the sweep), never
-a verdict. It then rewrites the README's findings block (between the markers `<!-- findings:<scale>:begin -->` and
-`<!-- findings:<scale>:end -->`) with that file's summary. A table whose JSON is missing is refused in one line naming
-the command that writes it.
+`results/<scale>/<table>.json` (the table's TableResult as its renderer serialised it, reporting/tables.py
+`save_outputs`: numbers as numbers, the tests and decisions as the table made them, never recomputed here) and writes
+`results/<scale>/findings.md`: for each row a paper gives a number for (beside that paper's own baseline) and each
+rival method, our Δ, interval, adjusted p, verdict, n, and the limits that apply (every mark the table prints: a
+baseline below its floor, an lr pick at the bound, binding, on a flat grid or weak, a plateau, too few seeds, a
+verdict that changes at 2×, a verdict at a budget, runs from several commits), read from the result's typed fields,
+never from the printed text. Each family's noise floor (the baseline against itself on a split of its seeds) is
+printed under its table. Tables that describe rather than test (table 6's κ over training, table 8's λ sweep) get a
+few lines read off their rows instead, never a verdict. It then rewrites the README's findings block (between the
+markers `<!-- findings:<scale>:begin -->` and `<!-- findings:<scale>:end -->`) with that file's summary. A table whose
+JSON is missing is refused in one line naming the command that writes it.
 tests/test_findings.py fails when the README or the findings file disagree with the committed tables.
 """
 
@@ -21,21 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..experiment import Experiment
-from ..experiment import load as load_experiment
-from .floors import load as load_floors
-from .protocol import verdicts
-from .reach import CLAIMS, PrimaryTest, family_reach, holm_lines, speak_sentence
-from .stats import fmt_num, fmt_p, verdict_text
+from ..table.result import Arm, Basis, Family, Outcome, State, TableResult, project_tests
+from .fmt import fmt_ci, fmt_num, fmt_p, test_word
+from .protocol import pick_marks
+from .reach import holm_lines, noise_text, speak_sentence
 from .tables import METHOD_LABELS
 
 REPO = Path(__file__).resolve().parents[2]
-RIVALS = ("qk_norm", "sigma_reparam", "mimetic_init", "ns_attention", "conditioned_init")
 PRIMARY_SEEDS = 10
 
 
@@ -58,7 +52,8 @@ class Finding:
     limits: list[str] = field(default_factory=list)
     p: float | None = None  # the raw Welch p (the project-wide Holm line)
     speaks: str = ""  # the family's lead sentence: which claims its verdicts can speak to
-    outcome: str = "not tested"  # the test's verdict as a word (Verdict.outcome)
+    noise: str = ""  # the family's noise floor line
+    outcome: Outcome = Outcome.UNTESTED
     mde: float | None = None  # the MDE a "no difference detected" verdict names
 
     @property
@@ -66,75 +61,49 @@ class Finding:
         return f"{len(self.values)} vs {len(self.base)}"
 
 
-def _read(path: Path) -> list[dict]:
-    """The rows of a table's result, `results/<scale>/<table>.json` beside `path` (its csv): typed fields, never
-    the rendered md. A missing file is refused in one line naming the command that writes it."""
+def _doc(path: Path) -> dict:
+    """A table's result file, `results/<scale>/<table>.json` beside `path` (its csv). A missing file is refused in one
+    line naming the command that writes it."""
     result = path.with_suffix(".json")
     if not result.is_file():
         raise ValueError(f"{result} is missing: write it with `python -m condattn.reproduce "
                          f"experiments/{path.stem}.yaml --scale {path.parent.name} --report-only`")
-    return json.loads(result.read_text())["rows"]
+    return json.loads(result.read_text())
 
 
-def _values(rec: dict) -> list[float]:
-    return [float(v) for v in (rec.get("values") or "").split()]
+def _read(path: Path) -> list[dict]:
+    return _doc(path)["rows"]
 
 
-def _paper_claim(exp: Experiment, row: str, method: str) -> str:
-    if method not in CLAIMS:
-        return "rival method" if method in RIVALS else "–"
-    who, key, base_key = CLAIMS[method]
-    if exp.hypothesis(row) == "exploratory":
-        return f"a reading of {who} (not the paper's stated method)"
-    paper = exp.paper.get(exp.paper_row(row)) or {}
-    if paper.get(key) is not None and paper.get(base_key) is not None:
-        return f"{who}: {paper[key] - paper[base_key]:+.{exp.paper_digits}f} (paper)"
-    if method in RIVALS:
-        return "rival method"
-    return f"{who}: gains claimed (paper)"
+def _claim(a: Arm) -> str:
+    """The paper's number for the row (each paper beside its own baseline), or what the row is without one."""
+    c = a.claim
+    if c is not None:
+        said = f"{c.who}: {c.baseline:g} → {c.value:g}, {c.delta:+.1f} (paper)"
+        return f"a reading of {c.who} (not the paper's stated method)" if a.hypothesis == "exploratory" else said
+    return "rival method" if a.rival else "–"
 
 
-def _limits(exp: Experiment, scale: str, fam: str, t, base_rec: dict, rec: dict, floors: dict) -> list[str]:
-    out = []
-    if "p_adjusted" not in rec and not rec.get("lr_selection_seeds"):
-        # the protocol's rows carry adjusted p's, or (untested tables) the grid scores per selection seed
-        out.append("old protocol (lr picked by one reported seed, ×0.5–×2)")
-    picked = rec.get("lr_multiplier") is not None
-    if picked and rec.get("lr_at_bound") and not rec.get("lr_flat"):
-        out.append("lr pick at the bound")
-    if picked and rec.get("lr_flat"):
-        out.append("lr grid flat (the same score at every lr)")
-    n_base = len(_values(base_rec))
-    if exp.hypothesis(rec["row"]) == "primary" and min(len(_values(rec)), n_base) < PRIMARY_SEEDS:
+def _limits(f: Family, a: Arm) -> list[str]:
+    """Every mark the table prints for this row, in words."""
+    out = list(pick_marks(a.pick))
+    if a.hypothesis == "primary" and min(a.at1.n, f.baseline.at1.n) < PRIMARY_SEEDS:
         out.append(f"n < {PRIMARY_SEEDS}")
-    entry = floors.get(fam) or {}
-    best = [f for f in entry.get("floors", []) if f.get("value") is not None]
-    if best and n_base:
-        mean = statistics.fmean(_values(base_rec))
-        higher = exp.higher_is_better_for(rec["row"])
-        top = (max if higher else min)(best, key=lambda f: f["value"])
-        value = exp.multiplier * float(top["value"])
-        if (mean <= value) if higher else (mean >= value):
-            label = top["label"].removeprefix("floor: ")
-            out.append(f"baseline below its floor ({label} {value:.{2 if higher else 3}f})")
-    if base_rec.get("plateau"):
+    if f.floor is not None and not f.floor.beats:
+        out.append(f"baseline below its floor ({f.floor.label} {f.floor.value:.{2 if f.higher_is_better else 3}f})")
+    if f.plateau is not None:
         out.append("baseline on an early plateau")
-    if (at2 := rec.get("outcome_2x")) and at2 != t.outcome:
-        said = verdict_text(at2, rec.get("mde_2x"))
-        out.append(f"at 2× steps: {said} (Δ {float(rec['diff_2x']):+.2f})" if rec.get("diff_2x") else
-                   f"at 2× steps: {said}")
-    if _at_budget(base_rec):
-        out.append("baseline not converged (its 2× gain is not under the paper-sized effect): verdict at a budget")
-    if picked and rec.get("lr_weak_pick"):
-        out.append("weak lr pick (its lead over its neighbour is under one standard error)")
-    if (n := int(rec.get("n_commits") or 0)) > 1:
-        out.append(f"runs from {n} commits")
+    if a.test2 is not None and a.test is not None and a.test2.outcome != a.test.outcome:
+        out.append(f"at 2× steps: {test_word(a.test2)}"
+                   + (f" (Δ {a.test2.diff:+.2f})" if a.test2.diff is not None else ""))
+    if a.basis == Basis.BUDGET and a.test is not None:
+        out.append("verdict at a budget (the baseline converged; the row's Δ moved from 1× to 2× by its MDE or "
+                   "more, or it has no run at 2×)" if f.state == State.CONVERGED else
+                   f"verdict at a budget (baseline {f.state.value if f.state else 'not judged'} at 2× its steps)")
+        out.append(f"Δ {a.trend.at1:+.3g} at 1× → {a.trend.at2:+.3g} at 2×" if a.trend is not None else "no run at 2×")
+    if len(set(a.commits) - {""}) > 1:
+        out.append(f"runs from {len(set(a.commits) - {''})} commits")
     return out
-
-
-def _at_budget(base_rec: dict) -> bool:
-    """The family's convergence test (its baseline's row, `converged_2x`) says NOT converged."""
-    return base_rec.get("converged_2x") is False
 
 
 def _is_descriptive(rows: list[dict]) -> bool:
@@ -225,42 +194,30 @@ def _lambda_sweep_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def table_findings(csv_path: Path, scale: str, experiments: Path = REPO / "experiments") -> list[Finding]:
-    """The findings of one committed table CSV (empty when it has no per-seed values or only describes)."""
-    if _is_descriptive(_read(csv_path)):
+def table_findings(csv_path: Path, scale: str) -> list[Finding]:
+    """The findings of one committed table (empty when it has no result or only describes)."""
+    doc = _doc(csv_path)
+    if _is_descriptive(doc["rows"]) or not doc.get("result"):
         return []
-    rows = [{**r, "row": r.get("row") or r.get("column")} for r in _read(csv_path) if r.get("values")]
-    if not rows:
-        return []
-    exp = load_experiment(experiments / f"{csv_path.stem}.yaml")
-    by_key = {(r["row"], r["method"]): r for r in rows}
-    floors = load_floors(csv_path.parents[1], scale, exp.table)
+    result = TableResult.from_json(doc["result"])
     out = []
-    for fam, members in exp.families(scale).items():
-        present = [m for m in members if m in by_key]
-        if not present or present[0] != members[0]:
-            continue
-        base_rec = by_key[members[0]]
-        base = _values(base_rec)
-        arms = [(m, _values(by_key[m]), exp.hypothesis(m[0])) for m in present[1:]]
-        tests = verdicts(base, arms, exp.higher_is_better_for(members[0][0]))
-        mde = next((t.mde_corrected for t in tests.values() if t.mde_corrected), None)
-        label = {m: METHOD_LABELS.get(m[1], m[1]) for m, _, _ in arms}
-        r = family_reach(exp, fam, members[0][0], base, [(label[m], m[0], m[1], v) for m, v, _ in arms], mde)
-        speaks = speak_sentence(f"{exp.table}, {fam}", r, {label[m]: tests[m].word for m, _, _ in arms},
-                                _at_budget(base_rec), bool(exp.pretrain))
-        for m, vals, hyp in arms:
-            t, rec = tests[m], by_key[m]
-            limits = _limits(exp, scale, fam, t, base_rec, rec, floors)
-            if exp.pretrain:  # one pretraining run per method: one unit, no test over fine-tuning seeds
-                t = replace(t, p=None, p_adj=None)
+    for f in result.families:
+        speaks = speak_sentence(f"{result.table}, {f.name}", f)
+        noise = noise_text(f, 3 if result.multiplier == 1 else 2) if not f.untested else ""
+        for a in f.arms:
+            t = a.test
+            limits = _limits(f, a)
+            if f.untested:
                 limits.append("one pretraining run per method (n = 1 unit): not tested")
+            digits = 3 if result.multiplier == 1 else 2
             out.append(Finding(
-                exp.table, fam, m[0], m[1], rec.get("reading") or METHOD_LABELS.get(m[1], m[1]), hyp,
-                _paper_claim(exp, *m), vals, base, t.ci.diff if t.ci else None,
-                t.ci.text(3 if exp.multiplier == 1 else 2) if t.ci and not exp.pretrain else "–", t.p_adj,
-                t.correction, "not tested" if exp.pretrain else t.word, limits, t.p, speaks,
-                t.outcome, t.mde_printed))
+                result.table, f.name, a.row, a.method, a.reading, a.hypothesis, _claim(a), list(a.at1.values),
+                list(f.baseline.at1.values), t.diff if t else None,
+                fmt_ci(t.diff, t.low, t.high, digits) if t and not f.untested else "–",
+                None if f.untested or t is None else t.p_adj, t.correction if t else "",
+                "not tested" if f.untested or t is None else test_word(t), limits,
+                None if f.untested or t is None else t.p, speaks, noise,
+                t.outcome if t and not f.untested else Outcome.UNTESTED, t.mde_printed if t else None))
     return out
 
 
@@ -284,8 +241,8 @@ def collect_descriptive(scale: str, results: Path = REPO / "results") -> dict[st
 def render(scale: str, found: list[Finding], described: dict[str, list[str]] | None = None) -> str:
     lines = [f"# Findings at scale {scale}", "",
              f"Generated by `make findings SCALE={scale}` from the committed tables in `results/{scale}/`; never "
-             "edited by hand. Each comparison is recomputed from the per-seed values in the table's CSV with the "
-             "tests the tables print: Welch's p, adjusted by Holm over each family's primary rows (the papers' "
+             "edited by hand. Each comparison is read from the table's result (its JSON, numbers unrounded), with "
+             "the tests the tables print: Welch's p, adjusted by Holm over each family's primary rows (the papers' "
              "methods as stated and the rival methods) or a Benjamini–Hochberg q (q) over its exploratory rows. A "
              "verdict ('better', 'worse') needs an adjusted p < 0.05. Limits name what weakens a row's evidence.", ""]
     lines += _head(found)
@@ -300,6 +257,7 @@ def render(scale: str, found: list[Finding], described: dict[str, list[str]] | N
             lines.append(f"| {f.family} | {f.what} | {f.hypothesis} | {f.claim} | {f.ci} | {adj} | {f.verdict} | "
                          f"{f.n} | {'; '.join(f.limits) or '–'} |")
         lines.append("")
+        lines += [*[f"- {n}" for n in dict.fromkeys(f.noise for f in fs if f.noise)], ""]
     for table, said in (described or {}).items():
         lines += [f"## {table} ([{table}.md]({table}.md)): descriptive, no test", "", *[f"- {x}" for x in said], ""]
     lines += ["## Summary", "", summary(scale, found, described)]
@@ -314,13 +272,13 @@ def _head(found: list[Finding]) -> list[str]:
         key = (tuple(f.base), tuple(f.values))
         if f.hypothesis == "primary" and f.verdict != "not tested" and key not in seen:
             seen.add(key)
-            tests.append(PrimaryTest(f"{f.table} {f.family} {f.what}", f.p, f.verdict))
+            tests.append((f"{f.table} {f.family} {f.what}", f.p, f.outcome))
     out = ["## What this scale can speak to", "",
            "A claim is a relative fall in error (100 − accuracy; for a loss, in the loss itself) in the papers' own "
            "numbers; a 'no difference detected' speaks to it only when the family's MDE, as a relative fall at our "
            "baseline, is no larger. 'Worse' verdicts speak against a claim's sign, at this scale and budget.", "",
            *[f"- {x}" for x in said], ""]
-    if held := holm_lines(tests):
+    if held := holm_lines(project_tests(tests)):
         out += ["## Sensitivity: one Holm family for the whole scale", "", *[f"- {x}" for x in held], ""]
     return out
 

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from ..experiment import Experiment
 from ..runs import RunId, RunRecord
+from ..table.result import Pick, table_result
 from .floors import load as load_floors
-from .protocol import family_facts, grid_text, lr_facts, lr_text
-from .tables import METHOD_LABELS, collect, plot_curves, protocol_lines, provenance_line, save_outputs, trained
+from .protocol import grid_text, lr_text
+from .tables import METHOD_LABELS, plot_curves, protocol_lines, provenance_line, save_outputs, trained
 
 if TYPE_CHECKING:
     from ..table.planned import Plan
@@ -48,9 +49,22 @@ def _pretrain_line(plan: Plan, method: str) -> str:
             f"{budget} | {s['metrics'].get('final_val_loss', float('nan')):.4f} | {s['train_time_s']:.0f} s |")
 
 
+LR_FIELDS = ["lr_multiplier", "lr_value", "lr_at_bound", "lr_bound_binding", "lr_flat", "lr_weak_pick",
+             "lr_selection_seeds"]
+
+
+def _lr_fields(pick: Pick | None) -> dict:
+    """The pick's typed fields (the result's; empty for the average column)."""
+    if pick is None:
+        return {k: None for k in LR_FIELDS}
+    return {"lr_multiplier": pick.multiplier, "lr_value": pick.lr, "lr_at_bound": pick.at_bound,
+            "lr_bound_binding": pick.mark.value == "bound binding", "lr_flat": pick.flat,
+            "lr_weak_pick": pick.mark.value == "weak pick", "lr_selection_seeds": pick.selection_seeds}
+
+
 def write_table(plan: Plan) -> tuple[Path, str]:
     exp, scale = plan.exp, plan.scale
-    cells = collect(plan)
+    result, cells, _ = table_result(plan, load_floors(plan.results_root, scale, exp.table))
     cols = _columns(exp, scale, cells)
     methods = exp.methods
 
@@ -78,16 +92,18 @@ def write_table(plan: Plan) -> tuple[Path, str]:
         avg_text = "–" if avg is None else f"{avg:.1f}"
         lines.append(f"| {METHOD_LABELS.get(m, m)} | " + " | ".join(texts) + f" | {avg_text} |")
         for x, (key, label, v) in zip(medians, cols):
-            pk = exp.pick_key(key, m) if key in exp.rows else None
+            arm = result.arm(key, m) if key in exp.rows else None
+            fam = result.family_of(key, m) if key in exp.rows else None
             csv_rows.append({"table": exp.table, "scale": scale, "column": key, "label": label, "method": m,
-                             "n": len(v[m]), "median": "" if x is None else f"{x:.4f}",
-                             "values": " ".join(f"{y:.4f}" for y in v[m]),
-                             "lr": lr_text(plan, pk) if pk else "",
-                             "lr_grid_scores": grid_text(plan, pk) if pk else "",
-                             "pretraining_runs": 1 if exp.pretrain else "", **lr_facts(plan, pk or "")})
+                             "n": len(v[m]), "median": x, "values": list(v[m]),
+                             "lr": lr_text(arm.pick) if arm else "", "lr_grid_scores": grid_text(arm.pick) if arm
+                             else "", "pretraining_runs": 1 if exp.pretrain else None,
+                             **_lr_fields(arm.pick if arm else None),
+                             "plateau": fam.plateau is not None if fam else None,
+                             "converged_2x": fam.converged if fam else None})
         csv_rows.append({"table": exp.table, "scale": scale, "column": "average", "label": "average", "method": m,
-                         "n": "", "median": "" if avg is None else f"{avg:.4f}", "values": "", "lr": "",
-                         "lr_grid_scores": "", "pretraining_runs": "", **lr_facts(plan, "")})
+                         "n": None, "median": avg, "values": [], "lr": "", "lr_grid_scores": "",
+                         "pretraining_runs": None, **_lr_fields(None), "plateau": None, "converged_2x": None})
 
     if exp.pretrain:
         lines += ["", "Pretraining (one run per method; every fine-tuning run of that method starts from its final "
@@ -95,13 +111,9 @@ def write_table(plan: Plan) -> tuple[Path, str]:
                   "| method | run | steps | tokens/s | budget | final MLM val loss | training time |",
                   "|---|---|---|---|---|---|---|"]
         lines += [_pretrain_line(plan, m) for m in methods]
-    facts: dict[str, dict] = {}
-    lines += protocol_lines(plan, {k: v for k, v in cells.items() if k[0] != "pretrain"}, METHOD_LABELS, 1,
-                            load_floors(plan.results_root, scale, exp.table), done=trained(plan),
-                            facts=facts)
-    csv_rows = [{**r, **family_facts(facts, r["column"])} for r in csv_rows]
+    lines += protocol_lines(plan, result, cells, 1, done=trained(plan))
     lines += ["", provenance_line(exp, scale, cells)]  # the scale's note follows (save_outputs: notes.table_notes)
     return save_outputs(plan, "\n".join(lines) + "\n", csv_rows,
                         lambda png: plot_curves(exp, scale, cells, png), "validation curves",
                         ["table", "scale", "column", "label", "method", "n", "median", "values", "lr", "lr_grid_scores",
-                         "pretraining_runs", *lr_facts(plan, ""), "plateau", "converged_2x"])
+                         "pretraining_runs", *LR_FIELDS, "plateau", "converged_2x"], result=result)

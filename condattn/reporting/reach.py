@@ -1,164 +1,140 @@
-"""The experiment file's paper numbers and a family's cells turned into evidence.py's typed inputs, and its lines for
-the renderers (tables 1, 3, 4, 5 through protocol_lines; table 9 through readings) and the findings: what a family's
-MDE rules out beside the papers' claims, and the convergence line judged against the effect the table tests."""
+"""The evidence lines of a family, formatted from its `TableResult` family (condattn/table/result.py): what its MDE
+rules out beside the papers' claims (reach), its convergence test, its noise floor, and the findings' lead sentence
+and project-wide Holm lines. Nothing here computes a statistic or decides."""
 
 from __future__ import annotations
 
-from ..experiment import Experiment
-from .evidence import (
-    Arm,
-    Claim,
-    PrimaryTest,
-    Reach,
-    Scale,
-    converged,
-    convergence_text,
-    delta_trend,
-    paired_gain,
-    project_holm,
-    reach,
-    reach_text,
-    room_text,
-    speaks_to,
-)
-
-# which paper's claim a method answers, and the keys of its number and its baseline in an experiment's `paper:`
-CLAIMS = {"spectral": ("SCA", "sca", "sca_baseline"), "embedded": ("CET", "cet", "cet_baseline"),
-          "conditioned_init": ("conditioned init", "ci_conditioned", "ci_baseline"),
-          "mimetic_init": ("mimetic init (as the conditioned-init paper ran it)", "ci_mimetic", "ci_baseline")}
-EFFECT_CLAIMS = ("spectral", "embedded", "conditioned_init")  # the papers' claimed effects (mimetic is their control)
+from ..table.result import Family, Outcome, Speaks, State
 
 
-def scale_of(exp: Experiment, row: str) -> Scale:
-    """An accuracy in % (multiplier 100: error = 100 − value), else a loss above 0 (no irreducible loss is known)."""
-    higher = exp.higher_is_better_for(row)
-    return Scale(higher, 100.0) if exp.multiplier == 100 and higher else Scale(higher)
+def _pct(x: float) -> str:
+    return f"{100 * x:.2g} %" if abs(x) < 0.1 else f"{100 * x:.0f} %"
 
 
-def claim_for(exp: Experiment, row: str, method: str) -> Claim | None:
-    """The paper's claim for a primary row × method with both numbers in the experiment's `paper:` (its row, or the
-    row's `paper_row`), else None."""
-    if method not in EFFECT_CLAIMS or exp.hypothesis(row) != "primary":
-        return None
-    who, key, base_key = CLAIMS[method]
-    paper = exp.paper.get(exp.paper_row(row)) or {}
-    if not isinstance(paper, dict) or paper.get(key) is None or paper.get(base_key) is None:
-        return None
-    return Claim(who, float(paper[base_key]), float(paper[key]), scale_of(exp, row))
+def _room_word(scale) -> str:
+    return "error" if scale.higher_is_better else ("loss" if scale.floor == 0 else f"loss above {scale.floor:g}")
 
 
-def family_reach(exp: Experiment, family: str, base_row: str, base: list[float],
-                 arms: list[tuple[str, str, str, list[float]]], mde: float | None) -> Reach | None:
-    """`arms`: (label, row, method, values) of the family's other rows; None without an MDE or baseline values."""
-    if mde is None or len(base) < 2:
-        return None
-    return reach(family, base, mde, [Arm(lab, vals, claim_for(exp, row, m)) for lab, row, m, vals in arms],
-                 scale_of(exp, base_row))
+def room_text(scale, at: float, digits: int = 2) -> str:
+    """"3.23 % error" (an accuracy), "loss 4.428" (a loss above 0)."""
+    room = scale.top - at if scale.higher_is_better else at - scale.floor
+    if scale.higher_is_better:
+        return f"{room:.{digits}f} % error"
+    return f"loss {room:.{digits + 1}f}" if scale.floor == 0 else f"{_room_word(scale)} {room:.{digits + 1}f}"
 
 
-def _by_seed(cell) -> dict[int, float]:
-    return dict(zip([sd for sd in cell.seeds if sd not in cell.missing], cell.values))
+def _relative_mde(r) -> float:
+    room = r.scale.top - r.baseline if r.scale.higher_is_better else r.baseline - r.scale.floor
+    return r.mde / room
 
 
-def convergence_line(r: Reach | None, family: str, base_cell, long_base, arms: list[tuple[str, object, object]],
-                     higher: bool, unit: str = "points", digits: int = 2, facts: dict | None = None) -> str:
-    """The convergence line of a family: the baseline's 2× gain with its interval against the smallest claimed effect
-    here; `arms`: (label, cell at 1×, cell at 2× or None). Without runs at 2×: not tested yet. `facts` (a dict) gets
-    `converged_2x`: the test's outcome (None: not judged)."""
-    facts = {} if facts is None else facts
-    facts["converged_2x"] = None
-    if base_cell is None or long_base is None:
-        return (f"Convergence ({family}): not tested yet: the baseline has no run at 2× its steps (the length check "
-                "runs once the baseline and the primary rows have finished).")
-    one, two = _by_seed(base_cell), _by_seed(long_base)
-    gain = paired_gain(one, two, higher)
-    effect = r.smallest if r is not None else None
-    facts["converged_2x"] = converged(gain, effect)
-    why = ""
-    if r is not None and effect is not None:
-        a = min(r.rows, key=lambda t: t[1])[0]
-        room = "error" if r.scale.higher_is_better else "loss"
-        why = (f"the smallest claimed relative fall in {room}, {a.label}'s {100 * a.claim.relative:.2g} %, at this "  # type: ignore[union-attr]
-               f"baseline's {room_text(r.scale, r.baseline, digits)}")
-    trends = [t for lab, c1, c2 in arms if c2 is not None and getattr(c2, "values", None)
-              and (t := delta_trend(lab, one, two, _by_seed(c1), _by_seed(c2))) is not None]
-    return convergence_text(family, gain, len(set(one) & set(two)), effect, why, trends, unit, digits)
+def reach_text(f: Family, digits: int = 2) -> str:
+    """One line: the MDE's relative effect, each claim's, how many times the claim 'no difference' rules out, the
+    paper-sized effect here and the seeds per arm it needs (at the baseline's σ and the family's α, both named)."""
+    r = f.reach
+    if r is None:
+        return f"Reach ({f.name}): no test (fewer than 2 seeds or no MDE): this family rules out no effect size."
+    room, rel = _room_word(r.scale), _relative_mde(r)
+    head = (f"Reach ({f.name}): the MDE {r.mde:.{digits + 1}g} is a {_pct(rel)} relative fall in {room} at this "
+            f"baseline's {room_text(r.scale, r.baseline, digits)}")
+    if not r.rows:
+        return head + "; no row of this family has a paper's number to set beside it."
+    claims = "; ".join(f"{c.label} {_pct(c.claim.relative)} ({c.claim.baseline:g} → {c.claim.conditioned:g}; "
+                       f"MDE {rel / c.claim.relative:.1f}× it)" for c in r.rows)
+    need = "; ".join(f"{c.label} {c.here:.{digits}g} → {'–' if c.seeds is None else f'{c.seeds:,}'} seeds"
+                     for c in r.rows)
+    return (f"{head}; the papers claim (relative fall in {room}, their numbers, each beside its own paper's "
+            f"baseline): {claims}. 'No difference detected' here rules out only effects of at least the MDE's size. "
+            f"A paper-sized effect here, and the seeds per arm it would need (two-sided, power 0.8, at the baseline's "
+            f"σ = {r.sd:.{digits + 1}g} and the family's α = {r.alpha:.3g}): {need}.")
 
 
-def family_lines(exp: Experiment, family: str, base_row: str, base_cell, long_base,
-                 arms: list[tuple[str, str, str, object, object]], mde: float | None, length_check: bool,
-                 unit: str = "points", digits: int = 2, facts: dict | None = None) -> list[str]:
-    """The reach line and (with a length check) the convergence line of one family. `arms`: (label, row, method, cell
-    at 1×, cell at 2× or None) of its other rows; `mde`: the family's MDE at its corrected α."""
-    r = family_reach(exp, family, base_row, base_cell.values,
-                     [(lab, row, m, c.values) for lab, row, m, c, _ in arms], mde)
-    out = [reach_text(r, digits) if r is not None else
-           f"Reach ({family}): no test (fewer than 2 seeds or no MDE): this family rules out no effect size."]
-    if length_check:
-        out.append(convergence_line(r, family, base_cell, long_base, [(lab, c, lc) for lab, _, _, c, lc in arms],
-                                    exp.higher_is_better_for(base_row), unit, digits, facts))
-    return out
+def convergence_text(f: Family, unit: str = "points", digits: int = 2) -> str:
+    """The family's convergence line: the equivalence test of the baseline's 2× gain against the paper-sized effect,
+    with its power; then each row's basis and Δ from 1× to 2×."""
+    c = f.convergence
+    if c is None:
+        return (f"Convergence ({f.name}): not tested yet: the baseline has no run at 2× its steps (or fewer than 2 "
+                "seeds finished at both lengths).")
+    units = f" {unit}" if unit else ""
+    said = (f"Convergence ({f.name}): at 2× its steps the baseline gains {c.gain:+.{digits}f}{units} "
+            f"[{c.low:+.{digits}f}, {c.high:+.{digits}f}] ({100 * (1 - 2 * c.alpha):.0f} % paired interval, the same "
+            f"{c.n} seeds at 1×)")
+    if c.margin is None:
+        return said + "; no paper's number sets a margin to judge it against: convergence not judged."
+    small = f.reach.smallest if f.reach is not None else None
+    why = (f"{small.label}'s claimed {_pct(small.claim.relative)} relative fall at this baseline" if small else "")
+    state = {State.CONVERGED: "converged (its upper bound is under the margin)",
+             State.LEARNING: "still learning (its lower bound is above 0)",
+             State.UNDETERMINED: "not shown converged (the interval holds both 0 and the margin)"}[c.state]
+    said += (f"; equivalence test against the paper-sized effect here, {c.margin:.{digits}g}{units} ({why}): {state}. "
+             f"Its power at this spread (sd of the paired gains {c.sd:.{digits + 1}g}, n = {c.n}): "
+             f"{100 * (c.power or 0):.0f} % that a baseline which stopped gaining passes; "
+             f"{'–' if c.seeds_for_power is None else f'{c.seeds_for_power:,}'} paired seeds at 2× give 80 %.")
+    parts = [f"{a.label} {a.trend.at1:+.{digits}f} → {a.trend.at2:+.{digits}f} ({a.basis.value})"
+             for a in f.arms if a.trend is not None]
+    rest = [a.label for a in f.arms if a.trend is None and a.test is not None]
+    tail = (f" Δ from 1× to 2× on the same seeds, and each verdict's basis (at convergence only when the baseline "
+            f"converged and Δ moved by less than the row's MDE): {'; '.join(parts)}." if parts else "")
+    if rest:
+        tail += f" Without runs at 2× (verdicts at a budget): {', '.join(rest)}."
+    return said + tail
 
 
-def table_evidence(exp: Experiment, scale: str, row: str, methods: list[str], cells: dict, tests: dict,
-                   long: dict | None, labels: dict[str, str], digits: int, facts: dict | None = None) -> list[str]:
-    """protocol_lines' hook (tables 1, 3, 4, 5): one family per row, the baseline its first method (`facts`:
-    convergence_line's)."""
-    if exp.pretrain:
-        return [f"Reach ({row}): not tested (one pretraining run per method): this table rules out no effect size "
-                "and its rows print no interval."]
-    long = long or {}
-    mde = next((t.mde_corrected for t in tests.values() if t is not None and t.mde_corrected), None)
-    arms = [(labels.get(m, m), row, m, cells[(row, m)], long.get((row, m))) for m in methods[1:]]
-    unit = "points" if exp.multiplier == 100 else ""
-    return family_lines(exp, row, row, cells[(row, methods[0])], long.get((row, methods[0])), arms, mde,
-                        bool(exp.at(scale).length_check), unit, digits, facts)
+def noise_text(f: Family, digits: int = 2) -> str:
+    """The A/A line: the baseline against itself on a split of its reported seeds, through the family's tests."""
+    n = f.noise
+    if n is None:
+        return f"Noise floor ({f.name}): fewer than 4 baseline seeds: no A/A test."
+    return (f"Noise floor ({f.name}): the baseline against itself on a split of its reported seeds (no new runs), "
+            f"seeds {list(n.seeds_a)} against {list(n.seeds_b)}: Δ {n.diff:+.{digits}f} [{n.low:+.{digits}f}, "
+            f"{n.high:+.{digits}f}], Holm p {n.p_adj:.3g} as one more arm of a family of {n.m}: {n.outcome.value}; "
+            f"over all {n.splits} splits of its seeds into two halves the protocol calls it different from itself "
+            f"{n.called_different} times ({100 * n.rate:.1f} %).")
 
 
-def readings_evidence(exp: Experiment, rows: list[dict], task: str, labels: dict[str, str],
-                      facts: dict | None = None) -> list[str]:
-    """readings' hook (table 9): one family per task; a row's label is its method's when it is primary (the paper's
-    stated method or a rival), else its reading."""
-    fam = [x for x in rows if x["task"] == task]
-    base = next((x for x in fam if x["is_baseline"]), None)
-    if base is None:
-        return []
-    mde = next((x["test"].mde_corrected for x in fam if x["test"] and x["test"].mde_corrected), None)
-    arms = [(labels.get(x["method"], x["method"]) if x["hypothesis"] == "primary" else x["reading"], x["row"],
-             x["method"], x["cell"], x["long_cell"]) for x in fam if not x["is_baseline"]]
-    return family_lines(exp, task, base["row"], base["cell"], base["long_cell"], arms, mde, True, facts=facts)
-
-
-def speak_sentence(where: str, r: Reach | None, words: dict[str, str], at_budget: bool, untested: bool) -> str:
-    """The findings' lead sentence for one task: which papers' claims its verdicts can speak to and which not."""
-    if untested:
+def speak_sentence(where: str, f: Family) -> str:
+    """The findings' lead sentence for one family: which papers' claims its verdicts can speak to and which not."""
+    if f.untested:
         return f"**{where}**: not tested (one pretraining run per method): it speaks to no claim."
+    r = f.reach
     room = "error" if r is None or r.scale.higher_is_better else "loss"
     if r is None or not r.rows:
         return (f"**{where}**: no paper's number for its rows; its MDE "
-                + (f"{r.mde:.3g} is a {100 * r.relative_mde:.2g} % relative fall in {room}." if r is not None
+                + (f"{r.mde:.3g} is a {100 * _relative_mde(r):.2g} % relative fall in {room}." if r is not None
                    else "is not defined."))
-    can, cannot = speaks_to(r, words)
-    budget = " at a budget (the baseline is still learning at 2× its steps)" if at_budget else ""
-    need = ", ".join(f"{a.label} {'–' if n is None else f'{n:,}'}" for a, _, n in r.rows)
+    by_label = {a.label: a for a in f.arms}
+    rel = _relative_mde(r)
+    can, cannot = [], []
+    for label, kind in f.speaks:
+        a, c = by_label.get(label), next(x for x in r.rows if x.label == label)
+        if kind == Speaks.VERDICT:
+            can.append(f"{label} ({a.test.outcome.value})")
+        elif kind == Speaks.WITHIN:
+            can.append(f"{label} (no difference, MDE within the claim)")
+        elif kind == Speaks.TOO_WIDE:
+            cannot.append(f"{label} (MDE {rel / c.claim.relative:.1f}× the claim)")
+        else:
+            cannot.append(f"{label} (not tested)")
+    budget = "" if f.state in (None, State.CONVERGED) else \
+        f" at a budget (the baseline is {f.state.value} at 2× its steps)"
+    need = ", ".join(f"{c.label} {'–' if c.seeds is None else f'{c.seeds:,}'}" for c in r.rows)
     nots = f"cannot speak to {', '.join(cannot)}" if cannot else "no claim of its rows is out of its reach"
-    return (f"**{where}**: can speak to {', '.join(can) or 'no claim'}{budget}; {nots}. "
-            f"Its MDE {r.mde:.3g} is a {100 * r.relative_mde:.2g} % relative "
-            f"fall in {room} against the claims' "
-            f"{', '.join(f'{100 * a.claim.relative:.2g} %' for a, _, _ in r.rows)}; seeds per arm a paper-sized "  # type: ignore[union-attr]
-            f"effect would need: {need}.")
+    return (f"**{where}**: can speak to {', '.join(can) or 'no claim'}{budget}; {nots}. Its MDE {r.mde:.3g} is a "
+            f"{100 * rel:.2g} % relative fall in {room} against the claims' "
+            f"{', '.join(f'{100 * c.claim.relative:.2g} %' for c in r.rows)}; seeds per arm a paper-sized effect "
+            f"would need (at the baseline's σ {r.sd:.3g} and α {r.alpha:.3g}): {need}.")
 
 
-def holm_lines(tests: list[PrimaryTest]) -> list[str]:
-    """The findings' sensitivity lines: Holm over every primary test of the scale, and the verdicts it changes."""
+def holm_lines(tests) -> list[str]:
+    """The findings' sensitivity lines from `ProjectTest`s (Holm over every primary test of the scale, unrounded p)."""
     if not tests:
         return []
-    done = project_holm(tests)
-    flips = [f"{t.name} ({t.word.split(' (')[0]} in its table's family; project-wide Holm p {adj:.3g})"
-             for t, adj, flip in done if flip]
+    flips = [f"{t.name} ({Outcome(t.outcome).value} in its table's family; project-wide Holm p {t.p_project:.3g})"
+             for t in tests if t.flips]
     return [f"Holm over all {len(tests)} primary tests of this scale (the same comparison counted once where two "
-            "tables share its runs), beside the per-table families the verdicts use: "
-            + ("every verdict holds under both families." if not flips else
-               f"{len(flips)} verdicts depend on the family chosen: {'; '.join(flips)}."),
-            "Project-wide adjusted p per test: " + "; ".join(f"{t.name} {'–' if adj is None else f'{adj:.3g}'}"
-                                                            for t, adj, _ in done) + "."]
+            "tables share its runs; from the unrounded p of each table's result), beside the per-table families the "
+            "verdicts use: " + ("every verdict holds under both families." if not flips else
+                                f"{len(flips)} verdicts depend on the family chosen: {'; '.join(flips)}."),
+            "Project-wide adjusted p per test: " + "; ".join(
+                f"{t.name} {'–' if t.p_project is None else f'{t.p_project:.3g}'}" for t in tests) + "."]

@@ -8,7 +8,7 @@ import json
 import re
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,36 +16,25 @@ from typing import TYPE_CHECKING
 from ..conditioning.spec import METHODS, method_spec
 from ..engine.twins import made_elsewhere
 from ..experiment import Experiment
-from ..runs import RunId, RunRecord
+from ..runs import RunRecord
+from ..table.observed import TableCell, collect, longer, longer_cell, missing_runs  # noqa: F401 (renderers' cells)
+from ..table.result import Arm, Family, TableResult, plain, table_result
 from .floors import floor_table
 from .floors import load as load_floors
+from .fmt import fmt_values, test_word
 from .notes import patch_notes, table_notes, tokenizer_notes
-from .protocol import (
-    FOOTER,
-    Target,
-    baseline_target,
-    family_facts,
-    grid_text,
-    length_text,
-    lr_text,
-    plateau_step,
-    plateau_text,
-    steps_column,
-    typed_fields,
-    verdict_line,
-    verdicts,
-)
-from .reach import table_evidence
-from .stats import fmt_n, fmt_num, fmt_p, mean_std
+from .protocol import FOOTER, family_notes, grid_text, lr_text, protocol_rows, verdict_line
 
 if TYPE_CHECKING:
     from ..table.planned import Plan
 
 METHOD_LABELS = {m: method_spec(m).table_label for m in METHODS}  # each method's `short` (conditioning/spec.py)
-# method -> key of the papers' numbers (ci_*: the conditioned-initialisation paper's)
-PAPER_KEYS = {"embedded": "cet", "spectral": "sca", "conditioned_init": "ci_conditioned", "mimetic_init": "ci_mimetic"}
-PAPER_COLUMNS = {"cet_baseline": "paper CET: baseline", "cet": "paper CET: CET", "sca_baseline": "paper SCA: baseline",
-                 "sca": "paper SCA: SCA"}
+
+
+def paper_methods() -> list[str]:
+    """The two papers' methods (registered with a claim and its keys, not a rival), by their paper's key."""
+    return sorted((m for m in METHODS if method_spec(m).paper_key and not method_spec(m).rival),
+                  key=lambda m: method_spec(m).paper_key)
 
 
 def method_label(plan: Plan, method: str, plain: bool = False) -> str:
@@ -57,78 +46,12 @@ def method_label(plan: Plan, method: str, plain: bool = False) -> str:
 
 def paper_columns(exp: Experiment) -> dict[str, str]:
     """The papers' columns of a table: the SCA and CET papers', then any `paper_columns:` (key: label) it adds."""
-    return {**PAPER_COLUMNS, **exp.paper_columns}
-
-
-@dataclass
-class TableCell:
-    """One cell of a rendered table: a row × method, with the metric of each finished seed's run."""
-
-    row: str
-    method: str
-    seeds: list[int]
-    values: list[float] = field(default_factory=list)  # metric × exp.multiplier (default 100) per finished seed
-    steps: list[int] = field(default_factory=list)
-    wall: list[float] = field(default_factory=list)
-    missing: list[int] = field(default_factory=list)  # seeds without a finished summary
-    summaries: list[dict] = field(default_factory=list)
-
-    def text(self) -> str:
-        if not self.values:
-            return "missing"
-        return fmt_n(self.values) + (f", missing seeds {self.missing}" if self.missing else "")
-
-
-def collect(plan: Plan) -> dict[tuple, TableCell]:
-    """{(row, method): TableCell} of the plan's reported runs."""
-    exp, scale, seeds = plan.exp, plan.scale, list(plan.seeds)
-    cells = {}
-    for row in exp.rows_at(scale):
-        metric = exp.row_metric(scale, row)
-        own = exp.row_seeds(scale, row, seeds)
-        for method in exp.methods_of(row):
-            cell = TableCell(row, method, own)
-            for seed in own:
-                s = RunRecord.of(plan.runs_root, RunId(exp.table, row, method, scale, seed), plan.variants).summary
-                if s is None or metric not in s["metrics"]:
-                    cell.missing.append(seed)
-                    continue
-                cell.values.append(exp.multiplier * float(s["metrics"][metric]))
-                cell.steps.append(int(s["steps"]))
-                cell.wall.append(float(s["wall_time_s"]))
-                cell.summaries.append(s)
-            cells[(row, method)] = cell
-    return cells
-
-
-def longer_cell(plan: Plan, row: str, method: str, seeds: list[int]) -> TableCell | None:
-    """The runs at factor × steps (reproduce's length check) of a row × method: the seeds whose longer run is planned
-    (`plan.longer`, by the name of the run at 1×); None when it has none."""
-    exp, scale = plan.exp, plan.scale
-    variants = plan.longer
-    ids = [i for i in (RunId(exp.table, row, method, scale, sd) for sd in seeds) if i.name in variants]
-    if not ids:
-        return None
-    metric, cell = exp.row_metric(scale, row), TableCell(row, method, [i.seed for i in ids])
-    for i in ids:
-        s = RunRecord.of(plan.runs_root, i, variants).summary
-        if s is None or metric not in s["metrics"]:
-            cell.missing.append(i.seed)
-            continue
-        cell.values.append(exp.multiplier * float(s["metrics"][metric]))
-        cell.steps.append(int(s["steps"]))
-        cell.wall.append(float(s["wall_time_s"]))
-        cell.summaries.append(s)
-    return cell
-
-
-def longer(plan: Plan, cells: dict[tuple, TableCell]) -> dict[tuple, TableCell]:
-    """{(row, method): the cell's runs at factor × steps} for the cells that have them."""
-    out = {}
-    for (row, method), c in cells.items():
-        if (cell := longer_cell(plan, row, method, c.seeds)) is not None:
-            out[(row, method)] = cell
-    return out
+    cols = {}
+    for m in paper_methods():
+        spec = method_spec(m)
+        cols[spec.paper_baseline_key] = f"paper {spec.claim}: baseline"
+        cols[spec.paper_key] = f"paper {spec.claim}: {spec.table_label}"
+    return {**cols, **exp.paper_columns}
 
 
 def _paper(exp: Experiment, row: str, key: str) -> str:
@@ -248,10 +171,49 @@ def trained_so_far(done: list[dict] | None, table: str | None = None, pretrain: 
             f"summed, {spent / 2 / 3600:.1f} h on two processes{more}.")
 
 
-def render(plan: Plan, cells: dict[tuple, TableCell], floors: dict | None = None,
-           long: dict[tuple, TableCell] | None = None, done: list[dict] | None = None) -> tuple[str, list[dict]]:
-    """Markdown text and CSV rows for the plan's table (`floors`: the cached floors, {row: entry}; `long`: the cells'
-    runs at 2× steps, {(row, method): TableCell}; `done`: every run the table's plan trained, `trained()`)."""
+def arm_fields(result: TableResult, f: Family, a: Arm) -> dict:
+    """The typed fields of one arm for the CSV/JSON rows (numbers as numbers, lists as lists): its values and test at 1×
+    and 2×, the lr pick and its marks, the paper's numbers beside it (its own paper's baseline), its verdict's basis
+    and its family's convergence. Read off the result: nothing is computed here."""
+    t, t2, pick, v2 = a.test, a.test2, a.pick, a.at2
+    claim = a.claim
+    return {
+        "table": result.table, "scale": result.scale, "row": a.row, "method": a.method, "label": a.label,
+        "hypothesis": a.hypothesis, "metric": result.metric, "n": a.at1.n, "mean": a.at1.mean, "std": a.at1.std,
+        "values": list(a.at1.values), "seeds": list(a.at1.seeds), "missing_seeds": list(a.at1.missing),
+        "paper_claim": claim.who if claim else "", "paper_value": claim.value if claim else None,
+        "paper_baseline": claim.baseline if claim else None, "rival": a.rival,
+        "diff_vs_baseline": t.diff if t else None, "diff_ci95_low": t.low if t else None,
+        "diff_ci95_high": t.high if t else None, "ci_method": t.ci_method if t else "",
+        "p_welch": t.p if t else None, "p_adjusted": t.p_adj if t else None, "correction": t.correction if t else "",
+        "p_permutation": t.p_perm if t else None, "verdict": test_word(t) if t else "",
+        "outcome": t.outcome.value if t else "", "mde": t.mde_printed if t else None,
+        "mde_05": t.mde if t else None, "mde_corrected": t.mde_corrected if t else None,
+        "alpha_corrected": t.alpha_corrected if t else None,
+        "lr": lr_text(pick), "lr_grid_scores": grid_text(pick),
+        "lr_multiplier": pick.multiplier if pick else None, "lr_value": pick.lr if pick else None,
+        "lr_at_bound": bool(pick and pick.at_bound), "lr_flat": bool(pick and pick.flat),
+        "lr_bound_binding": bool(pick and pick.mark.value == "bound binding"),
+        "lr_weak_pick": bool(pick and pick.mark.value == "weak pick"),
+        "lr_pick_lead": pick.lead if pick else None, "lr_pick_se": pick.se if pick else None,
+        "lr_selection_seeds": pick.selection_seeds if pick else 0,
+        "n_2x": v2.n if v2 else None, "values_2x": list(v2.values) if v2 else [],
+        "diff_2x": t2.diff if t2 else None, "diff_2x_ci95_low": t2.low if t2 else None,
+        "diff_2x_ci95_high": t2.high if t2 else None, "p_adjusted_2x": t2.p_adj if t2 else None,
+        "verdict_2x": test_word(t2) if t2 else "", "outcome_2x": t2.outcome.value if t2 else "",
+        "mde_2x": t2.mde_printed if t2 else None,
+        "delta_1x": a.trend.at1 if a.trend else None, "delta_2x": a.trend.at2 if a.trend else None,
+        "basis": a.basis.value if a is not f.baseline else "",
+        "steps_to_target_median": a.steps_median,
+        "plateau": f.plateau is not None, "converged_2x": f.converged,
+        "convergence": f.state.value if f.state else "",
+        "commit": " ".join(a.commits), "n_commits": len(set(a.commits) - {""}),
+    }
+
+
+def render(plan: Plan, result: TableResult, cells: dict[tuple, TableCell], done: list[dict] | None = None
+           ) -> tuple[str, list[dict]]:
+    """Markdown text and CSV rows of the plan's table from its result (`done`: every run the plan trained)."""
     exp, scale = plan.exp, plan.scale
     methods = exp.methods
     head = ["row", *paper_columns(exp).values()]
@@ -259,168 +221,47 @@ def render(plan: Plan, cells: dict[tuple, TableCell], floors: dict | None = None
     lines = table_start(exp, f"Papers' numbers ({exp.paper_provenance or 'see experiments yaml'}) beside ours "
                              f"(mean ± std over seeds of {exp.row_metric(scale)}{_times(exp)})."
                              f"{_direction(exp)}", head)
-    csv_rows = []
-    base = methods[0]  # the baseline column: CIs of every other method's difference to it
     for row in exp.rows_at(scale):
         ours = [cells[(row, m)] for m in methods]
         steps = sorted({s for c in ours for s in c.steps})
         walls = [w for c in ours for w in c.wall]
         cols = [row, *(_paper(exp, row, key) for key in paper_columns(exp))]
-        cols += [c.text() for c in ours]
-        cols += [",".join(map(str, steps)) or "–", f"{mean_std(walls)[0]:.0f} s" if walls else "–"]
+        cols += [fmt_values(result.arm(row, m).at1) if result.arm(row, m) else "missing" for m in methods]
+        cols += [",".join(map(str, steps)) or "–", f"{statistics.fmean(walls):.0f} s" if walls else "–"]
         lines.append("| " + " | ".join(cols) + " |")
-        tests = verdicts(cells[(row, base)].values, [(c.method, c.values, "primary") for c in ours[1:]],
-                         exp.higher_is_better_for(row))
-        long_tests = length_verdicts(exp, row, [c.method for c in ours], long or {})
-        for c in ours:
-            lc, lt = (long or {}).get((row, c.method)), long_tests.get(c.method)
-            pk = PAPER_KEYS.get(c.method)
-            ms = mean_std(c.values) if c.values else None
-            t = tests.get(c.method)
-            ci = t.ci if t else None
-            csv_rows.append({
-                "table": exp.table, "row": row, "method": c.method, "label": METHOD_LABELS.get(c.method, c.method),
-                "scale": scale, "metric": exp.row_metric(scale, row), "n": len(c.values),
-                "mean": f"{ms[0]:.4f}" if ms else "",
-                "std": f"{ms[1]:.4f}" if len(c.values) > 1 else "",
-                "values": " ".join(f"{v:.4f}" for v in c.values), "missing_seeds": " ".join(map(str, c.missing)),
-                "steps": " ".join(map(str, c.steps)), "wall_time_s": " ".join(f"{w:.1f}" for w in c.wall),
-                "paper_value": exp.paper.get(exp.paper_row(row), {}).get(pk, "") if pk else "",
-                "paper_baseline": exp.paper.get(exp.paper_row(row), {}).get("cet_baseline", ""),
-                "commit": " ".join(sorted({s.get("commit", "") for s in c.summaries})),
-                "diff_vs_baseline": f"{ci.diff:.4f}" if ci else "",
-                "diff_ci95_low": f"{ci.low:.4f}" if ci else "",
-                "diff_ci95_high": f"{ci.high:.4f}" if ci else "",
-                "ci_method": ci.method if ci else "",
-                "hypothesis": "baseline" if c.method == base else "primary",
-                "p_welch": f"{t.p:.6g}" if t and t.p is not None else "",
-                "p_adjusted": f"{t.p_adj:.6g}" if t and t.p_adj is not None else "",
-                "p_permutation": f"{t.p_perm:.6g}" if t and t.p_perm is not None else "",
-                "verdict": t.word if t else "",
-                "mde_05": f"{t.mde:.4f}" if t and t.mde is not None else "",
-                "mde_corrected": f"{t.mde_corrected:.4f}" if t and t.mde_corrected is not None else "",
-                "lr": lr_text(plan, exp.pick_key(row, c.method)),
-                "lr_grid_scores": grid_text(plan, exp.pick_key(row, c.method)),
-                "n_2x": len(lc.values) if lc else "",
-                "values_2x": " ".join(f"{v:.4f}" for v in lc.values) if lc else "",
-                "diff_2x": f"{lt.ci.diff:.4f}" if lt and lt.ci else "",
-                "diff_2x_ci95_low": f"{lt.ci.low:.4f}" if lt and lt.ci else "",
-                "diff_2x_ci95_high": f"{lt.ci.high:.4f}" if lt and lt.ci else "",
-                "p_adjusted_2x": f"{lt.p_adj:.6g}" if lt and lt.p_adj is not None else "",
-                "verdict_2x": lt.word if lt else "",
-                **typed_fields(plan, exp.pick_key(row, c.method), t, lt, c.summaries),
-            })
-    facts: dict[str, dict] = {}
-    lines += protocol_lines(plan, cells, METHOD_LABELS, 2 if exp.multiplier == 100 else 3, floors, long, done,
-                            facts)
-    csv_rows = [{**r, **family_facts(facts, r["row"])} for r in csv_rows]
-    lines += tokenizer_notes([s for c in cells.values() for s in c.summaries])
-    lines += patch_notes([s for c in cells.values() for s in c.summaries])
-    lines += ["", provenance_line(exp, scale, cells)]
+    csv_rows = [{**arm_fields(result, f, a), "steps": [int(x) for x in cells[(a.row, a.method)].steps],
+                 "wall_time_s": list(cells[(a.row, a.method)].wall)}
+                for f in result.families for a in (f.baseline, *f.arms)]
+    lines += protocol_lines(plan, result, cells, 2 if exp.multiplier == 100 else 3, done)
+    sums = [s for c in cells.values() for s in c.summaries]
+    lines += tokenizer_notes(sums) + patch_notes(sums) + ["", provenance_line(exp, scale, cells)]
     return "\n".join(lines) + "\n", csv_rows
 
 
-def floor_verdict(row: str, base: list[float], entry: dict | None, mult: float, higher: bool, digits: int = 2) -> str:
-    """"<row>: the baseline (96.02) beats every floor (the best: MLP … 94.20)", or names the best floor it is below
-    and by how much; "" without floors or baseline runs."""
-    floors = (entry or {}).get("floors") or []
-    if not floors or not base:
-        return ""
-    mean = statistics.fmean(base)
-    best = (max if higher else min)(floors, key=lambda f: f["value"])
-    value = mult * float(best["value"])
-    label = best["label"].removeprefix("floor: ")
-    if (mean > value) if higher else (mean < value):
-        return (f"{row}: the baseline ({mean:.{digits}f}) beats every floor (the best: {label}, {value:.{digits}f} on "
-                f"{best['split']}).")
-    return (f"{row}: the baseline ({mean:.{digits}f}) does NOT beat its floors: the best, {label}, reaches "
-            f"{value:.{digits}f} on {best['split']}, a gap of {abs(value - mean):.{digits}f} in its favour.")
-
-
-def length_verdicts(exp: Experiment, row: str, methods: list[str], long: dict[tuple, TableCell]) -> dict:
-    """The row's tests at 2× steps (the methods with runs there against the baseline's), {method: Verdict}."""
-    if (row, methods[0]) not in long or exp.pretrain:
-        return {}
-    # the family as declared: a method without runs at 2× counts as p = 1 (Holm never corrects for fewer)
-    return verdicts(long[(row, methods[0])].values,
-                    [(m, long[(row, m)].values if (row, m) in long else [], "primary") for m in methods[1:]],
-                    exp.higher_is_better_for(row), pooled=True)
-
-
-def protocol_lines(plan: Plan, cells: dict, labels: dict[str, str], digits: int = 2,
-                   floors: dict | None = None, long: dict[tuple, TableCell] | None = None,
-                   done: list[dict] | None = None, facts: dict | None = None) -> list[str]:
-    """The fair protocol's block under a table whose scale has an lr grid (tables 1, 3, 4, 5 at small): per row, one
-    line per method with its held-out metric (mean ± std), Δ to the row's baseline (the first method) with its 95%
-    interval, the lr it picked, the MDE and steps-to-target; then the baseline's convergence figure (and the plateau
-    line), the baseline against its floors (`floors`: {row: cached entry}), a verdict, the protocol's footer and the
-    cost line (the runs shown, and `done`: every run the plan trained). `cells`: {(row, method): TableCell}; [] without
-    an lr grid. `facts` (a dict) gets {row: {"plateau": bool, "converged_2x": bool | None}} (`family_facts`)."""
+def protocol_lines(plan: Plan, result: TableResult, cells: dict, digits: int = 2,
+                   done: list[dict] | None = None) -> list[str]:
+    """The fair protocol's block under a table whose scale has an lr grid (tables 1, 3, 4, 5 at small), formatted
+    from its result (reporting/protocol.py); [] without an lr grid."""
     exp, scale = plan.exp, plan.scale
-    facts = {} if facts is None else facts
     if not exp.at(scale).lr_grid:
         return []
-    key = exp.curve.get("key", "acc")
-    higher = exp.higher_is_better_for()
-    mult = exp.multiplier
     head = ["row", "method", f"{exp.row_metric(scale)} (mean ± std)", "Δ vs baseline [95% CI]",
             "p: Welch / Holm / permutation", "verdict", "Δ at 2× steps", "lr (pick)", "MDE: α 0.05 / corrected",
             "steps to baseline's half-training val"]
-    lines = ["", f"**The protocol** (each method picks its lr; {'higher' if higher else 'lower'} is better; every "
-                 "method is a primary hypothesis, one family per row)", "",
+    lines = ["", f"**The protocol** (each method picks its lr; {'higher' if exp.higher_is_better_for() else 'lower'} "
+                 "is better; every method is a primary hypothesis, one family per row)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    notes, found = [], []
-    for row in exp.rows_at(scale):
-        methods = [m for (r, m) in cells if r == row]
-        if not methods:
-            continue
-        base = cells[(row, methods[0])]
-        target = baseline_target(base.summaries, key, mult, higher)
-        if not higher:  # a loss (table 5), not a percentage: "0.5 points" does not apply, the loss-fall criterion does
-            target = Target(target.value, None, target.loss_fall, target.final)
-        # one pretraining run per method (table 3): every fine-tuning seed shares it, so the method is one unit and
-        # no test over fine-tuning seeds can speak for it; the rows are printed, untested
-        tests = {} if exp.pretrain else verdicts(
-            base.values, [(m, cells[(row, m)].values, "primary") for m in methods[1:]], higher)
-        long_tests = length_verdicts(exp, row, methods, long or {})
-        for m in methods:
-            c, t = cells[(row, m)], tests.get(m)
-            steps = steps_column(c.summaries, target.value, key, mult, higher)
-            ms = fmt_n(c.values, digits) if c.values else "missing"
-            delta = "(baseline)" if m == methods[0] else (t.ci.text(digits) if t and t.ci else "–")
-            p = "–" if t is None or t.p is None else f"{fmt_p(t.p)} / {fmt_p(t.p_adj)} / {fmt_p(t.p_perm)}"
-            mdes = "–" if t is None or t.mde is None else f"{fmt_num(t.mde)} / {fmt_num(t.mde_corrected)}"
-            lr = lr_text(plan, exp.pick_key(row, m))
-            word = t.word if t else ("not tested (one pretraining run: n = 1 unit)"
-                                     if exp.pretrain and m != methods[0] else "–")
-            at2 = length_text(m == methods[0], (long or {}).get((row, m)), long_tests.get(m), t, digits)
-            lines.append(f"| {row} | {labels.get(m, m)} | {ms} | {delta} | {p} | {word} | {at2} | {lr} | {mdes} | "
-                         f"{steps[0]} |")
-            if t is not None:
-                found.append((f"{row} {labels.get(m, m)}", t))
-        facts[row] = {"converged_2x": None}
-        notes += [f"{row}: {target.text()}",
-                  *table_evidence(exp, scale, row, methods, cells, tests, long, labels, digits, facts[row])]
-        entry, metric = (floors or {}).get(row), exp.row_metric(scale, row)
-        if entry and entry.get("metric") != metric:  # cached for another metric (split): not this table's floors
-            notes.append(f"{row}: its cached floors are for {entry.get('metric')}, not {metric}: rerun `python -m "
-                         f"condattn.floors --scale {scale}`.")
-        elif verdict := floor_verdict(row, base.values, entry, mult, higher, digits):
-            notes.append(verdict)
-        total = max((int(s.get("steps") or 0) for s in base.summaries), default=0)
-        to_final = steps_column(base.summaries, target.final, key, mult, higher)[1]
-        facts[row]["plateau"] = plateau_step(to_final, total) is not None
-        if plateau := plateau_text(to_final, total):
-            notes.append(f"{row}: {plateau}")
+    rows, found = protocol_rows(result, lambda a: METHOD_LABELS.get(a.method, a.method), digits, bool(exp.pretrain))
+    unit = "points" if exp.multiplier == 100 else ""
+    notes = [n for f in result.families for n in family_notes(f, scale, unit, digits)]
     if exp.pretrain:
         notes.append("The lr grid covers fine-tuning only; each method has one pretraining run, shared by all its "
                      "fine-tuning seeds, so a method is one unit of evidence here and its difference to the baseline "
                      "is not tested (the interval over fine-tuning seeds would understate the method's variance). A "
                      "test needs one pretraining run per reported seed.")
     walls = [w for c in cells.values() for w in c.wall]
-    cost = ["", training_time_line(walls) + trained_so_far(done, exp.table, bool(exp.pretrain))] if walls \
-        else []
-    return [*lines, "", *[x for n in notes for x in (n, "")], verdict_line(found), "", FOOTER, *cost]
+    cost = ["", training_time_line(walls) + trained_so_far(done, exp.table, bool(exp.pretrain))] if walls else []
+    return [*lines, *rows, "", *[x for n in notes for x in (n, "")], verdict_line(found), "", FOOTER, *cost]
 
 
 def plot_curves(exp: Experiment, scale: str, cells: dict[tuple, TableCell], out: Path) -> Path | None:
@@ -464,10 +305,13 @@ def plot_curves(exp: Experiment, scale: str, cells: dict[tuple, TableCell], out:
 
 def save_outputs(plan: Plan, md: str, csv_rows: list[dict],
                  plot: Callable[[Path], Path | None], caption: str,
-                 fieldnames: list[str] | None = None, floors: bool = True) -> tuple[Path, str]:
+                 fieldnames: list[str] | None = None, floors: bool = True,
+                 result: TableResult | None = None) -> tuple[Path, str]:
     """Write results/<scale>/<table>.{md,csv,png}: `plot(png_path)` draws the figure (None: nothing to draw), which
     the Markdown then embeds under `caption`. Returns (md path, md text). Every table renderer ends here. `floors`:
-    print the cached floors of a smoke/small table (reporting/floors.py) under it (False: the renderer has)."""
+    print the cached floors of a smoke/small table (reporting/floors.py) under it (False: the renderer has). The JSON
+    holds the rows and (`result`) the table's TableResult, numbers as numbers, and `missing_runs`: the planned runs
+    without a finished summary, which decides whether a rerender may replace a committed table (table/report.py)."""
     exp, scale = plan.exp, plan.scale
     out_dir = plan.results_root / scale
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -490,10 +334,13 @@ def save_outputs(plan: Plan, md: str, csv_rows: list[dict],
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=fieldnames or (list(csv_rows[0]) if csv_rows else ["table"]))
     w.writeheader()
-    w.writerows([{k: str(v).lower() if isinstance(v, bool) else v for k, v in r.items()} for r in csv_rows])
-    result = json.dumps({"table": exp.table, "scale": scale, "stem": stem, "made_with": asdict(made) if made else None,
-                         "columns": w.fieldnames, "rows": csv_rows}, indent=1, default=str) + "\n"
-    texts = {out_dir / f"{stem}.csv": buf.getvalue(), out_dir / f"{stem}.json": result}
+    w.writerows([{k: _csv(v) for k, v in r.items()} for r in csv_rows])
+    missing = result.missing_runs if result is not None else missing_runs(collect(plan))
+    doc = json.dumps(plain({"table": exp.table, "scale": scale, "stem": stem,
+                            "made_with": asdict(made) if made else None, "missing_runs": missing,
+                            "columns": w.fieldnames, "rows": csv_rows,
+                            "result": result.as_json() if result is not None else None}), indent=1, default=str)
+    texts = {out_dir / f"{stem}.csv": buf.getvalue(), out_dir / f"{stem}.json": doc + "\n"}
     tmp = out_dir / f".{stem}.tmp.png"  # drawn aside: it replaces the figure only with new values
     png = plot(tmp)
     if png is not None:
@@ -507,6 +354,15 @@ def save_outputs(plan: Plan, md: str, csv_rows: list[dict],
     for path, text in texts.items():
         path.write_bytes(text.encode())  # bytes: the csv's \r\n line ends as the csv module writes them
     return md_path, md
+
+
+def _csv(v) -> object:
+    """A CSV cell: booleans as true/false, lists space-separated, None empty."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (list, tuple)):
+        return " ".join(str(x) for x in v)
+    return "" if v is None else v
 
 
 WRITTEN = re.compile(r"written \d{4}-\d\d-\d\d \d\d:\d\d UTC")
@@ -523,11 +379,10 @@ def unchanged(md_path: Path, md: str, texts: dict[Path, str]) -> bool:
 
 def write_table(plan: Plan) -> tuple[Path, str]:
     """The generic renderer: every renderer's entry takes the plan and returns (md path, md text)."""
-    cells = collect(plan)
-    md, csv_rows = render(plan, cells, load_floors(plan.results_root, plan.scale, plan.exp.table), longer(plan, cells),
-                          trained(plan))
+    result, cells, _ = table_result(plan, load_floors(plan.results_root, plan.scale, plan.exp.table))
+    md, csv_rows = render(plan, result, cells, trained(plan))
     return save_outputs(plan, md, csv_rows, lambda png: plot_curves(plan.exp, plan.scale, cells, png),
-                        "validation curves")
+                        "validation curves", result=result)
 
 
 def renderer_for(exp: Experiment):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..experiment import Experiment
 from ..launch import RunSpec
 from ..runs import variant_of
+from ..stats import Outcome, verdicts
 from .cells import Part
 from .compose import Composer, named
 from .lr_grid import LrPick, lr_variant
@@ -43,8 +44,6 @@ def length_cells(comp: Composer, exp: Experiment, scale: str, reported: dict[tup
     """The runs at factor × steps of each family whose baseline and primary rows have all finished: the baseline and
     every primary row whose adjusted p < 0.05 (the same tests the table prints). `longer`: their variants, by the
     readable name of the run at 1× steps."""
-    from ..reporting.protocol import verdicts
-
     factor, n = length_check(exp, scale) or (0, 0)
     out: list[tuple[Part, RunSpec]] = []
     for fam in exp.families(scale).values():
@@ -56,7 +55,7 @@ def length_cells(comp: Composer, exp: Experiment, scale: str, reported: dict[tup
             continue
         found = verdicts(values[fam[0]], [(rm, values[rm], "primary") for rm in primary],
                          exp.higher_is_better_for(fam[0][0]))
-        for rm in [fam[0], *(rm for rm in primary if found[rm].word in ("better", "worse"))]:
+        for rm in [fam[0], *(rm for rm in primary if found[rm].outcome in (Outcome.BETTER, Outcome.WORSE))]:
             pick = picks[exp.pick_key(*rm)]
             for part, spec in sorted(groups[rm] or [], key=lambda pc: pc[0].seed)[:n]:  # the n lowest, any order
                 tail = (*lr_variant(pick.base_lr, pick.pick)[0], f"task.steps={factor * int(spec.cfg.task.steps)}")

@@ -1,7 +1,8 @@
-"""The statistics every report uses: mean ± sample std over seeds; a confidence interval for the difference of two
-groups' means (Welch's t interval; a seeded bootstrap when scipy is absent); the tests behind a verdict (Welch's p, an
-exact permutation p) and their corrections for the comparisons made beside them (Holm within a family of declared
-hypotheses, Benjamini–Hochberg q for exploratory rows); the minimum detectable effect at a given α."""
+"""Pure statistics on numbers: mean ± sample std over seeds; a confidence interval for the difference of two groups'
+means (Welch's t interval; a seeded bootstrap when scipy is absent); the tests behind a verdict (Welch's p, an exact
+permutation p) and their corrections for the comparisons made beside them (Holm within a family of declared hypotheses,
+Benjamini–Hochberg q for exploratory rows); the minimum detectable effect at a given α; steps-to-target on a curve.
+Nothing here reads a file or formats text."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+ALPHA = 0.05
+
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (n − 1); std is 0.0 for a single value. Empty: ValueError."""
@@ -21,29 +24,13 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return mean, (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def fmt_mean_std(values: Sequence[float], digits: int = 2) -> str:
-    mean, std = mean_std(values)
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
-def fmt_n(values: Sequence[float], digits: int = 2) -> str:
-    """A table cell's mean over seeds with its spread and count: "31.00 ± 1.41 (n=2)"; a single seed has no spread
-    to show, so "19.00, n = 1 (no spread)" (never "± 0.00", which reads as zero spread)."""
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}, n = 1 (no spread)"
-    return f"{fmt_mean_std(values, digits)} (n={len(values)})"
-
-
 @dataclass(frozen=True)
 class DiffCI:
     diff: float  # mean(b) − mean(a)
     low: float
     high: float
     level: float
-    method: str  # "welch-t" | "bootstrap"
-
-    def text(self, digits: int = 2) -> str:
-        return f"{self.diff:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
+    method: str  # "welch-t" | "bootstrap" | "paired-t"
 
     @property
     def excludes_zero(self) -> bool:
@@ -177,69 +164,6 @@ def benjamini_hochberg(pvalues: Sequence[float | None]) -> list[float | None]:
     return out
 
 
-ALPHA = 0.05
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One row's test against its baseline: Welch's interval, raw and adjusted p (Holm over the row's family of
-    primary rows, or a Benjamini–Hochberg q for an exploratory row), the exact permutation p, and the MDE at the
-    corrected α beside the uncorrected one."""
-
-    ci: DiffCI | None
-    p: float | None
-    p_adj: float | None
-    p_perm: float | None
-    correction: str  # "holm" | "bh"
-    mde: float | None  # at α = 0.05
-    mde_corrected: float | None  # at the family's Bonferroni α (the step Holm's first test uses)
-    higher_is_better: bool = True
-
-    @property
-    def outcome(self) -> str:
-        """The verdict as a word: "better" / "worse" only when the adjusted p < 0.05, else "no difference detected";
-        "not tested" without an interval or an adjusted p."""
-        if self.ci is None or self.p_adj is None:
-            return "not tested"
-        if self.p_adj < ALPHA:
-            up = self.ci.diff > 0
-            return "better" if up == self.higher_is_better else "worse"
-        return "no difference detected"
-
-    @property
-    def mde_printed(self) -> float | None:
-        """The MDE the verdict names: at the corrected α, else at 0.05."""
-        return self.mde_corrected if self.mde_corrected is not None else self.mde
-
-    @property
-    def word(self) -> str:
-        """The verdict as printed: "better", "worse", "no difference detected (MDE x)" or "–" (`verdict_text`)."""
-        return verdict_text(self.outcome, self.mde_printed)
-
-
-def verdict_text(outcome: str, mde: float | None) -> str:
-    """A verdict's printed form from its typed parts (`Verdict.outcome`, `Verdict.mde_printed`)."""
-    if outcome == "not tested":
-        return "–"
-    if outcome == "no difference detected":
-        return outcome + (f" (MDE {fmt_num(mde)})" if mde is not None else "")
-    return outcome
-
-
-def fmt_p(p: float | None) -> str:
-    """A p-value with enough digits to read it against 0.05 and its corrections: 0.027, 0.0079, 3.1e-06."""
-    if p is None:
-        return "–"
-    if p >= 0.01:
-        return f"{p:.3f}"
-    return f"{p:.4f}" if p >= 0.001 else f"{p:.1e}"
-
-
-def fmt_num(x: float | None) -> str:
-    """A quantity with three significant digits (never "0.01" for 0.0147)."""
-    return "–" if x is None else f"{x:.3g}"
-
-
 def mde(std: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float | None:
     """The minimum detectable effect of a two-sided two-sample t-test with n seeds per arm at this power:
     (t_{1−α/2, df} + t_{power, df}) · s · √(2/n), df = 2n − 2, s the baseline's std (the usual normal-theory
@@ -250,10 +174,6 @@ def mde(std: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float | 
         return None
     df = 2 * n - 2
     return float(stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * std * math.sqrt(2 / n)
-
-
-MDE_FORMULA = ("MDE = (t_{1−α/2,df} + t_{0.8,df}) · s_baseline · √(2/n), df = 2n − 2 (two-sided, 80% power), "
-               "at α = 0.05 and at the family's corrected α = 0.05/m")
 
 
 def steps_to_target(curve: Sequence[tuple[int, float]], target: float, higher_is_better: bool = True) -> int | None:
@@ -281,3 +201,11 @@ def last_quarter_change(curve: Sequence[tuple[int, float]], total_steps: int) ->
     if not before or not curve or curve[-1][0] <= 0.75 * total_steps:
         return None
     return curve[-1][1] - before[-1]
+
+
+def pooled_sd(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """√(((n_a − 1)s_a² + (n_b − 1)s_b²) / (n_a + n_b − 2)); None with fewer than 2 values in a group."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    va, vb = statistics.variance(a), statistics.variance(b)
+    return math.sqrt(((len(a) - 1) * va + (len(b) - 1) * vb) / (len(a) + len(b) - 2))

@@ -1,0 +1,82 @@
+"""`TableResult` (condattn/table/result.py) built from a plan and constructed run records: each family's arms with their
+tests, the paper's own baseline beside each method, the verdict's basis, the lr pick's mark, the noise floor, and a
+JSON serialisation that holds numbers as numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import experiment_raw, plan_of
+from test_protocol import finish, lr_pick
+
+from condattn.stats import Basis, Mark, Outcome, State
+from condattn.table.result import table_result
+
+
+def _table(tmp_path, at2: dict[str, float] | None = None):
+    """Table 1's ViT row with the baseline and SCA, 4 seeds, an lr grid and (with `at2`) a length check on 4 seeds."""
+    exp = experiment_raw("table1_imagenet")
+    exp["methods"] = ["none", "spectral"]
+    exp["scales"]["small"] = {"seeds": [0, 1, 2, 3], "rows": ["vit_base"], "lr_grid": [0.5, 1, 2],
+                              "selection_seeds": [100, 101]}
+    if at2:
+        exp["scales"]["small"]["length_check"] = {"factor": 2, "seeds": 4}
+    runs = tmp_path / "runs" / "small"
+    base = {0: 0.960, 1: 0.965, 2: 0.962, 3: 0.967}
+    for method, shift in (("none", 0.0), ("spectral", -0.2)):
+        for seed, v in base.items():
+            name = f"table1_imagenet_vit_base_{method}_small_s{seed}"
+            finish(type("S", (), {"run_dir": runs / name}), {"final_test_acc": v + shift, "final_val_acc": v + shift},
+                   steps=400)
+            if at2:
+                finish(type("S", (), {"run_dir": runs / f"{name}-2x"}), {"final_test_acc": v + shift + at2[method]},
+                       steps=800)
+    picks = {"vit_base/none": lr_pick({0.5: 0.90, 1.0: 0.95, 2.0: 0.94}, 1.0),
+             "vit_base/spectral": lr_pick({0.5: 0.70, 1.0: 0.71, 2.0: 0.60}, 1.0)}
+    longer = {f"table1_imagenet_vit_base_{m}_small_s{s}": "2x" for m in ("none", "spectral") for s in base} \
+        if at2 else {}
+    return plan_of(exp, "small", tmp_path / "runs", tmp_path / "results", picks=picks, longer=longer)
+
+
+def test_the_result_holds_each_family_as_numbers_and_enums(tmp_path):
+    result, _, _ = table_result(_table(tmp_path))
+    (fam,) = result.families
+    assert fam.name == "vit_base" and fam.baseline.method == "none"
+    (sca,) = fam.arms
+    assert sca.at1.values == pytest.approx((76.0, 76.5, 76.2, 76.7)) and sca.at1.mean == pytest.approx(76.35)
+    assert sca.test.diff == pytest.approx(-20.0) and sca.test.outcome == Outcome.WORSE
+    assert sca.test.alpha_corrected == pytest.approx(0.05)  # one primary arm
+    # SCA beside the SCA paper's own baseline (80.7 → 81.7), never the CET paper's 80.3
+    assert (sca.claim.who, sca.claim.baseline, sca.claim.value) == ("SCA", 80.7, 81.7)
+    # no length check at this scale: the basis says so
+    assert fam.state is None and sca.basis == Basis.NO_CHECK
+    # the same score on both selection seeds everywhere, and the runs at the pick spread 0.3 points: the baseline's
+    # lead of 0.01 over ×2 is above σ √(1/2 + 1/2) (σ pooled: grid 0 over 3 df, runs at the pick s = 0.0031 over 3 df)
+    assert fam.baseline.pick.mark == Mark.NONE and sca.pick.mark == Mark.NONE
+    assert fam.baseline.pick.lead == pytest.approx(0.01) and fam.baseline.pick.df == 6
+    # the noise floor: seeds 0-1 against 2-3 (a split of the reported seeds), one primary arm (m = 1)
+    assert (fam.noise.seeds_a, fam.noise.seeds_b, fam.noise.m, fam.noise.splits) == ((0, 1), (2, 3), 1, 3)
+    assert fam.noise.diff == pytest.approx(0.2)
+    assert fam.reach.sd == pytest.approx(fam.baseline.at1.std) and fam.reach.alpha == pytest.approx(0.05)
+    doc = json.loads(json.dumps(result.as_json()))
+    arm = doc["families"][0]["arms"][0]
+    assert isinstance(arm["test"]["p"], float) and arm["test"]["outcome"] == "worse"
+    assert arm["at1"]["values"] == pytest.approx([76.0, 76.5, 76.2, 76.7])
+    assert result.missing_runs == 0
+
+
+def test_the_length_check_decides_convergence_and_each_verdicts_basis(tmp_path):
+    # the baseline stopped gaining (+0.01 points at 2×) and SCA's Δ held: at convergence
+    result, _, _ = table_result(_table(tmp_path / "a", at2={"none": 0.0001, "spectral": 0.0001}))
+    fam = result.families[0]
+    assert fam.convergence.n == 4 and fam.convergence.gain == pytest.approx(0.01)
+    assert fam.state == State.CONVERGED and fam.arms[0].basis == Basis.CONVERGENCE
+    # SCA's Δ moves by 5 points between 1× and 2× (far above its MDE): at a budget
+    result, _, _ = table_result(_table(tmp_path / "b", at2={"none": 0.0001, "spectral": 0.05}))
+    fam = result.families[0]
+    assert fam.state == State.CONVERGED and fam.arms[0].basis == Basis.BUDGET
+    assert fam.arms[0].trend.at2 - fam.arms[0].trend.at1 == pytest.approx(4.99)  # (0.05 − 0.0001) · 100
+    # the baseline still gains a point at 2×: every verdict at a budget
+    result, _, _ = table_result(_table(tmp_path / "c", at2={"none": 0.01, "spectral": 0.01}))
+    assert result.families[0].state == State.LEARNING and result.families[0].arms[0].basis == Basis.BUDGET
