@@ -86,6 +86,14 @@ def resolve_paths(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
+# Keys the code reads where they are set, though no config file declares them: the only keys a `+key=value` override
+# may add (any other one is read by nothing, and would only rename the run). Where each is read:
+ADDABLE_KEYS = {
+    "data.test_per_class": "data/images.py: a stratified test split of that many images per class",
+    "task.augment.shift_px": "data/images.py ShiftedImages: shifted copies of each training image",
+}
+
+
 class ConfigError(ValueError):
     """A bad override or config, explained in one line."""
 

@@ -26,18 +26,19 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checks import early_problems
+from .checks import early_problems, seed_problems, table_override_problems
 from .engine.artefacts import repair_finished
 from .engine.preflight import preflight_checked
 from .engine.signals import StopFlag
 from .experiment import Experiment, load
 from .launch import LAUNCHERS, SUBMITIT_LAUNCHERS, ConfigError, RunSpec, active_job, launcher_problems
-from .runs import RunRecord
+from .runs import RunId, RunRecord
 from .table.cells import cells, needs, parts, rows_slug, select_rows  # noqa: F401 (the command's names)
+from .table.kept import NOTHING, Restored, restore_kept, with_kept  # noqa: F401
 from .table.length import length_check
 from .table.lr_grid import LrPick, selection_key  # noqa: F401
 from .table.plan import Plan, plan, problem_report, refusal
-from .table.report import report, restore_kept, with_kept  # noqa: F401
+from .table.report import report
 
 # --------------------------------------------------------------------------------------------- checks and launch
 
@@ -69,10 +70,12 @@ def problems(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> tuple[d
     return found, warnings
 
 
-def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
-    """Skip finished cells and cells whose SLURM job is still queued or running; link a cell not started yet to a
-    finished run of its science config under another name (engine/twins.py) instead of training it; on a job array,
-    fine-tuning cells wait for their pretraining run (a job array has no order)."""
+def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec], kept: Restored = NOTHING) -> Todo:
+    """Skip finished cells (`kept.finished`: those a kept record makes finished, in a dry run that restores nothing)
+    and cells whose SLURM job is still queued or running; link a cell not started yet to a finished run of its science
+    config under another name (engine/twins.py) instead of training it; on a job array, fine-tuning cells wait for
+    their pretraining run (a job array has no order). A cell whose committed record is unreadable and that has no
+    finished run here (`kept.corrupt`, `blocked`) waits for --force."""
     from .engine.provenance import equivalent_hashes, fingerprint, source_files, stale_parts
     from .engine.twins import TwinIndex, link
 
@@ -81,7 +84,14 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
     twins: dict[Path, TwinIndex] = {}
     n = len(specs)
     files, same = source_files(), equivalent_hashes()
+    blocked = set() if args.force else blocked_cells(kept)
     for i, c in enumerate(specs, 1):
+        if c.name in blocked:
+            print(f"[reproduce] {i}/{n} {c.name}: not trained, its committed record is unreadable (said above)")
+            continue
+        if c.name in kept.finished and not RunRecord(c.run_dir).finished:  # a dry run: read, not restored
+            print(f"[reproduce] {i}/{n} {c.name}: finished (its kept record; restored by the real command), skipped")
+            continue
         # a reused twin (a link) is only ever read: under --force, or when its run is no longer finished (the owner
         # retrained or removed it), the link goes and this cell trains in its own dir; the twin is never touched
         if c.run_dir.is_symlink() and (args.force or not RunRecord(c.run_dir).finished) and not args.dry_run:
@@ -133,6 +143,30 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo:
     return out
 
 
+def blocked_cells(kept: Restored) -> set[str]:
+    """The cells whose committed record is unreadable and that have no finished run here: neither trained nor put in
+    the table until --force (FORCE=1) retrains them."""
+    return {name for name, u in kept.corrupt.items() if not RunRecord(u.run_dir).finished}
+
+
+def say_corrupt(kept: Restored, p: Plan, force: bool) -> None:
+    """One line per unreadable committed record of the plan's cells: what it is, and what the command does about it."""
+    for name, u in kept.corrupt.items():
+        live, path = RunRecord(u.run_dir), u.record
+        row = RunId.parse(name, p.exp.table, p.exp.rows, p.exp.methods, p.scale)
+        put_back = f"put the committed file back (git checkout -- {path})"
+        if force:
+            then = "the cell is retrained (--force) and the record written anew"
+        elif live.finished and (live.read_summary() or {}).get("restored_from"):
+            then = f"{live.dir} holds the copy restored from it earlier, so the table is unchanged; {put_back}"
+        elif live.finished:
+            then = f"it is written again from the finished run {live.dir} when the table is"
+        else:
+            then = (f"its cell is not trained and the table not rewritten: {put_back}, or retrain the cell with FORCE=1"
+                    + (f" ROWS={row.row}" if row else ""))
+        print(f"[reproduce] {path}, the committed record of {name}, is unreadable ({u.why}); {then}", file=sys.stderr)
+
+
 def _set_aside(run_dir: Path, dry_run: bool) -> Path:
     """Move a finished run made by other code to `<dir>.stale-<n>` (kept, never deleted) so its cell trains again."""
     n = 1
@@ -143,10 +177,10 @@ def _set_aside(run_dir: Path, dry_run: bool) -> Path:
     return aside
 
 
-def _checked(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo | None:
+def _checked(p: Plan, args: argparse.Namespace, specs: list[RunSpec], kept: Restored = NOTHING) -> Todo | None:
     """The preflight, then what the cells need, with the waiting and warnings said; None when a problem refuses."""
     found, warnings = problems(p, args, specs)
-    t = todo(p, args, specs)
+    t = todo(p, args, specs, kept)
     for first_stage, names in t.waiting.items():
         print(f"[reproduce] {len(names)} cells ({names[0]} … {names[-1]}) wait for their pretraining run "
               f"{first_stage}; run the same command again (without --force) once it has finished")
@@ -166,7 +200,17 @@ def _checked(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> Todo | 
     return t
 
 
-def _submit(p: Plan, args: argparse.Namespace, t: Todo) -> int:
+def _write_table(p: Plan, args: argparse.Namespace, kept: Restored, failed: list[str], force: bool = False) -> int:
+    """The table (`report`), unless a cell's committed record is unreadable and no run here stands for it: then the
+    committed table stays as it is until --force (one line, exit 1)."""
+    if (blocked := blocked_cells(kept)) and not args.force:
+        print(f"[reproduce] the table is not written: {len(blocked)} cell(s) have an unreadable committed record and "
+              "no finished run here (said above); the committed table stays as it is", file=sys.stderr)
+        return 1
+    return report(args.full_plan() if args.only_rows else p, failed, force=force)
+
+
+def _submit(p: Plan, args: argparse.Namespace, t: Todo, kept: Restored) -> int:
     """The SLURM path (slurm, submitit_local): one job array of the pending cells."""
     from .launch import submit
 
@@ -180,7 +224,7 @@ def _submit(p: Plan, args: argparse.Namespace, t: Todo) -> int:
             print(f"[reproduce] {t.queued} cells are still queued or running; run the same command again once they "
                   f"end (lr grids: their stage 2), then `make report-table-N SCALE={args.scale}` writes the table")
             return 0
-        return 0 if args.dry_run else report(args.full_plan() if args.only_rows else p, [])
+        return 0 if args.dry_run else _write_table(p, args, kept, [])
     if args.force and not args.dry_run:
         for c in [*t.pending, *t.stale]:  # a requeued job must resume, never wipe: clear the run dirs now instead
             shutil.rmtree(c.run_dir, ignore_errors=True)
@@ -188,22 +232,32 @@ def _submit(p: Plan, args: argparse.Namespace, t: Todo) -> int:
         failed = submit(t.pending, launcher, p.exp.table, args.scale, dry_run=args.dry_run, stop=stop)
     if args.dry_run or (launcher.name == "slurm" and not launcher.get("wait")):
         return 0
-    return report(args.full_plan() if args.only_rows else p, failed)
+    return _write_table(p, args, kept, failed)
 
 
-def _local(p: Plan, args: argparse.Namespace, t: Todo, plan_again) -> int:
+def _dry_run(p: Plan, t: Todo) -> int:
+    """What a local run would train, its cost on the launcher's GPU and, measured, on this machine; nothing written."""
+    from .engine.cost import machine_projection
+
+    if t.pending:
+        print("\n".join(p.cost(t.pending)))
+        print(machine_projection([(c.name, c.cfg) for c in t.pending], [p.runs_root / p.scale,
+                                                                       p.results_root / p.scale / "runs"]))
+    print(f"[reproduce] dry run: {len(t.pending)} of {len(p.cells)} cells would train here, one after another "
+          "(launcher=local)" + (f"; then the other seeds of {len(p.waiting)} rows at their lr pick"
+                                if p.waiting else ""))
+    for c in t.pending:
+        print(f"  {c.name} -> {c.run_dir}")
+    return 0
+
+
+def _local(p: Plan, args: argparse.Namespace, t: Todo, kept: Restored, plan_again) -> int:
     """Train the pending cells here, one after another; with lr grids, plan again once a stage has run and train
     what the picks add (each cell at most once per command)."""
     from .launch import run_local
 
     if args.dry_run:
-        print("\n".join(p.cost(t.pending)) if t.pending else "")
-        print(f"[reproduce] dry run: {len(t.pending)} of {len(p.cells)} cells would train here, one after another "
-              "(launcher=local)" + (f"; then the other seeds of {len(p.waiting)} rows at their lr pick"
-                                    if p.waiting else ""))
-        for c in t.pending:
-            print(f"  {c.name} -> {c.run_dir}")
-        return 0
+        return _dry_run(p, t)
     attempted: set[str] = set()
     failed: list[str] = []
     pending = t.pending
@@ -221,17 +275,19 @@ def _local(p: Plan, args: argparse.Namespace, t: Todo, plan_again) -> int:
         # a stage has ended (trained now, finished earlier or linked to another table's twin runs): the picks add the
         # rows' other seeds, the verdicts the length check; stop once a plan adds no cell
         planned = {c.name for c in p.cells}
-        p = plan_again()
+        p, kept = plan_again()
         if not (new := [c for c in p.cells if c.name not in planned]):
             break
-        if (t := _checked(p, args, new)) is None:
+        if (t := _checked(p, args, new, kept)) is None:
             return 2
         pending = [c for c in t.pending if c.name not in attempted]
-    code = report(args.full_plan() if args.only_rows else p, failed)
+    code = _write_table(p, args, kept, failed)
     if res is not None and res.interrupted:
+        again = ("rerun the same command without FORCE=1 (--force) to finish the missing ones: with it, the "
+                 "interrupted cells would start over from step 0" if args.force else
+                 "rerun the same command to finish the missing ones")
         print(f"[reproduce] stopped: {len(res.failed)} cell(s) interrupted or failed, {len(res.not_started)} not "
-              "started. Finished cells are kept; rerun the same command to finish the missing ones (interrupted "
-              "cells resume from their checkpoint).")
+              f"started. Finished cells are kept; {again} (interrupted cells resume from their checkpoint).")
         return 3
     return code
 
@@ -240,6 +296,8 @@ def _say_made(p: Plan) -> None:
     if made := p.made_with:
         print(f"[reproduce] {' '.join(made.overrides)} changes {', '.join(made.methods)}: the table is written "
               f"as {p.output_stem}.md, beside the default one")
+    for line in p.unreached:
+        print(f"[reproduce] warning: {line}")
 
 
 def _run(args: argparse.Namespace, exp: Experiment, seeds: list[int], stem: str) -> int:
@@ -252,24 +310,30 @@ def _run(args: argparse.Namespace, exp: Experiment, seeds: list[int], stem: str)
     # --force retrains: stage 1 of an lr grid runs again before anything picks (with --report-only it only means
     # "write the table anyway", and the picks are read from the runs as always)
     retrain = args.force and not args.report_only
-    restoring = not retrain  # --status and dry runs too: restoring trains nothing, and they then say what is finished
-    reuse = not args.no_reuse
-    p = with_kept(plan_now, reuse) if restoring else plan_now(read_records=not retrain)
+    restoring = not retrain  # --status too: restoring trains nothing, and it then says what is finished
+    reuse, write = not args.no_reuse, not args.dry_run  # a dry run reads the kept records and writes nothing
+
+    def plan_kept(read_records: bool = True) -> tuple[Plan, Restored]:
+        """A plan and what the kept records bring to it (restored, or only read in a dry run); under --force none."""
+        return with_kept(plan_now, reuse, write) if restoring else (plan_now(read_records=read_records), NOTHING)
+
+    p, kept = plan_kept(read_records=not retrain)
     if args.status:  # queued / running / failed / finished per cell (launch.status_lines)
         from .launch import status_lines
 
         print(f"[reproduce] {p.exp.table} at scale {args.scale}: {len(p.cells)} cells")
         print("\n".join(status_lines(p.cells)))
         return 0
+    say_corrupt(kept, p, args.force)
     if args.report_only:
         _say_made(p)
-        return report(args.full_plan() if args.only_rows else p, [], force=args.force)
-    if (t := _checked(p, args, p.cells)) is None:
+        return _write_table(p, args, kept, [], force=args.force)
+    if (t := _checked(p, args, p.cells, kept)) is None:
         return 2
     _say_made(p)
     if p.cells[0].cfg.launcher.name in SUBMITIT_LAUNCHERS:
-        return _submit(p, args, t)
-    return _local(p, args, t, (lambda: with_kept(plan_now, reuse)) if restoring else plan_now)
+        return _submit(p, args, t, kept)
+    return _local(p, args, t, kept, plan_kept)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,6 +377,13 @@ def main(argv: list[str] | None = None) -> int:
         args.only_rows = select_rows(exp, args.scale, args.rows.replace(",", " ").split()) if args.rows else None
     except ValueError as e:
         p.error(str(e))
+    overrides = list(args.overrides)
+    early = seed_problems(seeds) + ([] if args.status else [  # before the plan reads or writes a run
+        *early_problems(overrides), *table_override_problems(overrides, args.experiment, list(exp.methods),
+                                                             args.launcher)])
+    if early:
+        print("[reproduce] refused before starting any job: " + "; ".join(early), file=sys.stderr)
+        return 2
     # a part of the table (--rows) or other seeds: written beside the full one (table9_readings.rows-vit_.md)
     stem = f"{exp.table}.rows-{rows_slug(args.rows)}" if args.rows else exp.table
     if seeds != list(exp.at(args.scale).seeds):  # other seeds: another table, never over the default one
@@ -320,9 +391,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[reproduce] seeds {' '.join(map(str, seeds))} are not the experiment's "
               f"({' '.join(map(str, exp.at(args.scale).seeds))}): the table is written as {stem}.md, beside the "
               "default one")
-    if not args.status and (early := early_problems(list(args.overrides))):  # before the plan reads or writes a run
-        print("[reproduce] refused before starting any job: " + "; ".join(early), file=sys.stderr)
-        return 2
     try:
         return _run(args, exp, seeds, stem)
     except ConfigError as e:
