@@ -76,7 +76,7 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec], kept: Restored
     config under another name (engine/twins.py) instead of training it; on a job array, fine-tuning cells wait for
     their pretraining run (a job array has no order). A cell whose committed record is unreadable and that has no
     finished run here (`kept.corrupt`, `blocked`) waits for --force."""
-    from .engine.provenance import equivalent_hashes, fingerprint, source_files, stale_parts
+    from .engine.provenance import equivalent_hashes, fingerprint, source_files
     from .engine.twins import TwinIndex, link
 
     out = Todo()
@@ -85,6 +85,7 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec], kept: Restored
     n = len(specs)
     files, same = source_files(), equivalent_hashes()
     blocked = set() if args.force else blocked_cells(kept)
+    refresh = bool(getattr(args, "refresh_stale", False))
     for i, c in enumerate(specs, 1):
         if c.name in blocked:
             print(f"[reproduce] {i}/{n} {c.name}: not trained, its committed record is unreadable (said above)")
@@ -109,11 +110,8 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec], kept: Restored
         if args.force:
             out.pending.append(c)
             continue
-        if status == "finished" and getattr(args, "refresh_stale", False) and not c.run_dir.is_symlink() and \
-                (stale := stale_parts((RunRecord(c.run_dir).summary or {}).get("code"), code, same)):
-            aside = _set_aside(c.run_dir, args.dry_run)
-            print(f"[reproduce] {i}/{n} {c.name}: made by other code ({', '.join(stale)} differ from HEAD's); "
-                  f"{'would be retrained' if args.dry_run else f'retrained (the old run kept as {aside.name})'}")
+        if status == "finished" and refresh and (why := _other_code(c, code, same)):
+            print(f"[reproduce] {i}/{n} {c.name}: {why}; {_refreshed(c.run_dir, args.dry_run)}")
             out.pending.append(c)
             continue
         if status == "finished":
@@ -123,7 +121,7 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec], kept: Restored
             continue
         if not c.run_dir.is_symlink() and not c.run_dir.exists() and not getattr(args, "no_reuse", False):
             index = twins.setdefault(c.run_dir.parent, TwinIndex(c.run_dir.parent))
-            if (twin := index.find(c.cfg, c.run_dir, code)) is not None:
+            if (twin := index.find(c.cfg, c.run_dir, code if refresh else None)) is not None:
                 if not args.dry_run:
                     link(c.run_dir, twin)
                 print(f"[reproduce] {i}/{n} {c.name}: the same science config finished as {twin.name}; "
@@ -165,6 +163,26 @@ def say_corrupt(kept: Restored, p: Plan, force: bool) -> None:
             then = (f"its cell is not trained and the table not rewritten: {put_back}, or retrain the cell with FORCE=1"
                     + (f" ROWS={row.row}" if row else ""))
         print(f"[reproduce] {path}, the committed record of {name}, is unreadable ({u.why}); {then}", file=sys.stderr)
+
+
+def _other_code(c: RunSpec, code: dict, same: dict) -> str | None:
+    """Why the finished run of a cell (its own, or a twin it links to) no longer answers for it under --refresh-stale
+    (`identity.answers` with this code), or None."""
+    from .engine.identity import answers, recorded_config
+
+    return answers(c.cfg, recorded_config(c.run_dir), code, (RunRecord(c.run_dir).summary or {}).get("code"), same)
+
+
+def _refreshed(run_dir: Path, dry_run: bool) -> str:
+    """Make way for a cell's retraining under --refresh-stale: a link to a twin goes (the twin is never touched), a
+    run of its own is set aside. What was done, said."""
+    if run_dir.is_symlink():
+        twin = run_dir.resolve().name
+        if not dry_run:
+            run_dir.unlink()
+        return f"{'would be retrained' if dry_run else 'retrained'} in its own dir (the twin {twin} is kept as it is)"
+    aside = _set_aside(run_dir, dry_run)
+    return "would be retrained" if dry_run else f"retrained (the old run kept as {aside.name})"
 
 
 def _set_aside(run_dir: Path, dry_run: bool) -> Path:

@@ -76,8 +76,7 @@ class Projection:
 def project(p, step_s: dict, kept=None) -> Projection:
     """The projection of one table's plan; a finished cell counts as finished, and so does one a kept record makes
     finished (`kept`, table/kept.Restored: restored, or in a dry run only read) and one that `reproduce` will link to a
-    finished twin (the same science config, made by this code, under another name: engine/twins.py)."""
-    from .engine.provenance import fingerprint, source_files
+    finished twin (the same science config under another name: engine/twins.py)."""
     from .engine.twins import TwinIndex
     from .reproduce import length_check
 
@@ -91,7 +90,6 @@ def project(p, step_s: dict, kept=None) -> Projection:
         s = step_s.get((model, data, method), step_s.get((model, data, "*")))
         return None if s is None else s * factor * int(cfg.task.steps)
 
-    files = source_files()
     twins = [TwinIndex(d) for d in {c.run_dir.parent for c in p.cells[:1]}]
     first: dict[tuple[str, str], object] = {}  # each (row, method)'s first planned cell config: recipe and steps
     for c in p.cells:
@@ -101,8 +99,7 @@ def project(p, step_s: dict, kept=None) -> Projection:
         if RunRecord(c.run_dir).finished or (kept is not None and c.name in kept.finished):
             out.finished += 1
             out.reused += c.run_dir.is_symlink() or (kept is not None and c.name in kept.twins)
-        elif not c.run_dir.exists() and any(t.find(c.cfg, c.run_dir, fingerprint(files, c.cfg.conditioning.method))
-                                            for t in twins):
+        elif not c.run_dir.exists() and any(t.find(c.cfg, c.run_dir) for t in twins):
             out.finished += 1
             out.reused += 1
         else:

@@ -7,8 +7,9 @@ science config, whenever the config differs from the one the name alone composes
 and length-check variants are named in words before it (`-lr2x-steps2x`, table/compose.py `named`). Whatever the name, a
 run directory that already records a config (its config.yaml) is only resumed or reused when the science configs
 agree (`answers`, through `config_mismatch` for a run dir): resuming never mixes configs, and a finished run answers
-only for its own config. A run under another name (a twin, engine/twins.py, table/store.py) answers only when this code
-made it too; a run under the cell's own name answers whatever code made it (STALE=1 retrains those).
+only for its own config. Code: a finished run answers for its cell whatever code made it, under the cell's own name or
+another (a twin, engine/twins.py, table/store.py), until STALE=1 (--refresh-stale) asks for this code's runs: then
+both are compared, and a run of other code answers for nothing.
 """
 
 from __future__ import annotations
@@ -120,8 +121,9 @@ def answers(cfg: Any, recorded: dict | None, code: dict | None = None, recorded_
     """The one rule of run identity: None when a run that recorded the config `recorded` (made by the code
     `recorded_code`) is a run of the cell `cfg`, else why not, one phrase. Config: the science keys both configs set
     agree (`differing_keys`: how a run is run, NOT_SCIENCE, never counts). Code: compared only when `code` (this
-    code's engine/provenance fingerprint for the cell's method) is given, as for a run under another name (a twin);
-    fingerprints recorded as computing the same (`same`, results/code_equivalence.json) agree."""
+    code's engine/provenance fingerprint for the cell's method) is given, as under --refresh-stale, for a run under
+    the cell's own name and a twin alike; fingerprints recorded as computing the same (`same`,
+    results/code_equivalence.json) agree."""
     if recorded is None:
         return None
     if diff := differing_keys(recorded, _container(cfg)):

@@ -3,7 +3,8 @@
 Two tables often hold one experiment: table 1's ViT row at small scale is table 9's baseline / SCA / CET /
 conditioned-initialisation readings, cell for cell; table 4's ListOps row is table 9's ListOps readings. Their run names
 differ (`RunId` carries the table), their science configs (`identity.science_config`) do not. Whether a run is a
-cell's twin is `identity.answers` with the code: the same science config, made by this code. `reproduce` asks
+cell's twin is `identity.answers`, the rule of every run dir: the same science config (and, under --refresh-stale,
+the same code). `reproduce` asks
 `TwinIndex.find` before it trains a cell whose run dir does not exist yet; a twin found is linked
 (`link`: the cell's run dir becomes a relative symlink to it), so every reader of the cell — the tables, `compare`, the
 curves — reads the one finished run. `--force` unlinks such a cell and trains it in its own dir (the twin is never
@@ -46,8 +47,8 @@ class TwinIndex:
 
     def find(self, cfg: Any, run_dir: str | Path, code: dict | None = None) -> Path | None:
         """A finished run other than `run_dir` that answers for `cfg` (`identity.answers`: its science config and,
-        with `code`, engine/provenance.fingerprint for its method, the code that made it), the first by name; or None.
-        The hash only finds the candidates; `answers` decides."""
+        with `code` (--refresh-stale), engine/provenance.fingerprint for its method, the code that made it), the first
+        by name; or None. The hash only finds the candidates; `answers` decides."""
         if self._by_hash is None:
             self._by_hash = self._build()
         here = Path(run_dir).resolve()

@@ -5,9 +5,9 @@ A cell counts as finished when its live run is, or when a record of it is kept: 
 table's name with the same science config (a twin, stored once: table 1's ViT row is table 9's ViT readings cell for
 cell). Before a plan is read, the records of its cells are restored into the runs root, so every reader (tables,
 `compare`, curves) reads one kind of run dir; a twin's cell becomes a link to the one restored record. Whether a record
-answers for a cell is `engine/identity.answers`, the rule of every run dir and twin: a twin's record answers only when
-this code made it. Dry runs and `reproduce-all`'s projection read the same records without restoring them
-(table/kept.py), so they say what the real command will do and write nothing.
+answers for a cell is `engine/identity.answers`, the rule of every run dir and twin. Dry runs and `reproduce-all`'s
+projection read the same records without restoring them (table/kept.py), so they say what the real command will do
+and write nothing.
 """
 
 from __future__ import annotations
@@ -29,22 +29,13 @@ class RunStore:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self._by_hash: dict[str, list[KeptRecord]] | None = None
-        self._files: dict[str, bytes] | None = None
 
     def get(self, name: str) -> KeptRecord:
         return KeptRecord.of(self.root, name)
 
-    def code(self, method: str) -> dict[str, str]:
-        """This code's fingerprint for `method` (engine/provenance.py), the source files read once per store."""
-        from ..engine.provenance import fingerprint, source_files
-
-        if self._files is None:
-            self._files = source_files()
-        return fingerprint(self._files, method)
-
     def twin(self, cfg: Any) -> KeptRecord | None:
-        """The first kept record (by name) that answers for `cfg` (`identity.answers`: its science config, made by
-        this code), whatever table it was made for."""
+        """The first kept record (by name) that answers for `cfg` (`identity.answers`: its science config), whatever
+        table it was made for."""
         from ..engine.identity import _container, answers, config_hash, science_config
 
         if self._by_hash is None:
@@ -57,9 +48,8 @@ class RunStore:
                     self._by_hash.setdefault(config_hash(science_config(s["config"])), []).append(rec)
                 except Exception:  # a config of an older layout that no longer resolves: a twin of nothing
                     continue
-        code = self.code(str(cfg.conditioning.method))
         return next((rec for rec in self._by_hash.get(config_hash(science_config(_container(cfg))), [])
-                     if answers(cfg, rec.summary["config"], code, rec.summary.get("code")) is None), None)
+                     if answers(cfg, rec.summary["config"]) is None), None)
 
     def record_for(self, name: str, cfg: Any, reuse: bool = True) -> KeptRecord | None:
         """The kept record of a cell: its own, else (`reuse`) its twin's; None when neither is kept, and when its own
