@@ -66,7 +66,8 @@ VALUE_CHECKS = {"optim.lr": _lr, "optim.weight_decay": _weight_decay, "impl.thre
 
 def seed_problems(seeds: list[int]) -> list[str]:
     """The reported seeds of a command (--seeds, SEEDS=): each 0 ≤ s < 2**32, none twice."""
-    out = [f"--seeds: {why}" for s in seeds if (why := _seed(s))]
+    out = [f"--seeds: seed {s} is out of range: each seed is an integer 0 ≤ s < 2**32 ({SEED_LIMIT:,})"
+           for s in seeds if _seed(s)]
     twice = sorted({s for s in seeds if seeds.count(s) > 1})
     if twice:
         out.append(f"--seeds {' '.join(map(str, seeds))}: seed {', '.join(map(str, twice))} is given more than once; "

@@ -38,7 +38,7 @@ from .table.kept import NOTHING, Restored, restore_kept, with_kept  # noqa: F401
 from .table.length import length_check
 from .table.lr_grid import LrPick, selection_key  # noqa: F401
 from .table.plan import Plan, plan, problem_report, refusal
-from .table.report import report
+from .table.report import keep_finished, report
 
 # --------------------------------------------------------------------------------------------- checks and launch
 
@@ -161,7 +161,7 @@ def say_corrupt(kept: Restored, p: Plan, force: bool) -> None:
             then = f"it is written again from the finished run {live.dir} when the table is"
         else:
             then = (f"its cell is not trained and the table not rewritten: {put_back}, or retrain the cell with FORCE=1"
-                    + (f" ROWS={row.row}" if row else ""))
+                    + (f" ROWS={row.row} (the row's cells)" if row else ""))
         print(f"[reproduce] {path}, the committed record of {name}, is unreadable ({u.why}); {then}", file=sys.stderr)
 
 
@@ -222,8 +222,10 @@ def _write_table(p: Plan, args: argparse.Namespace, kept: Restored, failed: list
     """The table (`report`), unless a cell's committed record is unreadable and no run here stands for it: then the
     committed table stays as it is until --force (one line, exit 1)."""
     if (blocked := blocked_cells(kept)) and not args.force:
+        if n := keep_finished(p):  # the evidence of the runs there are is kept all the same
+            print(f"[reproduce] kept the records of {n} finished runs")
         print(f"[reproduce] the table is not written: {len(blocked)} cell(s) have an unreadable committed record and "
-              "no finished run here (said above); the committed table stays as it is", file=sys.stderr)
+              "no finished run here (said above); the committed table stays as it is")
         return 1
     return report(args.full_plan() if args.only_rows else p, failed, force=force)
 

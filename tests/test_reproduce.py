@@ -314,14 +314,14 @@ def test_restore_kept_never_restores_weights_a_cell_still_needs_nor_a_run_set_as
 
     keep(names[0])
     keep(names[1])
-    assert restore_kept(plan) == 1  # the fine-tune s0; s1 will train from the pretraining run's weights
+    assert len(restore_kept(plan)) == 1  # the fine-tune s0; s1 will train from the pretraining run's weights
     assert RunRecord(runs / names[1]).finished and not (runs / names[0]).exists()
     keep(names[2])
-    assert restore_kept(plan) == 2  # s1, then the pretraining run nothing needs any more
+    assert len(restore_kept(plan)) == 2  # s1, then the pretraining run nothing needs any more
     assert RunRecord(runs / names[0]).finished
 
     s2 = "t3_sst2_none_small_s2"
     other = RunSpec(s2, [], OmegaConf.create({"run": {"dir": str(runs / s2)}}))
     keep(other.name)
     (runs / f"{other.name}.stale-1").mkdir()
-    assert restore_kept(plan_of(exp, "small", tmp_path / "runs", tmp_path / "results", cells=(other,))) == 0
+    assert len(restore_kept(plan_of(exp, "small", tmp_path / "runs", tmp_path / "results", cells=(other,)))) == 0
