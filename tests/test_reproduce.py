@@ -151,9 +151,10 @@ def test_reproduce_table4_smoke_end_to_end_interrupted_and_idempotent(tmp_path, 
     kept = tmp_path / "results" / "smoke" / "runs"
     assert {d.name for d in kept.iterdir()} == {f"{n}.json.gz" for n in [*names, lam2[0].name]}  # one file a run
     shutil.rmtree(tmp_path / "runs")
-    assert main([*args, "--dry-run"]) == 0  # a dry run restores (it trains nothing) and so says what the run will do
+    assert main([*args, "--dry-run"]) == 0  # a dry run reads the records, writes nothing, says what the run will do
     out = capsys.readouterr().out
-    assert "restored 3 finished runs" in out and "0 of 3 cells would train" in out  # the plan's cells only
+    assert "would restore (dry run: nothing written) 3 finished runs" in out and "0 of 3 cells would train" in out
+    assert not (tmp_path / "runs").exists()
     assert not any((runs / n / "checkpoints").exists() or (runs / n / "best_model.pt").exists() for n in names)
     assert main(args) == 0
     out = capsys.readouterr().out
