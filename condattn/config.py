@@ -99,7 +99,7 @@ class ConfigError(ValueError):
 
 
 def _group_options_with(key: str) -> list[str]:
-    """The options of `key`'s config group (configs/<group>/*.yaml) that declare it: data.image_size -> lra_image, ..."""
+    """The options of `key`'s group (configs/<group>/*.yaml) that declare it: data.image_size -> lra_image, ..."""
     import yaml
 
     group, _, rest = key.partition(".")

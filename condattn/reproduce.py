@@ -43,6 +43,49 @@ from .table.report import keep_finished, report
 # --------------------------------------------------------------------------------------------- checks and launch
 
 
+@dataclass(frozen=True)
+class Options:
+    """What the command was asked (its switches, typed): read by every part of it, never set after `main`."""
+
+    scale: str
+    launcher: str = "local"
+    dry_run: bool = False
+    force: bool = False
+    no_reuse: bool = False
+    report_only: bool = False
+    refresh_stale: bool = False
+    status: bool = False
+    only_rows: tuple[str, ...] | None = None  # --rows: train only these (the table still shows every row)
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Planner:
+    """How this command plans its table (table/plan.py) and reads the kept records (table/kept.py)."""
+
+    exp: Experiment
+    seeds: tuple[int, ...]
+    stem: str
+    opts: Options
+
+    def plan(self, read_records: bool = True, full: bool = False) -> Plan:
+        """A plan of the cells to train (`full`: also the other rows' picks and variants, which the table reads)."""
+        o = self.opts
+        rows = list(o.only_rows) if o.only_rows is not None else None
+        return plan(self.exp, o.scale, list(self.seeds), list(o.overrides), o.launcher, rows, read_records,
+                    full=full or rows is None, reuse=not o.no_reuse, stem=self.stem)
+
+    def full(self) -> Plan:
+        return self.plan(full=True)
+
+    def with_kept(self, read_records: bool = True) -> tuple[Plan, Restored]:
+        """A plan and what the kept records bring to it: restored, or only read in a dry run (it writes nothing);
+        under --force (retraining) none are read."""
+        if self.opts.force and not self.opts.report_only:
+            return self.plan(read_records=read_records), NOTHING
+        return with_kept(self.plan, not self.opts.no_reuse, write=not self.opts.dry_run)
+
+
 @dataclass
 class Todo:
     """What the cells of a plan need now."""
@@ -53,7 +96,7 @@ class Todo:
     queued: int = 0
 
 
-def problems(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> tuple[dict, dict]:
+def problems(p: Plan, opts: Options, specs: list[RunSpec]) -> tuple[dict, dict]:
     """The preflight of every cell (options, data, batch split over the launcher's processes, checkpoints):
     ({message: cell names} that refuse the table, the same of warnings)."""
     found: dict[str, list[str]] = {}
@@ -62,15 +105,15 @@ def problems(p: Plan, args: argparse.Namespace, specs: list[RunSpec]) -> tuple[d
         found.setdefault(prob.message, []).append("launcher")
     for c in specs:
         c.checked = preflight_checked(c.cfg, check_data=bool(c.cfg.launcher.get("check_data", True)),
-                                      check_run_dir=not args.force)
+                                      check_run_dir=not opts.force)
         for prob in c.checked.problems:
             # a dry run is often made away from the data (a laptop, a login node): missing data is a warning
-            target = warnings if (args.dry_run and prob.kind == "data") else found
+            target = warnings if (opts.dry_run and prob.kind == "data") else found
             target.setdefault(prob.message, []).append(c.name)
     return found, warnings
 
 
-def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec], kept: Restored = NOTHING) -> Todo:
+def todo(p: Plan, opts: Options, specs: list[RunSpec], kept: Restored = NOTHING) -> Todo:
     """Skip finished cells (`kept.finished`: those a kept record makes finished, in a dry run that restores nothing)
     and cells whose SLURM job is still queued or running; link a cell not started yet to a finished run of its science
     config under another name (engine/twins.py) instead of training it; on a job array, fine-tuning cells wait for
@@ -84,8 +127,8 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec], kept: Restored
     twins: dict[Path, TwinIndex] = {}
     n = len(specs)
     files, same = source_files(), equivalent_hashes()
-    blocked = set() if args.force else blocked_cells(kept)
-    refresh = bool(getattr(args, "refresh_stale", False))
+    blocked = set() if opts.force else blocked_cells(kept)
+    refresh = opts.refresh_stale
     for i, c in enumerate(specs, 1):
         if c.name in blocked:
             print(f"[reproduce] {i}/{n} {c.name}: not trained, its committed record is unreadable (said above)")
@@ -95,37 +138,37 @@ def todo(p: Plan, args: argparse.Namespace, specs: list[RunSpec], kept: Restored
             continue
         # a reused twin (a link) is only ever read: under --force, or when its run is no longer finished (the owner
         # retrained or removed it), the link goes and this cell trains in its own dir; the twin is never touched
-        if c.run_dir.is_symlink() and (args.force or not RunRecord(c.run_dir).finished) and not args.dry_run:
+        if c.run_dir.is_symlink() and (opts.force or not RunRecord(c.run_dir).finished) and not opts.dry_run:
             c.run_dir.unlink()
         status = RunRecord(c.run_dir).status
         code = fingerprint(files, str(c.cfg.conditioning.method))
         first_stage = p.needs(c.name)
         if first_stage and c.cfg.launcher.name in SUBMITIT_LAUNCHERS and \
-                (args.force or not RunRecord(by_name[first_stage].run_dir).finished):
+                (opts.force or not RunRecord(by_name[first_stage].run_dir).finished):
             out.waiting.setdefault(first_stage, []).append(c.name)
-            if args.force:
+            if opts.force:
                 out.stale.append(c)
             out.queued += 1
             continue
-        if args.force:
+        if opts.force:
             out.pending.append(c)
             continue
         if status == "finished" and refresh and (why := _other_code(c, code, same)):
-            print(f"[reproduce] {i}/{n} {c.name}: {why}; {_refreshed(c.run_dir, args.dry_run)}")
+            print(f"[reproduce] {i}/{n} {c.name}: {why}; {_refreshed(c.run_dir, opts.dry_run)}")
             out.pending.append(c)
             continue
         if status == "finished":
-            if not args.dry_run and not c.run_dir.is_symlink():  # a broken best_model.pt: as `train` repairs it
+            if not opts.dry_run and not c.run_dir.is_symlink():  # a broken best_model.pt: as `train` repairs it
                 repair_finished(c.run_dir, say=lambda m: print(f"[reproduce] {m}"))
             print(f"[reproduce] {i}/{n} {c.name}: finished earlier, skipped")
             continue
-        if not c.run_dir.is_symlink() and not c.run_dir.exists() and not getattr(args, "no_reuse", False):
+        if not c.run_dir.is_symlink() and not c.run_dir.exists() and not opts.no_reuse:
             index = twins.setdefault(c.run_dir.parent, TwinIndex(c.run_dir.parent))
             if (twin := index.find(c.cfg, c.run_dir, code if refresh else None)) is not None:
-                if not args.dry_run:
+                if not opts.dry_run:
                     link(c.run_dir, twin)
                 print(f"[reproduce] {i}/{n} {c.name}: the same science config finished as {twin.name}; "
-                      f"{'would reuse' if args.dry_run else 'reused (linked)'} it, not trained again (--no-reuse: "
+                      f"{'would reuse' if opts.dry_run else 'reused (linked)'} it, not trained again (--no-reuse: "
                       "train it anyway)")
                 continue
         if status == "corrupt":
@@ -195,10 +238,10 @@ def _set_aside(run_dir: Path, dry_run: bool) -> Path:
     return aside
 
 
-def _checked(p: Plan, args: argparse.Namespace, specs: list[RunSpec], kept: Restored = NOTHING) -> Todo | None:
+def _checked(p: Plan, opts: Options, specs: list[RunSpec], kept: Restored = NOTHING) -> Todo | None:
     """The preflight, then what the cells need, with the waiting and warnings said; None when a problem refuses."""
-    found, warnings = problems(p, args, specs)
-    t = todo(p, args, specs, kept)
+    found, warnings = problems(p, opts, specs)
+    t = todo(p, opts, specs, kept)
     for first_stage, names in t.waiting.items():
         print(f"[reproduce] {len(names)} cells ({names[0]} … {names[-1]}) wait for their pretraining run "
               f"{first_stage}; run the same command again (without --force) once it has finished")
@@ -218,41 +261,42 @@ def _checked(p: Plan, args: argparse.Namespace, specs: list[RunSpec], kept: Rest
     return t
 
 
-def _write_table(p: Plan, args: argparse.Namespace, kept: Restored, failed: list[str], force: bool = False) -> int:
+def _write_table(p: Plan, planner: Planner, kept: Restored, failed: list[str], force: bool = False) -> int:
     """The table (`report`), unless a cell's committed record is unreadable and no run here stands for it: then the
     committed table stays as it is until --force (one line, exit 1)."""
-    if (blocked := blocked_cells(kept)) and not args.force:
+    if (blocked := blocked_cells(kept)) and not planner.opts.force:
         if n := keep_finished(p):  # the evidence of the runs there are is kept all the same
             print(f"[reproduce] kept the records of {n} finished runs")
         print(f"[reproduce] the table is not written: {len(blocked)} cell(s) have an unreadable committed record and "
               "no finished run here (said above); the committed table stays as it is")
         return 1
-    return report(args.full_plan() if args.only_rows else p, failed, force=force)
+    return report(planner.full() if planner.opts.only_rows else p, failed, force=force)
 
 
-def _submit(p: Plan, args: argparse.Namespace, t: Todo, kept: Restored) -> int:
+def _submit(p: Plan, planner: Planner, t: Todo, kept: Restored) -> int:
     """The SLURM path (slurm, submitit_local): one job array of the pending cells."""
     from .launch import submit
 
+    opts = planner.opts
     launcher = p.cells[0].cfg.launcher
-    if args.dry_run and t.pending:
+    if opts.dry_run and t.pending:
         print("\n".join(p.cost(t.pending)))
     if not t.pending:
         print("[reproduce] nothing to submit: every cell is finished or queued"
               + (f", or waits for its lr grid ({', '.join(p.waiting)})" if p.waiting else ""))
         if t.queued or p.waiting:
             print(f"[reproduce] {t.queued} cells are still queued or running; run the same command again once they "
-                  f"end (lr grids: their stage 2), then `make report-table-N SCALE={args.scale}` writes the table")
+                  f"end (lr grids: their stage 2), then `make report-table-N SCALE={opts.scale}` writes the table")
             return 0
-        return 0 if args.dry_run else _write_table(p, args, kept, [])
-    if args.force and not args.dry_run:
+        return 0 if opts.dry_run else _write_table(p, planner, kept, [])
+    if opts.force and not opts.dry_run:
         for c in [*t.pending, *t.stale]:  # a requeued job must resume, never wipe: clear the run dirs now instead
             shutil.rmtree(c.run_dir, ignore_errors=True)
     with StopFlag() as stop:
-        failed = submit(t.pending, launcher, p.exp.table, args.scale, dry_run=args.dry_run, stop=stop)
-    if args.dry_run or (launcher.name == "slurm" and not launcher.get("wait")):
+        failed = submit(t.pending, launcher, p.exp.table, opts.scale, dry_run=opts.dry_run, stop=stop)
+    if opts.dry_run or (launcher.name == "slurm" and not launcher.get("wait")):
         return 0
-    return _write_table(p, args, kept, failed)
+    return _write_table(p, planner, kept, failed)
 
 
 def _dry_run(p: Plan, t: Todo) -> int:
@@ -271,12 +315,13 @@ def _dry_run(p: Plan, t: Todo) -> int:
     return 0
 
 
-def _local(p: Plan, args: argparse.Namespace, t: Todo, kept: Restored, plan_again) -> int:
+def _local(p: Plan, planner: Planner, t: Todo, kept: Restored) -> int:
     """Train the pending cells here, one after another; with lr grids, plan again once a stage has run and train
     what the picks add (each cell at most once per command)."""
     from .launch import run_local
 
-    if args.dry_run:
+    opts = planner.opts
+    if opts.dry_run:
         return _dry_run(p, t)
     attempted: set[str] = set()
     failed: list[str] = []
@@ -285,26 +330,26 @@ def _local(p: Plan, args: argparse.Namespace, t: Todo, kept: Restored, plan_agai
     while True:
         attempted |= {c.name for c in pending}
         if pending or res is None:  # the first stage always says what it trained, "0 of 0" included
-            res = run_local(pending, p.exp.metric, force=args.force,
+            res = run_local(pending, p.exp.metric, force=opts.force,
                             needs=p.needs)
             failed += res.failed
             if res.interrupted:
                 break
-        if not (p.waiting or length_check(p.exp, args.scale)):
+        if not (p.waiting or length_check(p.exp, opts.scale)):
             break
         # a stage has ended (trained now, finished earlier or linked to another table's twin runs): the picks add the
         # rows' other seeds, the verdicts the length check; stop once a plan adds no cell
         planned = {c.name for c in p.cells}
-        p, kept = plan_again()
+        p, kept = planner.with_kept()
         if not (new := [c for c in p.cells if c.name not in planned]):
             break
-        if (t := _checked(p, args, new, kept)) is None:
+        if (t := _checked(p, opts, new, kept)) is None:
             return 2
         pending = [c for c in t.pending if c.name not in attempted]
-    code = _write_table(p, args, kept, failed)
+    code = _write_table(p, planner, kept, failed)
     if res is not None and res.interrupted:
         again = ("rerun the same command without FORCE=1 (--force) to finish the missing ones: with it, the "
-                 "interrupted cells would start over from step 0" if args.force else
+                 "interrupted cells would start over from step 0" if opts.force else
                  "rerun the same command to finish the missing ones")
         print(f"[reproduce] stopped: {len(res.failed)} cell(s) interrupted or failed, {len(res.not_started)} not "
               f"started. Finished cells are kept; {again} (interrupted cells resume from their checkpoint).")
@@ -320,40 +365,27 @@ def _say_made(p: Plan) -> None:
         print(f"[reproduce] warning: {line}")
 
 
-def _run(args: argparse.Namespace, exp: Experiment, seeds: list[int], stem: str) -> int:
-    def plan_now(read_records: bool = True, full: bool = False) -> Plan:
-        """A plan of the cells to train (`full`: also the other rows' picks and variants, which the table reads)."""
-        return plan(exp, args.scale, seeds, list(args.overrides), args.launcher, args.only_rows, read_records,
-                    full=full or args.only_rows is None, reuse=not args.no_reuse, stem=stem)
-
-    args.full_plan = lambda: plan_now(full=True)
+def _run(planner: Planner) -> int:
+    opts = planner.opts
     # --force retrains: stage 1 of an lr grid runs again before anything picks (with --report-only it only means
     # "write the table anyway", and the picks are read from the runs as always)
-    retrain = args.force and not args.report_only
-    restoring = not retrain  # --status too: restoring trains nothing, and it then says what is finished
-    reuse, write = not args.no_reuse, not args.dry_run  # a dry run reads the kept records and writes nothing
-
-    def plan_kept(read_records: bool = True) -> tuple[Plan, Restored]:
-        """A plan and what the kept records bring to it (restored, or only read in a dry run); under --force none."""
-        return with_kept(plan_now, reuse, write) if restoring else (plan_now(read_records=read_records), NOTHING)
-
-    p, kept = plan_kept(read_records=not retrain)
-    if args.status:  # queued / running / failed / finished per cell (launch.status_lines)
+    p, kept = planner.with_kept(read_records=not (opts.force and not opts.report_only))
+    if opts.status:  # queued / running / failed / finished per cell (launch.status_lines)
         from .launch import status_lines
 
-        print(f"[reproduce] {p.exp.table} at scale {args.scale}: {len(p.cells)} cells")
+        print(f"[reproduce] {p.exp.table} at scale {opts.scale}: {len(p.cells)} cells")
         print("\n".join(status_lines(p.cells)))
         return 0
-    say_corrupt(kept, p, args.force)
-    if args.report_only:
+    say_corrupt(kept, p, opts.force)
+    if opts.report_only:
         _say_made(p)
-        return _write_table(p, args, kept, [], force=args.force)
-    if (t := _checked(p, args, p.cells, kept)) is None:
+        return _write_table(p, planner, kept, [], force=opts.force)
+    if (t := _checked(p, opts, p.cells, kept)) is None:
         return 2
     _say_made(p)
     if p.cells[0].cfg.launcher.name in SUBMITIT_LAUNCHERS:
-        return _submit(p, args, t, kept)
-    return _local(p, args, t, kept, plan_kept)
+        return _submit(p, planner, t, kept)
+    return _local(p, planner, t, kept)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         p.error(f"--seeds {args.seeds!r}: give integers, e.g. --seeds \"0 1 2\"")
     try:
-        args.only_rows = select_rows(exp, args.scale, args.rows.replace(",", " ").split()) if args.rows else None
+        only_rows = select_rows(exp, args.scale, args.rows.replace(",", " ").split()) if args.rows else None
     except ValueError as e:
         p.error(str(e))
     overrides = list(args.overrides)
@@ -411,8 +443,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[reproduce] seeds {' '.join(map(str, seeds))} are not the experiment's "
               f"({' '.join(map(str, exp.at(args.scale).seeds))}): the table is written as {stem}.md, beside the "
               "default one")
+    opts = Options(args.scale, args.launcher, args.dry_run, args.force, args.no_reuse, args.report_only,
+                   args.refresh_stale, args.status, tuple(only_rows) if only_rows is not None else None,
+                   tuple(overrides))
     try:
-        return _run(args, exp, seeds, stem)
+        return _run(Planner(exp, tuple(seeds), stem, opts))
     except ConfigError as e:
         msg = str(e)
         print(f"[reproduce] refused before starting any job:{'' if msg.startswith(chr(10)) else ' '}{msg}",

@@ -2,7 +2,6 @@
 how a run is run (impl.threads) never makes a cell another run, an unreadable record is named in one line and nothing
 that depends on it is rewritten without FORCE=1, and the advice after a stopped FORCE=1 run does not restart it."""
 
-import argparse
 import shutil
 from pathlib import Path
 
@@ -74,8 +73,8 @@ def test_after_ctrl_c_of_a_forced_run_the_advice_is_to_rerun_without_force(tmp_p
     for force, advice in ((True, "rerun the same command without FORCE=1 (--force) to finish the missing ones: with "
                                  "it, the interrupted cells would start over from step 0"),
                           (False, "rerun the same command to finish the missing ones")):
-        args = argparse.Namespace(force=force, dry_run=False, scale="small", only_rows=None)
-        assert reproduce._local(plan, args, reproduce.Todo(), NOTHING, None) == 3
+        planner = reproduce.Planner(plan.exp, (0,), "t", reproduce.Options("small", force=force))
+        assert reproduce._local(plan, planner, reproduce.Todo(), NOTHING) == 3
         assert f"Finished cells are kept; {advice} (interrupted cells resume" in capsys.readouterr().out
 
 

@@ -512,7 +512,6 @@ def test_local_plans_on_when_a_stage_needs_no_training(monkeypatch):
     """A stage whose new cells are all finished already (finished earlier, or linked to another table's twin runs)
     does not end the command: planning goes on and trains what the next stage adds (table 1 small, linked to table
     9's runs, stopped after its grid's extension and never planned its reported seeds)."""
-    import argparse
     from types import SimpleNamespace as NS
 
     import condattn.launch as launch
@@ -534,12 +533,12 @@ def test_local_plans_on_when_a_stage_needs_no_training(monkeypatch):
         return NS(failed=[], interrupted=False, not_started=[])
 
     monkeypatch.setattr(launch, "run_local", run_local)
-    monkeypatch.setattr(rp, "_checked", lambda p, args, specs, kept: NS(pending=[c for c in specs if c in reported]))
+    monkeypatch.setattr(rp, "_checked", lambda p, opts, specs, kept: NS(pending=[c for c in specs if c in reported]))
     monkeypatch.setattr(rp, "length_check", lambda exp, scale: False)
     monkeypatch.setattr(rp, "report", lambda *a, **k: 0)
-    args = argparse.Namespace(dry_run=False, force=False, scale="small", only_rows=None)
+    planner = NS(opts=rp.Options("small"), with_kept=lambda: next(plans))
     first = NS(exp=exp, cells=stage1, waiting=["row"], needs=no_stage)
-    assert rp._local(first, args, NS(pending=stage1), NOTHING, lambda: next(plans)) == 0
+    assert rp._local(first, planner, NS(pending=stage1), NOTHING) == 0
     assert trained == ["s100", "s101", "s0"]
 
 
