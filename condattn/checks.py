@@ -1,10 +1,12 @@
 """Value checks that every entry point makes before any compute, one line each naming the value and the fix.
 
-`value_problems` (a composed config's numbers: lr, weight decay, threads) runs in the preflight of `train` and of every
-cell of `reproduce`; `threads_problem` also in `diagnose`. `early_problems` runs in `reproduce` before the plan: the
-same numbers where the command's overrides give them, the `resume` mode and the runs and results folders, which the
-plan and the kept records' restore would otherwise touch first. `writable_problem` also writes a probe file: `os.access`
-says yes to root on /proc and some read-only mounts.
+`value_problems` (a composed config's numbers: lr, weight decay, threads, seed) runs in the preflight of `train` and of
+every cell of `reproduce`; `threads_problem` also in `diagnose`. `early_problems` runs in `reproduce` and
+`reproduce-all` before the plan: the same numbers where the command's overrides give them, the `resume` mode, the runs
+and results folders (which the plan and the kept records' restore would otherwise touch first), and the overrides a
+table cannot take (`table_override_problems`: the scale, the method, a `+key` nothing reads, a precision this machine
+does not run); `seed_problems` checks the seeds a command reports. `writable_problem` also writes a probe file:
+`os.access` says yes to root on /proc and some read-only mounts.
 """
 
 from __future__ import annotations
@@ -50,11 +52,31 @@ def _weight_decay(v: Any) -> str | None:
     return None
 
 
-VALUE_CHECKS = {"optim.lr": _lr, "optim.weight_decay": _weight_decay, "impl.threads": _threads}
+SEED_LIMIT = 2**32  # numpy's seeds are 0 ≤ s < 2**32 (torch's too, through its generator's uint64 from numpy's range)
+
+
+def _seed(v: Any) -> str | None:
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < SEED_LIMIT:
+        return None
+    return f"seed={v!r} must be an integer 0 ≤ seed < 2**32 ({SEED_LIMIT:,}), e.g. seed=0"
+
+
+VALUE_CHECKS = {"optim.lr": _lr, "optim.weight_decay": _weight_decay, "impl.threads": _threads, "seed": _seed}
+
+
+def seed_problems(seeds: list[int]) -> list[str]:
+    """The reported seeds of a command (--seeds, SEEDS=): each 0 ≤ s < 2**32, none twice."""
+    out = [f"--seeds: seed {s} is out of range: each seed is an integer 0 ≤ s < 2**32 ({SEED_LIMIT:,})"
+           for s in seeds if _seed(s)]
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        out.append(f"--seeds {' '.join(map(str, seeds))}: seed {', '.join(map(str, twice))} is given more than once; "
+                   "give each seed once (each is one run per cell)")
+    return out
 
 
 def value_problems(cfg: Any) -> list[str]:
-    """optim.lr > 0 and finite, optim.weight_decay ≥ 0 and finite, impl.threads (threads_problem)."""
+    """optim.lr > 0 and finite, optim.weight_decay ≥ 0 and finite, impl.threads (threads_problem), 0 ≤ seed < 2**32."""
     return [why for key, check in VALUE_CHECKS.items() if (why := check(OmegaConf.select(cfg, key)))]
 
 
@@ -113,3 +135,42 @@ def early_problems(overrides: list[str]) -> list[str]:
             out.append(f"{key}={value}: {why}, so {what} cannot be written there; make it writable, or point {key}= "
                        f"(or ${env}) at a writable folder")
     return out
+
+
+def table_override_problems(overrides: list[str], experiment: str, methods: list[str], launcher: str = "local",
+                            cuda: bool | None = None) -> list[str]:
+    """The overrides a table's command cannot take, one line each: `scale=` (the command's --scale / SCALE= says it,
+    and the run names follow it), a method group (`conditioning=`: the table's methods are its columns), a `+key` that
+    adds a key nothing reads (config.ADDABLE_KEYS are the ones the code reads), and `impl.precision` other than "no"
+    where the cells run on this machine and it has no CUDA device (a CPU run uses impl.cpu_precision: the table would
+    name a precision that did not run). `cuda`: whether this machine has CUDA (None: ask torch)."""
+    from .config import ADDABLE_KEYS
+
+    out = []
+    for o in overrides:
+        key = o.split("=", 1)[0]
+        bare = key.lstrip("+~")
+        if bare == "scale" or bare.startswith("scale."):
+            out.append(f"override {o!r}: the scale is the command's, SCALE= (--scale), which also names the runs; give "
+                       "SCALE= instead of scale= in ARGS")
+        elif bare in ("conditioning", "conditioning.method"):
+            out.append(f"override {o!r} would train every method column of the table ({', '.join(methods)}) as one "
+                       f"method: a table's methods are the `methods:` of {experiment}; train some rows with ROWS=, add "
+                       "the method there, or train one run with python -m condattn.train")
+        elif key.startswith("+") and not key.startswith("++") and bare not in ADDABLE_KEYS:
+            out.append(f"override {o!r} adds a key that no config declares and no code reads (it would only rename "
+                       f"every cell and train it again); '+' may add: {', '.join(sorted(ADDABLE_KEYS))}; a key the "
+                       "config has is set without '+'")
+    precision = _last_override(overrides, "impl.precision")
+    if precision not in (None, "no") and launcher == "local" and not (_has_cuda() if cuda is None else cuda):
+        out.append(f"impl.precision={precision} is the precision of a CUDA run, and this machine has no CUDA device: "
+                   "its cells would train in impl.cpu_precision (fp32 unless set) under a table made with "
+                   f"impl.precision={precision}; give impl.cpu_precision={precision} to train in it on the CPU, or "
+                   "drop the override")
+    return out
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())

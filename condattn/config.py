@@ -86,11 +86,43 @@ def resolve_paths(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
+# Keys the code reads where they are set, though no config file declares them: the only keys a `+key=value` override
+# may add (any other one is read by nothing, and would only rename the run). Where each is read:
+ADDABLE_KEYS = {
+    "data.test_per_class": "data/images.py: a stratified test split of that many images per class",
+    "task.augment.shift_px": "data/images.py ShiftedImages: shifted copies of each training image",
+}
+
+
 class ConfigError(ValueError):
     """A bad override or config, explained in one line."""
 
 
+def _group_options_with(key: str) -> list[str]:
+    """The options of `key`'s group (configs/<group>/*.yaml) that declare it: data.image_size -> lra_image, ..."""
+    import yaml
+
+    group, _, rest = key.partition(".")
+    found = []
+    for f in sorted((CONFIG_DIR / group).glob("*.yaml")) if rest else []:
+        try:
+            node = yaml.safe_load(f.read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        for part in rest.split("."):
+            node = node.get(part, KeyError) if isinstance(node, dict) else KeyError
+        if node is not KeyError:
+            found.append(f.stem)
+    return found
+
+
 def _did_you_mean(key: str, overrides: list[str]) -> str:
+    """The hint after "names no key of the config": the group options that have the key, when some do (then it is
+    simply not a key of this config, and no other key is suggested), else the key of this config it may be a typo of
+    (close in spelling)."""
+    if elsewhere := _group_options_with(key):
+        group = key.partition(".")[0]
+        return f"; {key} is a key of {group}={', '.join(elsewhere)} only, not of this config's {group}"
     parent, _, last = key.rpartition(".")
     try:
         groups = [o for o in overrides if "=" in o and "." not in o.split("=", 1)[0]]  # group choices only
@@ -99,7 +131,7 @@ def _did_you_mean(key: str, overrides: list[str]) -> str:
         keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
     except Exception:
         return ""
-    close = difflib.get_close_matches(last, keys, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(last, keys, n=1, cutoff=0.75)  # a typo (image_sise), not another word
     return f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
 
 

@@ -16,8 +16,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .engine.cost import measured_steps, recipe
 from .experiment import load
-from .runs import RunId, RunRecord, kept_records
+from .runs import RunId, RunRecord
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
@@ -28,25 +29,11 @@ def tables(scale: str, root: Path = EXPERIMENTS) -> list[Path]:
     return [f for f in files if scale in load(f).scales]
 
 
-def recipe(cfg) -> tuple[str, str, str]:
-    """What a step's time depends on here: the model, the data and the method (a run's resolved config)."""
-    get = lambda part, key: str((cfg.get(part) or {}).get(key))  # noqa: E731
-    return get("model", "name"), get("data", "name"), get("conditioning", "method")
-
-
 def measured(dirs: list[Path]) -> dict[tuple[str, str, str], float]:
     """Seconds per training step (wall time, evaluations included) by recipe, the median over the finished runs under
-    `dirs` (run roots and kept records); (model, data, "*"): over every method, for a method not measured yet."""
-    seen: dict[tuple[str, str, str], list[float]] = {}
-    for d in dirs:
-        found = [RunRecord(f.parent) for f in d.glob("*/summary.json")] + kept_records(d) if d.is_dir() else []
-        for rec in found:
-            s = rec.summary
-            if s and s.get("wall_time_s") and s.get("steps") and isinstance(s.get("config"), dict):
-                model, data, method = recipe(s["config"])
-                for key in ((model, data, method), (model, data, "*")):
-                    seen.setdefault(key, []).append(float(s["wall_time_s"]) / int(s["steps"]))
-    return {k: sorted(v)[len(v) // 2] for k, v in seen.items()}
+    `dirs` (run roots and kept records), wherever they ran; (model, data, "*"): over every method, for a method not
+    measured yet (engine/cost.measured_steps)."""
+    return {k: v[0] for k, v in measured_steps(dirs).items()}
 
 
 @dataclass
@@ -86,11 +73,10 @@ class Projection:
         return sum(x is None for x in [*self.now, *self.after_picks, *self.length])
 
 
-def project(p, step_s: dict) -> Projection:
-    """The projection of one table's plan (`reproduce.with_kept`: kept records restored); a finished cell counts as
-    finished, and so does one that `reproduce` will link to a finished twin (the same science config, made by this
-    code, under another table's name: engine/twins.py)."""
-    from .engine.provenance import fingerprint, source_files
+def project(p, step_s: dict, kept=None) -> Projection:
+    """The projection of one table's plan; a finished cell counts as finished, and so does one a kept record makes
+    finished (`kept`, table/kept.Restored: restored, or in a dry run only read) and one that `reproduce` will link to a
+    finished twin (the same science config under another name: engine/twins.py)."""
     from .engine.twins import TwinIndex
     from .reproduce import length_check
 
@@ -104,18 +90,16 @@ def project(p, step_s: dict) -> Projection:
         s = step_s.get((model, data, method), step_s.get((model, data, "*")))
         return None if s is None else s * factor * int(cfg.task.steps)
 
-    files = source_files()
     twins = [TwinIndex(d) for d in {c.run_dir.parent for c in p.cells[:1]}]
     first: dict[tuple[str, str], object] = {}  # each (row, method)'s first planned cell config: recipe and steps
     for c in p.cells:
         run = RunId.parse(c.name, exp.table, exp.rows, exp.methods, scale)
         if run is not None:
             first.setdefault((run.row, run.method), c.cfg)
-        if RunRecord(c.run_dir).finished:
+        if RunRecord(c.run_dir).finished or (kept is not None and c.name in kept.finished):
             out.finished += 1
-            out.reused += c.run_dir.is_symlink()
-        elif not c.run_dir.exists() and any(t.find(c.cfg, c.run_dir, fingerprint(files, c.cfg.conditioning.method))
-                                            for t in twins):
+            out.reused += c.run_dir.is_symlink() or (kept is not None and c.name in kept.twins)
+        elif not c.run_dir.exists() and any(t.find(c.cfg, c.run_dir) for t in twins):
             out.finished += 1
             out.reused += 1
         else:
@@ -142,6 +126,7 @@ def project(p, step_s: dict) -> Projection:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .launch import ConfigError
     from .reproduce import main as reproduce
     from .reproduce import plan, with_kept
 
@@ -154,17 +139,24 @@ def main(argv: list[str] | None = None) -> int:
     files = tables(args.scale, args.experiments)
     if not files:
         ap.error(f"no experiment under {args.experiments} defines --scale {args.scale!r}")
+    if early := _refusals(files, list(args.overrides)):
+        print("[reproduce-all] refused before starting any job: " + "; ".join(early), file=sys.stderr)
+        return 2
     plans = []
     for f in files:
         exp = load(f)
         def make_plan(exp=exp):
             return plan(exp, args.scale, list(exp.at(args.scale).seeds), list(args.overrides))
 
-        plans.append(with_kept(make_plan))  # a dry run too: restoring trains nothing; the plan is the real one
-    roots = {d for p in plans if p.cells
+        try:  # a dry run reads the kept records without restoring them: it writes nothing
+            plans.append(with_kept(make_plan, write=not args.dry_run))
+        except ConfigError as e:
+            print(f"[reproduce-all] {f.name}: refused before starting any job: {str(e).strip()}", file=sys.stderr)
+            return 2
+    roots = {d for p, _ in plans if p.cells
              for d in (p.cells[0].run_dir.parent, p.results_root / args.scale / "runs")}
     step_s = measured(sorted(roots))
-    proj = [project(p, step_s) for p in plans]
+    proj = [project(p, step_s, kept) for p, kept in plans]
     print(f"[reproduce-all] scale {args.scale}: {len(files)} tables; projected cost on this machine, one run after "
           "another (seconds per step measured by finished runs of the same model, data and method):")
     print("\n".join(x.line() for x in proj))
@@ -184,6 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     print("[reproduce-all] done" + (f"; not complete: {', '.join(failed)} (run the same command again to finish what "
                                     "is missing)" if failed else ": every table written"))
     return 1 if failed else 0
+
+
+def _refusals(files: list[Path], overrides: list[str]) -> list[str]:
+    """The checks `reproduce` makes before its plan (checks.early_problems, table_override_problems), every table's."""
+    from .checks import early_problems, table_override_problems
+
+    methods = sorted({m for f in files for m in load(f).methods})
+    return early_problems(overrides) + table_override_problems(overrides, "each table's experiment file (experiments/)",
+                                                               methods)
 
 
 if __name__ == "__main__":

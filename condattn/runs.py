@@ -366,15 +366,35 @@ class KeptRecord:
     def files(self) -> dict | None:
         """{file name: text} (the summary as a dict); None when absent or unreadable."""
         if self._files is None and self.path.is_file():
-            import gzip
-            import json
-
-            try:
-                got = json.loads(gzip.decompress(self.path.read_bytes()))
-                self._files = got if isinstance(got, dict) else None
-            except (OSError, EOFError, ValueError):
-                self._files = None
+            got, _ = self._read()
+            self._files = got if isinstance(got, dict) else None
         return self._files
+
+    def _read(self) -> tuple[Any, str | None]:
+        """(the decoded JSON, None) or (None, why it cannot be read)."""
+        import gzip
+        import json
+        import zlib
+
+        try:
+            return json.loads(gzip.decompress(self.path.read_bytes())), None
+        except (OSError, EOFError, zlib.error) as e:  # truncated, or not gzip
+            return None, f"not a whole gzip file ({type(e).__name__}: {e})"
+        except ValueError as e:
+            return None, f"not JSON inside its gzip ({e})"
+
+    @property
+    def unreadable(self) -> str | None:
+        """Why the record at `path` is not a finished run's (truncated, not gzip, not JSON, no finished summary), or
+        None: it reads, or there is none."""
+        if not self.path.exists() or self.finished:
+            return None
+        got, why = self._read()
+        if why:
+            return why
+        if not isinstance(got, dict) or not isinstance(got.get(SUMMARY), dict):
+            return f"it holds no {SUMMARY}"
+        return f"its {SUMMARY} is not a finished run's (status {got[SUMMARY].get('status')!r}, or no metrics)"
 
     @property
     def summary(self) -> dict | None:

@@ -160,7 +160,8 @@ BAD_VALUES = [("optim.lr=-1", "optim.lr=-1 must be a positive number"),
               ("optim.lr=0", "optim.lr=0 must be a positive number"),
               ("optim.weight_decay=-1", "optim.weight_decay=-1 must be a number ≥ 0"),
               ("impl.threads=0", "impl.threads=0 must be a positive integer"),
-              ("impl.threads=-1", "impl.threads=-1 must be a positive integer")]
+              ("impl.threads=-1", "impl.threads=-1 must be a positive integer"),
+              ("seed=-1", "seed=-1 must be an integer 0 ≤ seed < 2**32 (4,294,967,296)")]
 
 
 @pytest.mark.parametrize(("override", "says"), BAD_VALUES)
@@ -238,3 +239,87 @@ def test_diagnose_refuses_a_typo_in_one_line_with_did_you_mean(tmp_path, capsys,
     assert _refusal(capsys) == ["diagnose: impl.threads=0 must be a positive integer (torch's intra-op threads, e.g. "
                                 "impl.threads=1), or null for torch's default"]
     assert list(tmp_path.iterdir()) == []
+
+
+TABLE4 = Path(__file__).resolve().parents[1] / "experiments" / "table4_lra.yaml"
+TABLE_REFUSALS = [
+    (["--seeds", "-1"], "--seeds: seed -1 is out of range: each seed is an integer 0 ≤ s < 2**32 (4,294,967,296)"),
+    (["--seeds", str(2**32)], f"--seeds: seed {2**32} is out of range"),
+    (["--seeds", "0 0"], "--seeds 0 0: seed 0 is given more than once; give each seed once"),  # was about run.name
+    (["+foo=1"], "override '+foo=1' adds a key that no config declares and no code reads (it would only rename every "
+                 "cell and train it again); '+' may add: data.test_per_class, task.augment.shift_px"),
+    (["conditioning=qk_norm"], "override 'conditioning=qk_norm' would train every method column of the table (none, "
+                               f"spectral, embedded) as one method: a table's methods are the `methods:` of {TABLE4}; "
+                               "train some rows with ROWS="),
+    (["scale=small"], "override 'scale=small': the scale is the command's, SCALE= (--scale)"),
+    (["impl.precision=bf16"], "impl.precision=bf16 is the precision of a CUDA run, and this machine has no CUDA "
+                              "device: its cells would train in impl.cpu_precision (fp32 unless set)"),
+]
+
+
+@pytest.mark.parametrize(("given", "says"), TABLE_REFUSALS)
+def test_what_a_table_cannot_take_is_refused_before_the_plan(tmp_path, capsys, monkeypatch, given, says):
+    """Through table 4's smoke cells, whose committed records a plan would restore first: seeds out of range or twice,
+    a `+key` nothing reads (retrained all 15 cells), a method group (trained one config three times per row under
+    three methods' headings), another scale in ARGS (reused the small runs under smoke names), a precision this
+    machine does not run (fp32 trained under a bf16 label): one line each, nothing printed before, nothing written."""
+    import condattn.checks
+
+    monkeypatch.setattr(condattn.checks, "_has_cuda", lambda: False)  # the same refusal on a GPU machine's CPU test
+    assert main([str(TABLE4), "--scale", "smoke", f"paths.runs={tmp_path / 'runs'}", *given]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"[reproduce] refused before starting any job: {says}"), err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_precision_is_refused_only_where_it_would_not_act():
+    from condattn.checks import table_override_problems
+
+    assert table_override_problems(["impl.precision=bf16"], "t.yaml", ["none"], "local", cuda=True) == []
+    assert table_override_problems(["impl.precision=bf16"], "t.yaml", ["none"], "slurm", cuda=False) == []
+    assert table_override_problems(["impl.precision=no", "impl.cpu_precision=bf16"], "t.yaml", ["none"], "local",
+                                   cuda=False) == []
+    assert table_override_problems(["++foo=1", "+data.test_per_class=5", "~task.augment"], "t.yaml", ["none"]) == []
+
+
+def test_every_key_a_plus_may_add_is_read_by_the_code_and_the_experiments_add_no_other():
+    import re
+
+    from condattn.config import ADDABLE_KEYS
+
+    repo = Path(__file__).resolve().parents[1]
+    source = "\n".join(f.read_text() for f in (repo / "condattn").rglob("*.py"))
+    for key in ADDABLE_KEYS:
+        assert f'"{key.rsplit(".", 1)[-1]}"' in source, key  # read where it is set (a .get of its name)
+    added = {m for f in (repo / "experiments").glob("*.yaml") for m in re.findall(r"\+([a-z_.]+)=", f.read_text())}
+    assert added and added <= set(ADDABLE_KEYS), added - set(ADDABLE_KEYS)
+
+
+def test_a_hint_names_only_a_key_of_this_config():
+    """data.image_size on a ListOps cell got "did you mean data.vocab_size"; it is a key of the image data only."""
+    with pytest.raises(ConfigError) as e:
+        compose_cell(["scale=smoke", "data.image_size=8"])
+    assert str(e.value) == ("override 'data.image_size=8' names no key of the config; data.image_size is a key of "
+                            "data=lra_image, lra_pathfinder only, not of this config's data")
+    with pytest.raises(ConfigError, match=r"names no key of the config; did you mean data.vocab_size\?$"):
+        compose_cell(["scale=smoke", "data.vocab_sz=8"])  # a typo of a key there
+
+
+def test_an_override_that_reaches_no_cell_is_said_once(tmp_path):
+    """conditioning.norm (QK-norm's option) on table 4, whose methods are none, SCA and CET: no cell reads it, so it
+    changes no cell's science config (the MethodSpec's acting options) and the plan says so; λ reaches SCA only."""
+    from condattn.experiment import load
+    from condattn.table.cells import parts
+    from condattn.table.compose import Composer, reached
+    from condattn.table.plan import unreached_line
+
+    exp = load(TABLE4)
+    comp, extra = Composer(), ["conditioning.norm=rmsnorm", "conditioning.lam=2"]
+    by_method = {p.method: p for p in parts(exp, "smoke", [0]) if p.row == "listops"}
+    assert reached(comp, by_method["none"], extra) == set()
+    assert reached(comp, by_method["spectral"], extra) == {"conditioning.lam=2"}
+    assert unreached_line(extra[0], exp) == (
+        "conditioning.norm=rmsnorm reaches no cell of table4_lra: none of its methods (none, spectral, embedded) uses "
+        "conditioning.norm (an option of qk_norm), or every cell that does has that value already; the cells, their "
+        "names and their runs are as without it")

@@ -520,20 +520,20 @@ def test_local_plans_on_when_a_stage_needs_no_training(monkeypatch):
     """A stage whose new cells are all finished already (finished earlier, or linked to another table's twin runs)
     does not end the command: planning goes on and trains what the next stage adds (table 1 small, linked to table
     9's runs, stopped after its grid's extension and never planned its reported seeds)."""
-    import argparse
     from types import SimpleNamespace as NS
 
     import condattn.launch as launch
     import condattn.reproduce as rp
+    from condattn.table.kept import NOTHING
 
     stage1, extension, reported = [NS(name="s100"), NS(name="s101")], [NS(name="s100-x4")], [NS(name="s0")]
     exp = NS(metric="acc")
     def no_stage(name):
         return None
 
-    plans = iter([NS(exp=exp, cells=stage1 + extension, waiting=["row"], needs=no_stage),  # the extension: linked
-                  NS(exp=exp, cells=stage1 + extension + reported, waiting=[], needs=no_stage),
-                  NS(exp=exp, cells=stage1 + extension + reported, waiting=[], needs=no_stage)])
+    plans = iter([(NS(exp=exp, cells=stage1 + extension, waiting=["row"], needs=no_stage), NOTHING),  # linked
+                  (NS(exp=exp, cells=stage1 + extension + reported, waiting=[], needs=no_stage), NOTHING),
+                  (NS(exp=exp, cells=stage1 + extension + reported, waiting=[], needs=no_stage), NOTHING)])
     trained: list[str] = []
 
     def run_local(pending, metric, force, needs):
@@ -541,12 +541,12 @@ def test_local_plans_on_when_a_stage_needs_no_training(monkeypatch):
         return NS(failed=[], interrupted=False, not_started=[])
 
     monkeypatch.setattr(launch, "run_local", run_local)
-    monkeypatch.setattr(rp, "_checked", lambda p, args, specs: NS(pending=[c for c in specs if c in reported]))
+    monkeypatch.setattr(rp, "_checked", lambda p, opts, specs, kept: NS(pending=[c for c in specs if c in reported]))
     monkeypatch.setattr(rp, "length_check", lambda exp, scale: False)
     monkeypatch.setattr(rp, "report", lambda *a, **k: 0)
-    args = argparse.Namespace(dry_run=False, force=False, scale="small", only_rows=None)
+    planner = NS(opts=rp.Options("small"), with_kept=lambda: next(plans))
     first = NS(exp=exp, cells=stage1, waiting=["row"], needs=no_stage)
-    assert rp._local(first, args, NS(pending=stage1), lambda: next(plans)) == 0
+    assert rp._local(first, planner, NS(pending=stage1), NOTHING) == 0
     assert trained == ["s100", "s101", "s0"]
 
 

@@ -152,9 +152,10 @@ def test_reproduce_table4_smoke_end_to_end_interrupted_and_idempotent(tmp_path, 
     kept = tmp_path / "results" / "smoke" / "runs"
     assert {d.name for d in kept.iterdir()} == {f"{n}.json.gz" for n in [*names, lam2[0].name]}  # one file a run
     shutil.rmtree(tmp_path / "runs")
-    assert main([*args, "--dry-run"]) == 0  # a dry run restores (it trains nothing) and so says what the run will do
+    assert main([*args, "--dry-run"]) == 0  # a dry run reads the records, writes nothing, says what the run will do
     out = capsys.readouterr().out
-    assert "restored 3 finished runs" in out and "0 of 3 cells would train" in out  # the plan's cells only
+    assert "would restore (dry run: nothing written) 3 finished runs" in out and "0 of 3 cells would train" in out
+    assert not (tmp_path / "runs").exists()
     assert not any((runs / n / "checkpoints").exists() or (runs / n / "best_model.pt").exists() for n in names)
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -317,14 +318,14 @@ def test_restore_kept_never_restores_weights_a_cell_still_needs_nor_a_run_set_as
 
     keep(names[0])
     keep(names[1])
-    assert restore_kept(plan) == 1  # the fine-tune s0; s1 will train from the pretraining run's weights
+    assert len(restore_kept(plan)) == 1  # the fine-tune s0; s1 will train from the pretraining run's weights
     assert RunRecord(runs / names[1]).finished and not (runs / names[0]).exists()
     keep(names[2])
-    assert restore_kept(plan) == 2  # s1, then the pretraining run nothing needs any more
+    assert len(restore_kept(plan)) == 2  # s1, then the pretraining run nothing needs any more
     assert RunRecord(runs / names[0]).finished
 
     s2 = "t3_sst2_none_small_s2"
     other = RunSpec(s2, [], OmegaConf.create({"run": {"dir": str(runs / s2)}}))
     keep(other.name)
     (runs / f"{other.name}.stale-1").mkdir()
-    assert restore_kept(plan_of(exp, "small", tmp_path / "runs", tmp_path / "results", cells=(other,))) == 0
+    assert len(restore_kept(plan_of(exp, "small", tmp_path / "runs", tmp_path / "results", cells=(other,)))) == 0

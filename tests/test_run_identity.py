@@ -145,28 +145,29 @@ def test_two_processes_on_one_run_train_it_once(tmp_path):
     assert steps == sorted(set(steps)) and steps[-1] == 8  # every training row once
 
 
-@pytest.mark.slow
-def test_the_thread_count_is_part_of_the_identity_where_it_differs_from_the_recipes(tmp_path):
-    """CPU reductions split by thread count: a 1-thread and a 2-thread run of one cell are two runs. The count enters
-    the name only where it differs from the scale recipe's (smoke LRA: 1), so earlier runs keep their names."""
-    plain = mini_listops(tmp_path, "conditioning=spectral")
-    one, two = name_of([*plain, "impl.threads=1"]), name_of([*plain, "impl.threads=2"])
-    assert one == name_of(plain) != two
-    assert name_of(["scale=smoke", "logger=none", "impl.threads=1"]) == "lra_listops_none_smoke_s0"
-    assert HEX.search(name_of(["scale=smoke", "logger=none", "impl.threads=2"]))
-    base = compose(["scale=smoke"])
-    assert variant(compose(["scale=smoke", "impl.threads=2"]), base) != "" == variant(compose(plain[:1]), base)
-    assert variant(compose([*plain, "conditioning.lam=2"]), base) == \
-        variant(compose([*plain, "conditioning.lam=2", "impl.threads=1"]), base)  # variant hashes stay
-    # a run dir of one count answers only for that count, also when its config said null (torch's default)
-    s = train(compose([*plain, "run.name=mine"]))
-    assert s["hardware"]["torch_threads"] == 1
-    run_dir = Path(s["run_dir"])
-    assert config_mismatch(compose([*plain, "run.name=mine"]), run_dir) is None
-    why = config_mismatch(compose([*plain, "run.name=mine", "impl.threads=2"]), run_dir)
-    assert "impl.threads is 1 there and 2 here" in why
-    cfg = (run_dir / "config.yaml").read_text()
-    (run_dir / "config.yaml").write_text(cfg.replace("threads: 1", "threads: null"))
-    assert "impl.threads is 1 there and 2 here" in config_mismatch(
-        compose([*plain, "run.name=mine", "impl.threads=2"]), run_dir)
-    assert config_mismatch(compose([*plain, "run.name=mine"]), run_dir) is None
+def test_one_rule_how_a_run_is_run_never_makes_another_run(tmp_path):
+    """`identity.answers` is the one rule (a run dir, a twin, a kept record): threads, workers, logging and where runs
+    go never make a new name, a twin miss or a refusal; a science key does; the code counts only when asked for
+    (--refresh-stale). impl.threads changes the last bits as the CPU's instruction set does: recorded, not identity."""
+    from omegaconf import OmegaConf
+
+    from condattn.engine.identity import answers
+
+    base = compose(["scale=smoke", "conditioning=spectral"])
+    how, lam = base.copy(), base.copy()
+    how.impl.threads, how.impl.num_workers, how.logger, how.paths.runs = 2, 3, "none", str(tmp_path)
+    lam.conditioning.lam, lam.impl.threads = 2.0, 2
+    assert variant(how, base) == "" and variant(lam, base) != ""
+    recorded = OmegaConf.to_container(base, resolve=True)
+    assert answers(how, recorded) is None
+    assert answers(lam, recorded) == "conditioning.lam is 10.0 there and 2.0 here"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    OmegaConf.save(OmegaConf.create(recorded), run_dir / "config.yaml")  # resolved, as the trainer writes it
+    assert config_mismatch(how, run_dir) is None  # was: "impl.threads is 1 there and 2 here", every cell refused
+    assert "conditioning.lam is 10.0 there and 2.0 here" in config_mismatch(lam, run_dir)
+    code = {"engine": "a" * 10, "conditioning": "b" * 10}
+    assert answers(how, recorded, code, dict(code), same={}) is None
+    assert answers(how, recorded, code, {**code, "engine": "c" * 10}, same={}) == \
+        "made by other code (engine differ from this code's)"
+    assert answers(how, recorded, None, {**code, "engine": "c" * 10}) is None  # not asked: any code answers

@@ -1,6 +1,7 @@
 """Twins (engine/twins.py): a finished run of the same science config under another table's name is linked and reused
-by `reproduce`, never one of another config or thread count; `--force` trains the cell in its own dir and leaves the
-twin as it was; the tables' provenance counts the runs made for another table."""
+by `reproduce`, never one of another config (the thread count is how a run is run, not which run it is); `--force`
+trains the cell in its own dir and leaves the twin as it was; the tables' provenance counts the runs made for another
+table."""
 
 from __future__ import annotations
 
@@ -31,14 +32,15 @@ def make_run(root, name: str, config: dict, finished: bool = True):
 def test_a_twin_is_a_finished_run_of_the_same_science_config_only(tmp_path):
     twin = make_run(tmp_path, "table9_readings_a_none_small_s0", cfg("table9_readings_a_none_small_s0"))
     make_run(tmp_path, "table9_readings_b_none_small_s0", cfg("b", lr=2e-3))  # another lr
-    make_run(tmp_path, "table9_readings_c_none_small_s0-x", cfg("c", threads=2))  # another thread count
+    other_threads = make_run(tmp_path, "table9_readings_c_none_small_s0", cfg("c", lr=3e-3, threads=2))
     make_run(tmp_path, "table9_readings_d_none_small_s0", cfg("d", lr=5e-4), finished=False)
     index = TwinIndex(tmp_path)
     here = tmp_path / "table1_imagenet_vit_base_none_small_s0"
     assert index.find(cfg(here.name, table="table1_imagenet"), here) == twin  # run.* and paths.* are no science
     assert index.find(cfg(here.name, lr=4e-3), here) is None
     assert index.find(cfg(here.name, lr=5e-4), here) is None  # its only run of that lr has not finished
-    assert TwinIndex(tmp_path).find(cfg(here.name, threads=2), here).name.endswith("-x")
+    assert TwinIndex(tmp_path).find(cfg(here.name, threads=2), here) == twin  # threads: how it ran, not what
+    assert TwinIndex(tmp_path).find(cfg(here.name, lr=3e-3), here) == other_threads
     assert index.find(cfg(twin.name), twin) is None  # a run is not its own twin
 
     link(here, twin)
@@ -76,7 +78,7 @@ def test_reproduce_reuses_another_tables_run_and_force_trains_its_own(tmp_path, 
     out = capsys.readouterr().out
     mine = runs / "table4_copy_listops_none_smoke_s0"
     # the original's record is kept (stored once): the copy's cell is linked to it, not trained again
-    assert "1 of them linked to the record of the same science config made for another table" in out
+    assert "1 of them linked to the record of the same science config made under another name" in out
     assert mine.is_symlink() and "0 of 0 cells run" in out
     md = (tmp_path / "results" / "smoke" / "table4_copy.md").read_text()
     assert "1 of them made for table4_lra (the same science config, reused" in md

@@ -8,6 +8,10 @@ through the model the cell builds, conditioning included, on the meta device (no
 correction alone runs on a random CPU token matrix of its input's shape), else on the CPU with 2 samples.
 Only the training steps are counted (evaluation adds a forward pass over the validation split per evaluation);
 detection cells are not estimated (their FLOPs depend on each image's size and the number of proposals).
+
+`machine_projection` is the other figure a local dry run prints: the cells' time on this machine, from the seconds per
+step that finished runs of the same model, data and method took on this kind of device (their summaries' wall time),
+never guessed: a recipe no such run has measured is counted as unmeasured.
 """
 
 from __future__ import annotations
@@ -372,3 +376,61 @@ def describe_cost(table: str, cells: list[tuple[str, Any]]) -> list[str]:
         if w := loader_warning(cfg, fps):
             lines.append(f"[reproduce] warning: {model}: {w} [{name}]")
     return lines
+
+
+def recipe(cfg: Any) -> tuple[str, str, str]:
+    """What a step's time depends on here: the model, the data and the method (a run's resolved config)."""
+    get = lambda part, key: str((cfg.get(part) or {}).get(key))  # noqa: E731
+    return get("model", "name"), get("data", "name"), get("conditioning", "method")
+
+
+def measured_steps(dirs: list[Path], device_type: str | None = None) -> dict[tuple[str, str, str], tuple[float, set]]:
+    """{recipe: (the median seconds per training step, wall time with evaluations, the hardware lines of the runs
+    measured)} over the finished runs under `dirs` (run roots and kept records), only those that ran on `device_type`
+    when given; (model, data, "*"): over every method, for a method not measured yet."""
+    from ..runs import RunRecord, kept_records
+
+    seen: dict[tuple[str, str, str], list[tuple[float, str]]] = {}
+    for d in dirs:
+        found = [RunRecord(f.parent) for f in d.glob("*/summary.json")] + kept_records(d) if d.is_dir() else []
+        for rec in found:
+            s = rec.summary
+            if not (s and s.get("wall_time_s") and s.get("steps") and isinstance(s.get("config"), dict)):
+                continue
+            if device_type is not None and (s.get("hardware") or {}).get("device_type") != device_type:
+                continue
+            model, data, method = recipe(s["config"])
+            for key in ((model, data, method), (model, data, "*")):
+                seen.setdefault(key, []).append((float(s["wall_time_s"]) / int(s["steps"]),
+                                                 str(s.get("hardware_line") or "unknown hardware")))
+    return {k: (sorted(x for x, _ in v)[len(v) // 2], {h for _, h in v}) for k, v in seen.items()}
+
+
+def machine_projection(cells: list[tuple[str, Any]], dirs: list[Path]) -> str:
+    """One line: these cells' time on this machine, one after another, at the seconds per step that finished runs of
+    their recipe measured on this kind of device (`measured_steps`), with the hardware they ran on; cells of recipes
+    no such run measured are counted, not guessed."""
+    import os
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    steps = measured_steps(dirs, device)
+    seconds, hardware, unmeasured = 0.0, set(), 0
+    for _, cfg in cells:
+        model, data, method = recipe(cfg)
+        got = steps.get((model, data, method)) or steps.get((model, data, "*"))
+        if got is None:
+            unmeasured += 1
+            continue
+        seconds += got[0] * int(cfg.task.steps)
+        hardware |= got[1]
+    here = (torch.cuda.get_device_name(0) if device == "cuda" else
+            f"cpu, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}")
+    known = len(cells) - unmeasured
+    line = f"[reproduce] on this machine ({here}): "
+    line += (f"≈ {seconds / 3600:.2f} h for {known} of {len(cells)} cells, one after another (measured: the median "
+             f"seconds per step of finished runs of the same model, data and method on {device}, which ran on "
+             f"{'; '.join(sorted(hardware))})" if known else
+             f"no estimate: no finished run of these cells' model, data and method ran on {device}")
+    if known and unmeasured:
+        line += f"; {unmeasured} cell(s) of recipes no finished run on {device} has measured, not counted"
+    return line

@@ -1,12 +1,15 @@
 """What a run is: the part of its config that changes its result (the *science config*), a short hash of it, and the
-check that a run directory holds a run of this config.
+one rule that says whether a recorded run is a run of a cell (`answers`: its own run dir, a twin, a kept record).
 
 A run's directory name is readable (`runs.RunId`: table, row, method, scale, seed), so options that the name does not
 carry (`conditioning.lam=2`, `task.steps=50`, `model=...`) get a variant suffix: `<name>-<8 hex>`, the hash of the
 science config, whenever the config differs from the one the name alone composes (`variant`); a table's own lr-grid
 and length-check variants are named in words before it (`-lr2x-steps2x`, table/compose.py `named`). Whatever the name, a
 run directory that already records a config (its config.yaml) is only resumed or reused when the science configs
-agree (`config_mismatch`): resuming never mixes configs, and a finished run answers only for its own config.
+agree (`answers`, through `config_mismatch` for a run dir): resuming never mixes configs, and a finished run answers
+only for its own config. Code: a finished run answers for its cell whatever code made it, under the cell's own name or
+another (a twin, engine/twins.py, table/store.py), until STALE=1 (--refresh-stale) asks for this code's runs: then
+both are compared, and a run of other code answers for nothing.
 """
 
 from __future__ import annotations
@@ -21,29 +24,17 @@ from omegaconf import DictConfig, OmegaConf
 from ..runs import RunRecord
 
 # How a run is run, where it is written and logged: never what it computes (configs/impl/default.yaml says the same of
-# impl.*; impl.precision is the exception, it changes the numbers). Everything else is science.
+# impl.*; impl.precision is the exception, it changes the numbers). Everything else is science. impl.threads: how CPU
+# reductions are split changes the last bits, as the CPU's instruction set does (docs/runs.md, Determinism); both are
+# recorded (hardware.torch_threads, cpu_capability) and printed in the tables' provenance line, neither is identity.
 NOT_SCIENCE = (
     "run", "paths", "resume", "logger", "launcher", "hydra", "debug",
-    "impl.micro_batch_size", "impl.compile", "impl.num_workers", "impl.pin_memory", "impl.deterministic",
-    "impl.flush_denormal", "impl.checkpoint_every", "impl.keep_checkpoints", "impl.max_loss",
+    "impl.threads", "impl.micro_batch_size", "impl.compile", "impl.num_workers", "impl.pin_memory",
+    "impl.deterministic", "impl.flush_denormal", "impl.checkpoint_every", "impl.keep_checkpoints", "impl.max_loss",
     "impl.compile_mode", "impl.cpu_compile", "impl.fused_adamw",
     "impl.worker_samples_per_s",  # the dry run's cost estimate only
     "task.log_every", "data.root", "data.cache", "model.runs_root",
 )
-
-
-# Science keys kept out of the hashed science config, so that the names of runs made before they counted stay: one
-# enters a run's identity only where it differs from the config the name composes (`variant`), and a recorded run of
-# another value is not reused (`config_mismatch`). impl.threads: CPU reductions split by thread count, so a 1-thread and
-# a 2-thread run of one cell differ in the last bits and, over a run, in its metrics.
-DEFAULT_RELATIVE = ("impl.threads",)
-
-
-def _get(cfg: Any, dotted: str) -> Any:
-    d = _container(cfg) if cfg is not None else {}
-    for part in dotted.split("."):
-        d = d.get(part) if isinstance(d, dict) else None
-    return d
 
 
 def _container(cfg: Any) -> dict:
@@ -73,7 +64,7 @@ def science_config(cfg: Any) -> dict:
     from ..conditioning.spec import conditioning_spec
 
     d = _container(cfg)
-    for key in (*NOT_SCIENCE, *DEFAULT_RELATIVE):
+    for key in NOT_SCIENCE:
         _drop(d, key)
     try:
         d["conditioning"] = conditioning_spec(d.get("conditioning") or {}).identity()
@@ -90,9 +81,6 @@ def config_hash(science: dict) -> str:
 def variant(cfg: Any, base: Any | None) -> str:
     """'' when `cfg` is the config its readable name composes (`base`), else the hash of its science config."""
     science = science_config(cfg)
-    for key in DEFAULT_RELATIVE:  # e.g. impl.threads=2 where the scale's recipe says 1: a run of its own
-        if base is not None and (value := _get(cfg, key)) != _get(base, key):
-            science[key] = value
     if base is not None and science_config(base) == science:
         return ""
     return config_hash(science)
@@ -128,28 +116,34 @@ def recorded_config(run_dir: str | Path) -> dict | None:
     return s.get("config") if s and isinstance(s.get("config"), dict) else None
 
 
-def _threads_differ(run_dir: str | Path, recorded: dict, cfg: Any) -> list[tuple[str, Any, Any]]:
-    """[('impl.threads', used there, set here)] when both are known and differ: a recorded null (torch's default) is
-    read as the count its summary says the run used; a null here (torch's default, GPU scales) is not compared."""
-    here = _get(cfg, "impl.threads")
-    there = _get(recorded, "impl.threads")
-    if there is None:
-        there = ((RunRecord(run_dir).read_summary() or {}).get("hardware") or {}).get("torch_threads")
-    return [] if here is None or there is None or int(here) == int(there) else [("impl.threads", there, here)]
+def answers(cfg: Any, recorded: dict | None, code: dict | None = None, recorded_code: dict | None = None,
+            same: dict | None = None) -> str | None:
+    """The one rule of run identity: None when a run that recorded the config `recorded` (made by the code
+    `recorded_code`) is a run of the cell `cfg`, else why not, one phrase. Config: the science keys both configs set
+    agree (`differing_keys`: how a run is run, NOT_SCIENCE, never counts). Code: compared only when `code` (this
+    code's engine/provenance fingerprint for the cell's method) is given, as under --refresh-stale, for a run under
+    the cell's own name and a twin alike; fingerprints recorded as computing the same (`same`,
+    results/code_equivalence.json) agree."""
+    if recorded is None:
+        return None
+    if diff := differing_keys(recorded, _container(cfg)):
+        shown = "; ".join(f"{k} is {v0!r} there and {v1!r} here" for k, v0, v1 in diff[:4])
+        return shown + (f" (and {len(diff) - 4} more)" if len(diff) > 4 else "")
+    if code is not None:
+        from .provenance import stale_parts
+
+        if stale := stale_parts(recorded_code, code, same):
+            return f"made by other code ({', '.join(stale)} differ from this code's)"
+    return None
 
 
 def config_mismatch(cfg: Any, run_dir: str | Path) -> str | None:
-    """Why the run in `run_dir` is not a run of `cfg` (its science keys that differ, named), or None."""
-    recorded = recorded_config(run_dir)
-    if recorded is None:
+    """Why the run in `run_dir` is not a run of `cfg` (`answers`: its science keys that differ, named), or None."""
+    why = answers(cfg, recorded_config(run_dir))
+    if why is None:
         return None
-    diff = differing_keys(recorded, _container(cfg)) + _threads_differ(run_dir, recorded, cfg)
-    if not diff:
-        return None
-    shown = "; ".join(f"{k} is {v0!r} there and {v1!r} here" for k, v0, v1 in diff[:4])
-    more = f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""
-    return (f"run dir {run_dir} holds a run of another config: {shown}{more}. Resuming or reusing it would mix "
-            "configs: give a run.name of its own, or resume=never to start this one over")
+    return (f"run dir {run_dir} holds a run of another config: {why}. Resuming or reusing it would mix configs: give a "
+            "run.name of its own, or resume=never to start this one over")
 
 
 # what the readable run name carries: `${task.name}_${conditioning.method}_${scale.name}_s${seed}` (configs/train.yaml)

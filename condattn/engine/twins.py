@@ -2,8 +2,10 @@
 
 Two tables often hold one experiment: table 1's ViT row at small scale is table 9's baseline / SCA / CET /
 conditioned-initialisation readings, cell for cell; table 4's ListOps row is table 9's ListOps readings. Their run names
-differ (`RunId` carries the table), their science configs (`identity.science_config`, the thread count included) do
-not. `reproduce` asks `find_twin` before it trains a cell whose run dir does not exist yet; a twin found is linked
+differ (`RunId` carries the table), their science configs (`identity.science_config`) do not. Whether a run is a
+cell's twin is `identity.answers`, the rule of every run dir: the same science config (and, under --refresh-stale,
+the same code). `reproduce` asks
+`TwinIndex.find` before it trains a cell whose run dir does not exist yet; a twin found is linked
 (`link`: the cell's run dir becomes a relative symlink to it), so every reader of the cell — the tables, `compare`, the
 curves — reads the one finished run. `--force` unlinks such a cell and trains it in its own dir (the twin is never
 touched). The tables' provenance line counts the runs they read that were made under another name.
@@ -16,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runs import RunRecord
-from .identity import _container, config_hash, config_mismatch, recorded_config, science_config
-from .provenance import stale_parts
+from .identity import _container, answers, config_hash, recorded_config, science_config
 
 
 class TwinIndex:
@@ -45,14 +46,15 @@ class TwinIndex:
         return out
 
     def find(self, cfg: Any, run_dir: str | Path, code: dict | None = None) -> Path | None:
-        """A finished run of `cfg`'s science config other than `run_dir` (the first by name), or None. With `code`
-        (engine/provenance.code_fingerprint for its method), only a run made by that same code."""
+        """A finished run other than `run_dir` that answers for `cfg` (`identity.answers`: its science config and,
+        with `code` (--refresh-stale), engine/provenance.fingerprint for its method, the code that made it), the first
+        by name; or None. The hash only finds the candidates; `answers` decides."""
         if self._by_hash is None:
             self._by_hash = self._build()
         here = Path(run_dir).resolve()
         for d in self._by_hash.get(config_hash(science_config(_container(cfg))), []):
-            if d.resolve() != here and config_mismatch(cfg, d) is None and \
-                    (code is None or not stale_parts((RunRecord(d).summary or {}).get("code"), code)):
+            if d.resolve() != here and answers(cfg, recorded_config(d), code,
+                                               (RunRecord(d).summary or {}).get("code")) is None:
                 return d
         return None
 

@@ -85,12 +85,20 @@ def reseeded(part: Part, seed: int, table: str, scale: str) -> Part:
 
 
 
-def changes(comp: Composer, part: Part, extra: list[str]) -> bool:
-    """Whether the command's extra overrides change this cell's science config (λ on SCA does, on the baseline not)."""
-    from ..engine.identity import variant
+def reached(comp: Composer, part: Part, extra: list[str]) -> set[str]:
+    """The overrides among the command's `extra` that change this cell's science config (engine/identity.py): λ on
+    SCA does, on the baseline not (a method's options that do not act are not its science), nor a value the cell has
+    already, nor a key that is no science. A cell that does not compose reaches none (its composition reports it)."""
+    from ..engine.identity import _flat, is_science_key, science_config
 
     try:
-        return bool(variant(comp.base([*part.own, *extra]), comp.base(part.own)))
+        base, now = _flat(science_config(comp.base(part.own))), _flat(science_config(comp.base([*part.own, *extra])))
     except ConfigError:
-        return False  # the cell's own composition reports it
-
+        return set()
+    moved = {k for k in base.keys() | now.keys() if base.get(k) != now.get(k)}
+    out = set()
+    for o in extra:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if is_science_key(key) and any(k == key or k.startswith(key + ".") for k in moved):
+            out.add(o)
+    return out

@@ -10,7 +10,7 @@ from ..experiment import Experiment
 from ..launch import ConfigError, RunSpec
 from ..runs import RunId
 from .cells import Part, override_slug, parts
-from .compose import Composer, changes, named
+from .compose import Composer, named, reached
 from .length import length_cells, length_check
 from .lr_grid import LrPick, grid_row, lr_grid
 from .planned import MadeWith, Plan
@@ -43,11 +43,16 @@ def plan(exp: Experiment, scale: str, seeds: list[int], extra: list[str], launch
         groups.setdefault((p.name,) if p.pretrain else (p.row, p.method), []).append(p)
     reported: dict[tuple, list[tuple[Part, RunSpec]]] = {}
     changed: set[str] = set()
+    reach: set[str] = set()  # the extra overrides that change some cell
+    every_group = True
     for group in groups.values():
         if not full and only_rows is not None and not group[0].pretrain and group[0].row not in only_rows:
+            every_group = False
             continue
-        if extra and not group[0].pretrain and changes(comp, group[0], extra):
-            changed.add(group[0].method)
+        if extra and (hit := reached(comp, group[0], extra)):
+            reach |= hit
+            if not group[0].pretrain:
+                changed.add(group[0].method)
         if grid and not group[0].pretrain:
             row_cells, pick = grid_row(comp, group, grid, extra, exp, scale, read_records, shown, renamed, records)
             planned += row_cells
@@ -80,9 +85,26 @@ def plan(exp: Experiment, scale: str, seeds: list[int], extra: list[str], launch
         stem = f"{stem}.{override_slug(list(made.overrides))}"
     todo = [spec for part, spec in planned if part.pretrain or only_rows is None or part.row in only_rows]
     first = planned[0][1].cfg
+    unreached = tuple(unreached_line(o, exp) for o in extra if o not in reach and
+                      is_science_key(o.split("=", 1)[0].lstrip("+~"))) if every_group else ()
     return Plan(exp, scale, tuple(seeds), Path(first.paths.runs), Path(first.paths.results), tuple(todo),
                 tuple(spec.name for _, spec in planned), picks, {name: v for name, v in shown.items() if v},
-                longer, made, stem)
+                longer, made, stem, unreached)
+
+
+def unreached_line(override: str, exp: Experiment) -> str:
+    """What an override that changes no cell of the table does: nothing (the cells keep their names and runs)."""
+    from ..conditioning.spec import option_owners
+
+    key = override.split("=", 1)[0].lstrip("+~")
+    why = "every cell has that value already, or does not read it"
+    if key.startswith("conditioning."):
+        owners = [m.name for m in option_owners(key.partition(".")[2])]
+        used = f" (an option of {', '.join(owners)})" if owners else ""
+        why = (f"none of its methods ({', '.join(exp.methods)}) uses {key}{used}, or every cell that does has that "
+               "value already")
+    return (f"{override} reaches no cell of {exp.table}: {why}; the cells, their names and their runs are as without "
+            "it")
 
 
 

@@ -38,6 +38,7 @@ class Plan:
     longer: Mapping[str, str] = field(default_factory=dict)  # the length check's run variants, by the 1× run's name
     made_with: MadeWith | None = None
     stem: str = ""
+    unreached: tuple[str, ...] = ()  # one line per override of the command that changes no cell (said, not refused)
 
     @property
     def output_stem(self) -> str:

@@ -7,50 +7,12 @@ from pathlib import Path
 
 from ..runs import RunRecord
 from .plan import Plan
-from .store import RunStore, restorable, restore
 from .store import kept_root as store_root
 
 
 def kept_root(p: Plan) -> Path:
     """Where the table's finished runs are kept beside it (committed): results/<scale>/runs/<run name>.json.gz."""
     return store_root(p.results_root, p.scale)
-
-
-
-def restore_kept(p: Plan, reuse: bool = True) -> int:
-    """Put back into the runs root the kept record of each planned cell whose run dir is absent (a fresh clone, a new
-    machine), its own or (`reuse`) its twin's (table/store.py): such a cell counts as finished, as it did where it ran.
-    Never a cell being trained (its lock) or set aside by --refresh-stale, and never a pretraining run that a
-    fine-tuning cell still to train would start from (records carry no weights). A dry run restores too: restoring
-    trains nothing, and the plan then says what the real command will do. Returns how many were restored."""
-    kept = kept_root(p)
-    if not p.cells or not kept.is_dir():
-        return 0
-    store = RunStore(kept)
-    todo = [c for c in p.cells if restorable(c.run_dir)]
-    feeds = {c.name for c in p.cells if "_pretrain_" in c.name} if p.exp.pretrain else set()
-    done = [restore(store, c.name, c.cfg, c.run_dir, reuse) for c in todo if c.name not in feeds]
-    for c in (c for c in todo if c.name in feeds):  # a pretraining run: once every cell that starts from it finished
-        users = [u for u in p.cells if p.needs(u.name) == c.name]
-        if users and all(RunRecord(u.run_dir).finished for u in users):
-            done.append(restore(store, c.name, c.cfg, c.run_dir, reuse))
-    if n := sum(map(bool, done)):
-        twins = done.count("twin")
-        print(f"[reproduce] restored {n} finished runs from their kept records ({kept}) into "
-              f"{p.cells[0].run_dir.parent}"
-              + (f", {twins} of them linked to the record of the same science config made for another table (the same "
-                 "science config finished there; reused, not trained again: --no-reuse trains them)" if twins else "")
-              + "; they count as finished (no checkpoints: --force retrains them)")
-    return n
-
-
-
-def with_kept(make_plan, reuse: bool = True) -> Plan:
-    """A plan, then the kept records of its cells restored. The plan reads those records where they lie
-    (table/store.Records) to make its lr picks and length checks, so one plan holds every cell they add."""
-    p = make_plan()
-    restore_kept(p, reuse)  # the plan read the kept records already (table/store.Records): planned once
-    return p
 
 
 

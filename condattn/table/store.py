@@ -4,8 +4,10 @@
 A cell counts as finished when its live run is, or when a record of it is kept: under its own name, or under another
 table's name with the same science config (a twin, stored once: table 1's ViT row is table 9's ViT readings cell for
 cell). Before a plan is read, the records of its cells are restored into the runs root, so every reader (tables,
-`compare`, curves) reads one kind of run dir; a twin's cell becomes a link to the one restored record. Dry runs,
-`--status` and `reproduce-all`'s projection restore the same way, so they say what the real command will do.
+`compare`, curves) reads one kind of run dir; a twin's cell becomes a link to the one restored record. Whether a record
+answers for a cell is `engine/identity.answers`, the rule of every run dir and twin. Dry runs and `reproduce-all`'s
+projection read the same records without restoring them (table/kept.py), so they say what the real command will do
+and write nothing.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ class RunStore:
         return KeptRecord.of(self.root, name)
 
     def twin(self, cfg: Any) -> KeptRecord | None:
-        """The first kept record (by name) of `cfg`'s science config, whatever table it was made for."""
-        from ..engine.identity import _container, config_hash, science_config
+        """The first kept record (by name) that answers for `cfg` (`identity.answers`: its science config), whatever
+        table it was made for."""
+        from ..engine.identity import _container, answers, config_hash, science_config
 
         if self._by_hash is None:
             self._by_hash = {}
@@ -45,12 +48,16 @@ class RunStore:
                     self._by_hash.setdefault(config_hash(science_config(s["config"])), []).append(rec)
                 except Exception:  # a config of an older layout that no longer resolves: a twin of nothing
                     continue
-        return next(iter(self._by_hash.get(config_hash(science_config(_container(cfg))), [])), None)
+        return next((rec for rec in self._by_hash.get(config_hash(science_config(_container(cfg))), [])
+                     if answers(cfg, rec.summary["config"]) is None), None)
 
     def record_for(self, name: str, cfg: Any, reuse: bool = True) -> KeptRecord | None:
-        """The kept record of a cell: its own, else (`reuse`) its twin's; None when neither is kept."""
+        """The kept record of a cell: its own, else (`reuse`) its twin's; None when neither is kept, and when its own
+        record is there but unreadable (`KeptRecord.unreadable`: reported, never stood in for)."""
         own = self.get(name)
-        return own if own.finished else self.twin(cfg) if reuse else None
+        if own.finished or own.path.exists():
+            return own if own.finished else None
+        return self.twin(cfg) if reuse else None
 
 
 class Records:
