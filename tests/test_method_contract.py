@@ -142,7 +142,6 @@ def test_forward_backward_and_the_declared_facts(method, family):
     added = set(model.state_dict()) - keys
     assert bool(added) == ms.adds_keys, sorted(added)[:4]
     assert set(model.state_dict()) >= keys
-    once = ms.once(spec.values)
     # init-only: attaches nothing (a composite of init-only and attaching parts attaches, and is not removable)
     all_once = all(method_spec(p).once(spec.values) for p in spec.parts)
     assert (model._condattn.handles == []) == all_once or method == "none"
