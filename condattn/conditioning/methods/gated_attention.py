@@ -143,7 +143,7 @@ def _patch(model, site, gate: str, report: PatchReport, handles: list) -> int:
     if out is None:
         report.skipped.append(PatchEntry(site.name, kind, why))
         return 0
-    width = out.module.in_features if gate == "elementwise" else site.num_heads
+    width = site.num_heads * site.head_dim if gate == "elementwise" else site.num_heads  # (= W_O's input width)
     g = _new_gate(site, width)
     site.module.condattn_gate = g
     handles.append(Undo(_drop_gate, site.module))

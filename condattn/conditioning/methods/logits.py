@@ -201,6 +201,9 @@ def route(site: AttentionSite, method: str) -> tuple[str, str]:
             return "", (f"{type(m).__name__} adds its own {own[0]} in its attention function, which {method} "
                         "would replace")
         return "interface", f"transformers {m.config._attn_implementation} attention → {INTERFACE}"
+    if isinstance(m, nn.MultiheadAttention):
+        return "", (f"nn.MultiheadAttention computes its attention inside F.multi_head_attention_forward, so {method} "
+                    "cannot reach its logits")
     if "scaled_dot_product_attention" in _forward_source(type(m)):
         flag = " (fused_attn=False → True)" if getattr(m, "fused_attn", None) is False else ""
         return "wrap", f"F.scaled_dot_product_attention call{flag}"
@@ -208,15 +211,21 @@ def route(site: AttentionSite, method: str) -> tuple[str, str]:
                 f"attention interface, so {method} cannot reach its logits")
 
 
-def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                  position_bias=None, **kwargs):
     """transformers' attention-function signature: q, k, v (B, H, N, d), its sdpa-format mask; (output, None)."""
-    extra = [k for k in ("softcap", "s_aux", "position_bias") if kwargs.get(k) is not None]
+    extra = [k for k in ("softcap", "s_aux") if kwargs.get(k) is not None]
     if extra:
         raise ValueError(f"condattn_logits attention: {type(module).__name__} passes {extra[0]}, which it does not "
                          "apply; this module cannot take a logits rule")
     key, value = _repeat_kv(query, key, value)
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
+    if position_bias is not None:  # T5's relative bias: added to the logits with the mask, as transformers' sdpa does
+        from transformers.integrations.sdpa_attention import create_position_bias_mask
+
+        attention_mask = create_position_bias_mask(position_bias, attention_mask, causal, query, key)
+        causal = False
     if causal and key.shape[2] > query.shape[2]:  # (a prefill into an empty static cache, as transformers' sdpa)
         key, value = key[:, :, :query.shape[2]], value[:, :, :query.shape[2]]
     rule = module.__dict__.get(RULE)
