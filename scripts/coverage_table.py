@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from condattn.conditioning.coverage import RIVALS, markdown, rival_rows, timm_rows, transformers_rows
@@ -28,7 +29,7 @@ def _rivals() -> list[str]:
     """The 2025 rivals on the same transformers types: layers patched (of those found; forward finite, removed), or
     the one-line refusal."""
     rows = rival_rows()
-    full = {m: sum(r[i].split("/")[0] == r[i].split("/")[-1] for _, r in rows) for i, m in enumerate(RIVALS)}
+    full = {m: sum(bool(re.fullmatch(r"(\d+)/\1", r[i])) for _, r in rows) for i, m in enumerate(RIVALS)}
     out = ["## The 2025 rivals", "",
            "Each of `gated_attention`, `softcap`, `attention_sink` and `qk_clip` applied alone to the same tiny "
            "transformers configs: attention layers patched of those found (the forward run, finite; then removed), "
