@@ -97,8 +97,8 @@ test: lint
 test-unit:
 	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -m unit -n $(TEST_WORKERS) --dist worksteal
 
-# forward+backward step time of baseline / SCA / CET-svd / CET-fast / QK-norm / σReparam / mimetic / NS-attn per
-# model, side by side (results/bench/)
+# forward+backward step time of baseline / SCA / CET-svd / CET-fast / QK-norm / σReparam / mimetic / NS-attn /
+# gated / soft-cap / sink / QK-clip per model, side by side (results/bench/; condattn/bench.py ARMS)
 bench:
 	$(BIN)/python -m condattn.bench $(ARGS)
 

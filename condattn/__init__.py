@@ -4,7 +4,14 @@
 harness. The harness's entry points import condattn.config themselves (which registers its config resolvers).
 """
 
-from .conditioning import PatchReport, apply_conditioning, conditioning_report, remove_conditioning
+from .conditioning import (
+    PatchReport,
+    after_optimizer_step,
+    apply_conditioning,
+    conditioning_report,
+    remove_conditioning,
+)
 
 __version__ = "0.1.0"
-__all__ = ["PatchReport", "apply_conditioning", "conditioning_report", "remove_conditioning", "__version__"]
+__all__ = ["PatchReport", "after_optimizer_step", "apply_conditioning", "conditioning_report", "remove_conditioning",
+           "__version__"]

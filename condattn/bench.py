@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import apply_conditioning
+from . import after_optimizer_step, apply_conditioning
 from .engine import provenance
 from .engine.flops import mfu, peak_flops, training_step_flops
 from .engine.precision import resolve_execution
@@ -38,6 +38,13 @@ ARMS = {
     "σReparam-role": ("sigma_reparam", {"partition": "per_role"}),  # one σ per W_Q, W_K, W_V
     "mimetic": ("mimetic_init", {}),
     "NS-attn": ("ns_attention", {}),
+    # the 2025 rivals: softcap and the sink replace the fused kernel by explicit attention; QK-clip reads the logits
+    # beside it and rescales W_Q / W_K after each step (timed: _step calls after_optimizer_step)
+    "gated": ("gated_attention", {}),
+    "gated-head": ("gated_attention", {"gate": "headwise"}),
+    "soft-cap": ("softcap", {}),
+    "sink": ("attention_sink", {}),
+    "QK-clip": ("qk_clip", {}),
 }
 
 
@@ -125,6 +132,7 @@ def _step(model: nn.Module, loss_fn: Callable, opt: torch.optim.Optimizer, devic
     t = time.perf_counter()
     loss_fn(model).backward()
     opt.step()
+    after_optimizer_step(model)  # (qk_clip's rescale; nothing for the other methods)
     opt.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.synchronize()

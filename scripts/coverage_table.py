@@ -5,9 +5,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from condattn.conditioning.coverage import markdown, timm_rows, transformers_rows
+from condattn.conditioning.coverage import RIVALS, markdown, rival_rows, timm_rows, transformers_rows
 
 
 def _not_covered(rows) -> list[str]:
@@ -24,6 +25,23 @@ def _not_covered(rows) -> list[str]:
     return out
 
 
+def _rivals() -> list[str]:
+    """The 2025 rivals on the same transformers types: layers patched (of those found; forward finite, removed), or
+    the one-line refusal."""
+    rows = rival_rows()
+    full = {m: sum(bool(re.fullmatch(r"(\d+)/\1", r[i])) for _, r in rows) for i, m in enumerate(RIVALS)}
+    out = ["## The 2025 rivals", "",
+           "Each of `gated_attention`, `softcap`, `attention_sink` and `qk_clip` applied alone to the same tiny "
+           "transformers configs: attention layers patched of those found (the forward run, finite; then removed), "
+           "or the method's one-line refusal. Soft-capping, the sink and QK-clip need the logits, so they reach "
+           "layers that call F.scaled_dot_product_attention or transformers' attention interface (methods/logits.py); "
+           "the gate needs a W_O called as a module.", "",
+           "- " + "; ".join(f"{m}: {full[m]} of {len(rows)} types on every layer" for m in RIVALS), "",
+           "| type | " + " | ".join(RIVALS) + " |", "|---|" + "---|" * len(RIVALS)]
+    out += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows]
+    return [*out, ""]
+
+
 def main() -> None:
     t, h = timm_rows(), transformers_rows()
     lines = ["# SCA coverage", "",
@@ -33,7 +51,7 @@ def main() -> None:
              f"- timm: {sum(r.full for r in t)} of {len(t)} attention families on every attention layer, "
              f"{sum(r.patched > 0 for r in t)} on at least one; CET token site in {sum(r.tokens for r in t)}.",
              f"- transformers: {sum(r.full for r in h)} of {len(h)} types on every attention layer.", "",
-             *_not_covered(t), markdown(t + h), ""]
+             *_not_covered(t), markdown(t + h), "", *_rivals()]
     out = Path(__file__).resolve().parents[1] / "docs" / "coverage.md"
     out.parent.mkdir(exist_ok=True)
     out.write_text("\n".join(lines))

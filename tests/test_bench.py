@@ -12,7 +12,8 @@ def test_bench_runs_all_arms_and_writes_results(tmp_path, capsys):
     assert main(["--models", "nystromformer_lra_listops", "--batch", "1", "--warmup", "0", "--iters", "1",
                  "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for arm in ("baseline", "SCA", "CET-svd", "CET-fast", "QK-norm", "σReparam", "σReparam-role", "mimetic", "NS-attn"):
+    for arm in ("baseline", "SCA", "CET-svd", "CET-fast", "QK-norm", "σReparam", "σReparam-role", "mimetic", "NS-attn",
+                "gated", "gated-head", "soft-cap", "sink", "QK-clip"):
         assert f"| nystromformer_lra_listops | 1 | {arm} |" in out
     data = json.loads(next(tmp_path.glob("*.json")).read_text())
     arms = data["results"][0]["arms"]

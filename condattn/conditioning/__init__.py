@@ -10,13 +10,14 @@ family, `forms.py` how each site's attention logits are formed, `tokens.py` how 
 
 from . import (
     layouts,  # noqa: F401  (registers every family's layouts)
-    methods,  # noqa: F401  (registers qk_norm, sigma_reparam, mimetic_init, ns_attention: methods/)
+    methods,  # noqa: F401  (registers the field's methods and the qk_norm composites: methods/)
     verify,  # noqa: F401  (registers the probe of sites matched by structure alone: sites.SITE_CHECKS)
 )
 from .api import (
     EMBEDDED_DEFAULTS,
     METHODS,
     SPECTRAL_DEFAULTS,
+    after_optimizer_step,
     apply_conditioning,
     conditioning_report,
     from_pretrained,
@@ -56,6 +57,7 @@ __all__ = [
     "PatchReport",
     "Projection",
     "TokenSite",
+    "after_optimizer_step",
     "apply_conditioning",
     "attention_layout",
     "composite",

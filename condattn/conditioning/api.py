@@ -32,13 +32,14 @@ from .spec import (
     SPECTRAL_OPTIONS,
     ConditioningSpec,
     conditioning_spec,
+    method_of_parts,
     method_spec,
     option_owners,
 )
 from .spectral import NotScriptable
 
-__all__ = ["EMBEDDED_DEFAULTS", "METHODS", "SPECTRAL_DEFAULTS", "apply_conditioning", "conditioning_report",
-           "from_pretrained", "remove_conditioning"]
+__all__ = ["EMBEDDED_DEFAULTS", "METHODS", "SPECTRAL_DEFAULTS", "after_optimizer_step", "apply_conditioning",
+           "conditioning_report", "from_pretrained", "remove_conditioning"]
 
 # Every method's options, defaults, checks and which of them act: spec.py (ConditioningSpec). Defaults and the meaning
 # of each open choice: configs/conditioning/_options.yaml.
@@ -136,6 +137,19 @@ def remove_conditioning(model: nn.Module) -> None:
     model.__dict__.pop("__prepare_scriptable__", None)
 
 
+def after_optimizer_step(model: nn.Module) -> None:
+    """Call after every `optimizer.step()` of a conditioned model: each applied method's per-step work
+    (MethodSpec.after_step; qk_clip's rescale of W_Q / W_K). Nothing for methods without one, or an unconditioned
+    model. The trainer calls it; in your own loop, call it yourself, or once:
+    `optimizer.register_step_post_hook(lambda *_: condattn.after_optimizer_step(model))`."""
+    state = getattr(model, "_condattn", None)
+    if state is None:
+        return
+    step = method_spec(state.report.method).after_step
+    if step is not None:
+        step(state.handles)
+
+
 def conditioning_report(model: nn.Module) -> PatchReport | None:
     state = getattr(model, "_condattn", None)
     return None if state is None else state.report
@@ -173,7 +187,7 @@ def _reapply(model: nn.Module, path: Path) -> tuple[set[str], Any]:
         return set(), str  # init-only: its effect is in the saved weights
     plain = set(model.state_dict())
     opts = {k for p in parts for k in method_spec(p).options}
-    apply_conditioning(model, "+".join(parts), **{k: v for k, v in node.items() if k in opts})
+    apply_conditioning(model, method_of_parts(parts), **{k: v for k, v in node.items() if k in opts})
     record(model, method, node)  # (the config keeps what was saved)
     saved = saved_weights(path)
     keys = base_prefix_map(model, saved)

@@ -241,3 +241,37 @@ def markdown(rows: list[Row]) -> str:
         out.append(f"| {r.library} | {r.family} | `{r.model}` | {r.attention} | {r.patched} | "
                    f"{'yes' if r.tokens else 'no'} | {r.output} | {r.why.replace('|', '/')} |")
     return "\n".join(out)
+
+
+RIVALS = ("gated_attention", "softcap", "attention_sink", "qk_clip")
+
+
+def _reach(model: nn.Module, inputs: dict, method: str) -> str:
+    """'k/n' attention layers a method patched (the forward run, finite), or its one-line refusal."""
+    from .api import apply_conditioning, remove_conditioning
+
+    try:
+        rep = apply_conditioning(model, method)
+    except ValueError as e:
+        return "refused: " + str(e).splitlines()[0].partition(": ")[2].replace("|", "/")
+    with torch.no_grad():
+        ok = bool(torch.isfinite(_first(model(**inputs))).all())
+    remove_conditioning(model)
+    n = rep.layers(method)
+    return f"{n}/{n + len({e.module for e in rep.skipped})}" + ("" if ok else " (non-finite output)")
+
+
+def rival_rows(types: list[str] | None = None) -> list[tuple[str, list[str]]]:
+    """(transformers type, each RIVALS method's reach) over the tiny configs of transformers_cases."""
+    rows = []
+    for name, (build, inputs) in transformers_cases().items():
+        if types and name not in types:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                model, x = build().eval(), inputs()
+                rows.append((name, [_reach(model, x, m) for m in RIVALS]))
+            except Exception as e:  # noqa: BLE001 (recorded in the table)
+                rows.append((name, [f"error: {type(e).__name__}"] * len(RIVALS)))
+    return rows

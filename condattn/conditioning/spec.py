@@ -76,6 +76,11 @@ class MethodSpec:
     # options that permit rather than change the computation (CET's causal_leak): left out of the run identity, so
     # accepting what a method used to do silently renames no run
     permissions: frozenset[str] = frozenset()
+    # called after every optimizer step with the handles its apply returned (qk_clip rescales W_Q / W_K there): the
+    # trainer calls condattn.after_optimizer_step(model), which calls it; None: nothing to do between steps
+    after_step: Callable[[list], None] | None = None
+    # methods it cannot be combined with, each with why (composite(...) refuses such a union in one line)
+    conflicts: Mapping[str, str] = field(default_factory=dict)
     # --- what the papers say of it (the tables, reach and findings read these; nothing else lists method names)
     claim: str = ""  # whose published numbers its rows test ("SCA", "CET", "conditioned init"); '' for none
     # keys of an experiment's `paper:` node: the claimed number for this method and the same paper's own baseline
@@ -138,8 +143,17 @@ def register_method(spec: MethodSpec) -> MethodSpec:
 
 def composite(name: str, *parts: str, label: str = "", short: str = "") -> MethodSpec:
     """The union of registered methods (their options, checks, rules and facts), e.g. composite("spectral+embedded",
-    ...). Applied part by part, in order, after every part has planned."""
+    ...). Applied part by part, in order, after every part has planned. A part named twice, or two parts one of which
+    lists the other in its `conflicts`, are refused in one line."""
     specs = [method_spec(p) for p in parts]
+    if len(set(parts)) != len(parts):
+        twice = next(p for p in parts if parts.count(p) > 1)
+        raise ValueError(f"composite {name!r}: {twice!r} is named twice; a method is applied once")
+    for a in specs:
+        clash = next((b.name for b in specs if b.name in a.conflicts), None)
+        if clash:
+            raise ValueError(f"composite {name!r}: {a.name} conflicts with {clash}: {a.conflicts[clash]}")
+    steps = [s.after_step for s in specs if s.after_step is not None]
 
     def applies(values: Mapping[str, Any]) -> set[str]:
         return set().union(*(s.acting(values) for s in specs))
@@ -152,7 +166,30 @@ def composite(name: str, *parts: str, label: str = "", short: str = "") -> Metho
                       label=label, site_kind_options=frozenset().union(*(s.site_kind_options for s in specs)),
                       parts=tuple(parts), per_layer=any(s.per_layer for s in specs), init_only=once, short=short,
                       cost="; ".join(s.cost for s in specs if s.cost), adds_keys=any(s.adds_keys for s in specs),
-                      permissions=frozenset().union(*(s.permissions for s in specs)))
+                      permissions=frozenset().union(*(s.permissions for s in specs)),
+                      after_step=_AfterSteps(steps) if steps else None)
+
+
+class _AfterSteps:
+    """A composite's after_step: each part's, in order."""
+
+    def __init__(self, steps: list[Callable[[list], None]]):
+        self.steps = steps
+
+    def __call__(self, handles: list) -> None:
+        for step in self.steps:
+            step(handles)
+
+
+def method_of_parts(parts: Sequence[str]) -> str:
+    """The registered method that applies exactly `parts` in this order (a plain method for one part)."""
+    parts = tuple(parts)
+    if len(parts) == 1:
+        return parts[0]
+    found = next((m.name for m in _METHODS.values() if m.parts == parts), None)
+    if found is None:
+        raise ValueError(f"no registered method applies {' then '.join(parts)}; register one with composite(...)")
+    return found
 
 
 def method_spec(name: str) -> MethodSpec:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from accelerate.utils import send_to_device
 
+from ..conditioning import after_optimizer_step
 from ..utils.typed_config import optim_config
 from .errors import TrainingDiverged, TrainingInterrupted
 from .parts import (
@@ -176,4 +177,5 @@ class StepLoop:
         run.optimizer.step()
         if not run.accelerator.optimizer_step_was_skipped:  # fp16: a step skipped on overflow does not advance
             run.scheduler.step()
+            after_optimizer_step(run.raw)  # the method's per-step work (MethodSpec.after_step: qk_clip's rescale)
         run.optimizer.zero_grad(set_to_none=True)

@@ -69,7 +69,7 @@ def scaled_lr(cfg: Any, global_batch: int) -> float:
     return lr
 
 
-OPTIMIZERS = ("adamw",)
+OPTIMIZERS = ("adamw", "muon")  # muon: torch.optim.Muon on hidden 2-D weights, AdamW on the rest (engine/muon.py)
 # Schedules of ours, on top of transformers' names: lr factor as a function of training progress p in [0, 1]
 # (step / steps, or the wall-clock budget's fraction when task.budget_hours is set: condattn/engine/budget.py).
 PROGRESS_SCHEDULES = ("budget_triangle",)  # cramming bert-o4's `budget-triangle2`
@@ -142,7 +142,8 @@ def _multistep_gamma_problems(o: Any) -> list[str]:
 
 def build_optimizer(model: nn.Module, cfg: Any, global_batch: int, total_steps: int,
                     progress: Callable[[int], float] | None = None, fused: bool = False):
-    """AdamW over `param_groups` and the schedule `cfg.optim.schedule`. `progress(step) -> [0, 1]` drives the
+    """AdamW over `param_groups` (optim=muon: Muon on the hidden 2-D weights, AdamW on the rest, engine/muon.py) and
+    the schedule `cfg.optim.schedule`. `progress(step) -> [0, 1]` drives the
     PROGRESS_SCHEDULES (default step / total_steps); transformers' schedules count steps. `fused`: torch's fused
     AdamW kernel (CUDA; the same update up to float rounding)."""
     o = optim_config(cfg.optim)
@@ -152,7 +153,12 @@ def build_optimizer(model: nn.Module, cfg: Any, global_batch: int, total_steps: 
     mults, names = o.lr_multipliers, o.no_decay_names
     groups = param_groups(model, float(o.weight_decay), lr, dict(mults) if mults else None,
                           [str(n) for n in names] if names is not None else None)
-    opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(o.betas), eps=o.eps, **({"fused": True} if fused else {}))
+    if o.name == "muon":
+        from .muon import build_muon
+
+        opt = build_muon(groups, model, lr, o)
+    else:
+        opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(o.betas), eps=o.eps, **({"fused": True} if fused else {}))
     if o.schedule == "onecycle":
         problems = schedule_problems(o, total_steps)
         if problems:

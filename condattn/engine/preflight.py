@@ -281,6 +281,12 @@ def _optim_problems(cfg: Any) -> tuple[list[str], Any]:
     out: list[str] = []
     if cfg.optim.get("name") not in OPTIMIZERS:
         out.append(f"unknown optimizer optim.name={cfg.optim.get('name')!r}; known: {', '.join(OPTIMIZERS)}")
+    elif cfg.optim.get("name") == "muon":
+        from .muon import ADJUST_LR, muon_available
+
+        out += [why] if (why := muon_available()) else []
+        if cfg.optim.get("muon_adjust_lr", ADJUST_LR[0]) not in ADJUST_LR:
+            out.append(f"optim.muon_adjust_lr={cfg.optim.get('muon_adjust_lr')!r}: choose one of {list(ADJUST_LR)}")
     try:
         from transformers import SchedulerType
 

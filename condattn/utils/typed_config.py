@@ -77,6 +77,11 @@ class OptimConfig:
     warmup_start_factor: float = 0.0  # multistep
     lr_multipliers: Mapping[str, float] | None = None
     no_decay_names: Sequence[str] | None = None
+    # optim=muon (configs/optim/muon.yaml, engine/muon.py): torch.optim.Muon's settings for the 2-D hidden weights
+    muon_momentum: float = 0.95
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 5
+    muon_adjust_lr: str = "match_rms_adamw"
 
 
 # the keys every task recipe sets (configs/task/*.yaml); the others have defaults

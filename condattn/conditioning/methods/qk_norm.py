@@ -198,16 +198,24 @@ def _plan(site) -> str:
     return _why_not(site) or "patch"
 
 
-def apply_qk_norm(model: nn.Module, report: PatchReport, norm: str = "model", partial: bool = False) -> list:
-    """Put QK-norm on every token-softmax attention site of `model`; returns the handles that undo it. Every site
-    is planned before the model is touched, so a refusal leaves it as it was."""
-    factory = NormFactory(model, norm)
+def plan_qk_norm(model: nn.Module, partial: bool = False) -> tuple[list, list[str]]:
+    """((site, 'native' | 'patch' | why not) for every site, warnings), or a refusal when no site takes QK-norm:
+    found before any part of a composite touches the model."""
     sites, warnings = require_attention(model, "qk_norm", partial)
-    report.warnings += warnings
     plan = [(site, _plan(site)) for site in sites]
     if not any(how in ("native", "patch") for _, how in plan):
         why = "; ".join(sorted({how for _, how in plan}))
         raise ValueError(f"qk_norm: no attention layer of {type(model).__name__} takes QK-norm ({why})")
+    return plan, warnings
+
+
+def apply_qk_norm(model: nn.Module, report: PatchReport, norm: str = "model", partial: bool = False,
+                  planned: tuple[list, list[str]] | None = None) -> list:
+    """Put QK-norm on every token-softmax attention site of `model`; returns the handles that undo it. Every site
+    is planned before the model is touched, so a refusal leaves it as it was."""
+    factory = NormFactory(model, norm)
+    plan, warnings = planned or plan_qk_norm(model, partial)
+    report.warnings += warnings
     handles: list = []
     hooks: dict[int, tuple[nn.Module, HeadNormHook]] = {}
     added, params = 0, 0
@@ -240,10 +248,11 @@ def apply_qk_norm(model: nn.Module, report: PatchReport, norm: str = "model", pa
     return handles
 
 
-def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -> list:
-    return apply_qk_norm(model, report, norm=spec["norm"], partial=partial)
+def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False, planned=None) -> list:
+    return apply_qk_norm(model, report, norm=spec["norm"], partial=partial, planned=planned)
 
 
 register_method(MethodSpec("qk_norm", {"norm": "model"}, label="qk_norm (QK-norm)",
                            validators={"norm": choice(NORMS)}, apply=_apply, per_layer=True, short="QK-norm",
+                           plan=lambda model, spec, partial=False: plan_qk_norm(model, partial),
                            cost="two per-head norms of q and k per layer per forward", adds_keys=True, rival=True))
