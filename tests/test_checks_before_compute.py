@@ -321,5 +321,5 @@ def test_an_override_that_reaches_no_cell_is_said_once(tmp_path):
     assert reached(comp, by_method["spectral"], extra) == {"conditioning.lam=2"}
     assert unreached_line(extra[0], exp) == (
         "conditioning.norm=rmsnorm reaches no cell of table4_lra: none of its methods (none, spectral, embedded) uses "
-        "conditioning.norm (an option of qk_norm), or every cell that does has that value already; the cells, their "
-        "names and their runs are as without it")
+        "conditioning.norm (an option of qk_norm, qk_norm+spectral, qk_norm+embedded, qk_norm+conditioned_init), or "
+        "every cell that does has that value already; the cells, their names and their runs are as without it")

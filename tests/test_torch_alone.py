@@ -44,7 +44,14 @@ REFUSES = {
     ("ns_attention", "nanogpt"): "is causal self-attention",  # (its class says is_causal, as transformers' do)
     ("ns_attention", "torch_encoder"): "applies encoder.layers.0.self_attn.out_proj inside its own forward",
     ("qk_norm", "torch_encoder"): "MultiheadAttention reads its projection weight itself",
+    # the logit methods need the logits, which nn.MultiheadAttention computes inside F.multi_head_attention_forward
+    **{(m, "torch_encoder"): "inside F.multi_head_attention_forward" for m in ("attention_sink", "softcap", "qk_clip")},
+    ("gated_attention", "torch_encoder"): "takes a gate",  # its W_Q is read as a weight, never called as a module
 }
+# a composite refuses where one of its parts does, with that part's reason
+REFUSES.update({(f"qk_norm+{m}", name): REFUSES.get(("qk_norm", name)) or REFUSES[m, name]
+                for m in ("spectral", "embedded", "conditioned_init") for name in HOME_MADE
+                if ("qk_norm", name) in REFUSES or (m, name) in REFUSES})
 
 
 def outcome(method: str, name: str, steps: int = 0) -> dict:
