@@ -4,7 +4,7 @@
 #   make test-compat                      the library's contract tests on each torch / timm / transformers release
 #                                         claimed (results/compat/matrix.md; minutes; not part of make test)
 #   make test                             ruff + the whole test suite (CPU, offline; docs/tests.md)
-#   make test-unit                        the unit tier only: no training, no process (under a minute)
+#   make test-unit                        the unit tier only: no training, no process (docs/tests.md)
 #   make reproduce-table-4 SCALE=smoke    train every cell of table 4 and write results/smoke/table4_lra.md
 #   make reproduce-table-1 SCALE=smoke    table 1 (ImageNet zoo); reproduce-table-8: the SCA λ ablation
 #   make reproduce-table-5 SCALE=smoke    table 5 (GPT-2 on TinyStories; validation loss, lower is better)

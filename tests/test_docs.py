@@ -94,3 +94,62 @@ def test_the_readmes_library_example_runs_as_written():
     exec(compile(blocks[0], "README.md", "exec"), ns)
     assert ns["report"].counts == {"spectral:torch_mha": 2}
     assert "spectral:torch_mha: 2" in blocks[0] and tuple(ns["y"].shape) == (8, 16, 64)
+
+
+# Test counts and times have one home, docs/tests.md ("Measured counts and times", with the commit they were measured
+# at); every other page links there. A count of tests, or a time given to `make test` / `make test-unit`, elsewhere
+# is a second source that goes stale.
+MEASURED_HERE = "docs/tests.md"
+TEST_COUNT = re.compile(r"\b\d[\d,]*\s+(?:(?:unit|slow|gpu|compat)\s+)?tests\b"
+                        r"|\b\d[\d,]*\s+(?:passed|skipped|failed)\b")
+TEST_TARGET = re.compile(r"make test(?:-unit)?(?![\w-])")
+DURATION = re.compile(r"\b\d+(?:[.,]\d+)?\s*(?:s|sec|seconds?|min|minutes?|h|hours?)\b|\b(?:under|about) a minute\b")
+
+
+def count_claims(text: str) -> list[str]:
+    """The lines of a page that state a count of tests, or a time for `make test` / `make test-unit`."""
+    return [line.strip() for line in text.splitlines()
+            if TEST_COUNT.search(line) or (TEST_TARGET.search(line) and DURATION.search(line))]
+
+
+def test_the_count_check_sees_counts_and_times():
+    """The check can fail: counts and test-target times are seen; other numbers, other targets' times are not."""
+    seen = ["make test   # ruff + the suite (1,491 tests, about 8 min)", "the unit tier (1,192 unit tests)",
+            "1,489 passed, 2 skipped", "`make test-unit` runs the unit tier alone (under a minute)",
+            "make test        # 7 min 40 s"]
+    unseen = ["validation the official 10,000 test images", "make test-compat  # minutes; 12 s per venv",
+              "make reproduce-table-5 SCALE=smoke takes about 1 min", "make test   # ruff + the whole suite",
+              "transformers' common tests under every method, 20.7 min"]
+    assert count_claims("\n".join(seen)) == seen
+    assert count_claims("\n".join(unseen)) == []
+
+
+def test_only_the_tests_page_gives_test_counts_and_times():
+    pages = [REPO / "README.md", REPO / "Makefile", *sorted((REPO / "docs").rglob("*.md"))]
+    found = {str(p.relative_to(REPO)): claims for p in pages if str(p.relative_to(REPO)) != MEASURED_HERE
+             and (claims := count_claims(p.read_text()))}
+    assert not found, (f"test counts and times belong in {MEASURED_HERE} (with the commit they were measured at); "
+                       f"link there instead: {found}")
+    assert "## Measured counts and times" in (REPO / MEASURED_HERE).read_text()
+
+
+def table_numbers(text: str) -> set[int]:
+    """'1, 3, 4 and 9' → {1, 3, 4, 9}."""
+    return {int(n) for n in re.findall(r"\d+", text)}
+
+
+def test_the_tables_said_to_have_a_medium_scale_define_one():
+    """docs/harness.md names the tables with a medium scale, and those with neither a medium nor a small one: a scale
+    exists where the experiment file defines it (`scales:`, Experiment.at)."""
+    from condattn.experiment import load
+
+    scales = {int(re.match(r"table(\d+)_", p.name).group(1)): set(load(p).scales)
+              for p in (REPO / "experiments").glob("table*_*.yaml")}
+    harness = (REPO / "docs" / "harness.md").read_text()
+    medium = re.search(r"`make reproduce-table-N SCALE=medium` exists for tables ([\d, and]+)", harness)
+    neither = re.search(r"Detection \(tables ([\d, and]+)\) has no medium and no small scale", harness)
+    assert medium and neither, "docs/harness.md no longer says which tables have a medium scale: update this test"
+    assert table_numbers(medium.group(1)) == {t for t, s in scales.items() if "medium" in s}
+    assert table_numbers(neither.group(1)) == {t for t, s in scales.items() if not {"medium", "small"} & s}
+    cifar = re.search(r"## CIFAR \(medium scale of tables ([\d, and]+)\)", (REPO / "docs" / "data.md").read_text())
+    assert cifar and table_numbers(cifar.group(1)) <= {t for t, s in scales.items() if "medium" in s}
