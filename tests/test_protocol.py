@@ -384,7 +384,8 @@ def test_cost_line_projects_the_whole_table_from_each_tasks_median():
     exp = typed({**raw, "table": "table1_imagenet"})
     mixed = [{"wall_time_s": 3600.0, "table": "table1_imagenet"}] * 2 + [{"wall_time_s": 60.0, "table": "table9_x"}]
     assert "Trained so far for this table: 2 runs (selection, reported and length runs), 2.00 h of run wall time " \
-           "summed, 1.0 h on two processes; 1 more reused from table9_x." in cost_line(exp, "small", rows, prov(rows, mixed, "table1_imagenet"))
+           "summed, 1.0 h on two processes; 1 more reused from table9_x." in \
+        cost_line(exp, "small", rows, prov(rows, mixed, "table1_imagenet"))
     rows.append({"task": "text", "cell": cell([], [0, 1, 2, 3, 4]), "is_baseline": True, "test": None})
     assert "unknown until text has a finished run" in cost_line(exp, "small", rows, prov(rows))
     assert "whole table" not in cost_line(exp, "medium", rows[:1], prov(rows[:1]))  # one GPU, not two CPU processes

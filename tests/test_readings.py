@@ -348,7 +348,8 @@ def test_a_step0_mean_counts_the_runs_that_recorded_it():
     assert _fmt(got["maxprob"]) == "0.300 (n=2)" and _fmt(got["entropy_share"]) == "0.500 (n=1)"
     assert (got["gradnorm_wq"].mean, got["gradnorm_wq"].n) == (None, 0) and _fmt(got["gradnorm_wq"]) == "–"
     every = {s.key: s for s in step0([{"diagnostics": {"step0": {"maxprob/mean": 0.2}}}] * 2)}
-    assert _fmt(every["maxprob"]) == "0.200" and _fmt(every["maxprob"], sci=True) == "2.00e-01"  # n said only when short
+    # every run recorded it: no n beside the mean
+    assert _fmt(every["maxprob"]) == "0.200" and _fmt(every["maxprob"], sci=True) == "2.00e-01"
 
 
 def test_table9_renderer_from_run_summaries(tmp_path):

@@ -69,7 +69,7 @@ def test_the_result_holds_each_family_as_numbers_and_enums(tmp_path):
 def test_the_result_carries_its_provenance_and_its_json_round_trips_it(tmp_path):
     from datetime import datetime, timezone
 
-    from condattn.reporting.tables import provenance_line, training_time_line, trained_so_far
+    from condattn.reporting.tables import provenance_line, trained_so_far, training_time_line
     from condattn.table.provenance import Data, provenance
     from condattn.table.result import TableResult
 
