@@ -17,6 +17,7 @@ and requeues the job; the requeued job resumes from the checkpoint (`resume=auto
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
@@ -28,7 +29,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +46,34 @@ ACTIVE_SLURM_STATES = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLET
                        "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunSpec:
-    """One cell of a table as a run to launch: its run name, its overrides, and (once composed) its config."""
+    """One cell of a table as a run to launch: its run name, its overrides, and (once composed) its config. Frozen:
+    `renamed` and `checked_by` return new specs."""
 
     name: str
-    overrides: list[str]
+    overrides: tuple[str, ...]
     cfg: DictConfig | None = None
-    problems: list[Problem] = field(default_factory=list)
     checked: Any = None  # the preflight's Checked (engine/preflight.py), handed to `train` so it checks nothing again
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "overrides", tuple(self.overrides))
 
     @property
     def run_dir(self) -> Path:
         return Path(self.cfg.run.dir)
+
+    def renamed(self, name: str) -> RunSpec:
+        """The same cell under the run name `name`: its run.name override and a copy of its config follow."""
+        cfg = copy.deepcopy(self.cfg)
+        if cfg is not None:
+            cfg.run.name = name
+        return replace(self, name=name, cfg=cfg,
+                       overrides=tuple(f"run.name={name}" if o.startswith("run.name=") else o for o in self.overrides))
+
+    def checked_by(self, checked: Any) -> RunSpec:
+        """The same cell with the preflight's result (`train` then checks nothing again)."""
+        return replace(self, checked=checked)
 
 
 # --------------------------------------------------------------------------------------------- launcher config

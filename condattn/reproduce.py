@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,21 +97,23 @@ class Todo:
     queued: int = 0
 
 
-def problems(p: Plan, opts: Options, specs: list[RunSpec]) -> tuple[dict, dict]:
+def problems(p: Plan, opts: Options, specs: Sequence[RunSpec]) -> tuple[dict, dict, list[RunSpec]]:
     """The preflight of every cell (options, data, batch split over the launcher's processes, checkpoints):
-    ({message: cell names} that refuse the table, the same of warnings)."""
+    ({message: cell names} that refuse the table, the same of warnings, the cells with their preflight's result)."""
     found: dict[str, list[str]] = {}
     warnings: dict[str, list[str]] = {}
     for prob in launcher_problems(specs[0].cfg):
         found.setdefault(prob.message, []).append("launcher")
+    checked = []
     for c in specs:
-        c.checked = preflight_checked(c.cfg, check_data=bool(c.cfg.launcher.get("check_data", True)),
-                                      check_run_dir=not opts.force)
+        c = c.checked_by(preflight_checked(c.cfg, check_data=bool(c.cfg.launcher.get("check_data", True)),
+                                           check_run_dir=not opts.force))
+        checked.append(c)
         for prob in c.checked.problems:
             # a dry run is often made away from the data (a laptop, a login node): missing data is a warning
             target = warnings if (opts.dry_run and prob.kind == "data") else found
             target.setdefault(prob.message, []).append(c.name)
-    return found, warnings
+    return found, warnings, checked
 
 
 def todo(p: Plan, opts: Options, specs: list[RunSpec], kept: Restored = NOTHING) -> Todo:
@@ -240,7 +243,7 @@ def _set_aside(run_dir: Path, dry_run: bool) -> Path:
 
 def _checked(p: Plan, opts: Options, specs: list[RunSpec], kept: Restored = NOTHING) -> Todo | None:
     """The preflight, then what the cells need, with the waiting and warnings said; None when a problem refuses."""
-    found, warnings = problems(p, opts, specs)
+    found, warnings, specs = problems(p, opts, specs)
     t = todo(p, opts, specs, kept)
     for first_stage, names in t.waiting.items():
         print(f"[reproduce] {len(names)} cells ({names[0]} … {names[-1]}) wait for their pretraining run "

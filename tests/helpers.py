@@ -126,3 +126,13 @@ def plan_of(exp, scale: str, runs_root, results_root, seeds=None, **fields):
     exp = exp if isinstance(exp, Experiment) else typed(exp)
     seeds = exp.at(scale).seeds if seeds is None else seeds
     return Plan(exp, scale, tuple(seeds), Path(runs_root), Path(results_root), **fields)
+
+
+def provenance_of(**fields):
+    """A table's Provenance (condattn/table/provenance.py) for a view's test: no runs, but for `fields`."""
+    from condattn.table.provenance import Data, Provenance, walls_of
+
+    empty = dict(scale="small", data=Data.NONE, seeds=(), commits=(), commit_states=(), aliased=(), hardware=(),
+                 threads=(), cpu_capabilities=(), runs=0, reused=(), gpu_hours=0.0, gpu_runs=0, validation=(),
+                 walls=walls_of([]), walls_by=(), code=(), spent=None, written_at="2026-01-02T03:04:00+00:00")
+    return Provenance(**{**empty, **fields})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from condattn.reporting.ablation import cost_and_convergence, last_quarter_gain
+from condattn.table.provenance import walls_of
 
 
 def test_last_quarter_gain_reads_each_runs_validation_curve(tmp_path):
@@ -20,8 +21,8 @@ def test_last_quarter_gain_reads_each_runs_validation_curve(tmp_path):
 
 
 def test_cost_line_and_convergence_figure():
-    rows = [{"lam": 0.0, "walls": [100.0, 140.0], "gain": 0.47}, {"lam": 10.0, "walls": [120.0], "gain": 5.0}]
-    cost, conv = cost_and_convergence(rows)
+    rows = [{"lam": 0.0, "gain": 0.47}, {"lam": 10.0, "gain": 5.0}]
+    cost, conv = cost_and_convergence(rows, walls_of([100.0, 140.0, 120.0]))
     assert "3 runs" in cost and "0.10 h of run wall time summed (median per run 120 s)" in cost
     assert "+0.47 points" in conv and "λ = 0" in conv
-    assert cost_and_convergence([{"lam": 1.0, "walls": [], "gain": None}]) == []
+    assert cost_and_convergence([{"lam": 1.0, "gain": None}], walls_of([])) == []

@@ -71,18 +71,28 @@ def test_a_commits_fingerprint_is_read_from_the_history(tmp_path, monkeypatch):
 
 
 def test_the_code_line_names_readings_whose_runs_differ():
-    from types import SimpleNamespace
+    from helpers import experiment_raw, plan_of
 
     from condattn.reporting.readings import code_line
+    from condattn.table.observed import TableCell
+    from condattn.table.provenance import provenance
 
-    def row(reading, codes, commits):
+    plan = plan_of(experiment_raw("table9_readings"), "small", "runs", "results")
+    base, sca = list(plan.exp.rows)[:2]
+
+    def row(name, reading, codes, commits):
         sums = [{"code": c, "commit": k} for c, k in zip(codes, commits)]
-        return {"task": "vit", "reading": reading, "cell": SimpleNamespace(summaries=sums)}
+        cell = TableCell(name, "none", list(range(len(sums))), summaries=sums)
+        return {"row": name, "method": "none", "task": "vit", "reading": reading, "cell": cell}
+
+    def line(*rows):
+        cells = {(r["row"], r["method"]): r["cell"] for r in rows}
+        return code_line(provenance(plan, cells, done=[]), list(rows))
 
     a, b = {"conditioning": "a" * 10, "engine": "e" * 10}, {"conditioning": "b" * 10, "engine": "e" * 10}
-    line = code_line([row("baseline", [a, a], ["c1", "c1"]), row("SCA", [a, b], ["c1", "c2"])])
-    assert "commits c1 (3 runs), c2 (1 runs)" in line and "vit: SCA (conditioning)" in line
-    assert "Within every reading" in code_line([row("baseline", [a, a], ["c1", "c1"])])
+    text = line(row(base, "baseline", [a, a], ["c1", "c1"]), row(sca, "SCA", [a, b], ["c1", "c2"]))
+    assert "commits c1 (3 runs), c2 (1 runs)" in text and "vit: SCA (conditioning)" in text
+    assert "Within every reading" in line(row(base, "baseline", [a, a], ["c1", "c1"]))
 
 
 @pytest.mark.slow  # trains two 4-step cells

@@ -384,13 +384,20 @@ def test_pathfinder_cli(tmp_path, capsys):
 
 
 def test_the_tables_provenance_says_how_text_was_validated():
-    from condattn.reporting.tables import TableCell, validation
+    from helpers import experiment_raw, plan_of
 
+    from condattn.reporting.tables import validation
+    from condattn.table.observed import TableCell
+    from condattn.table.provenance import provenance
+
+    plan = plan_of(experiment_raw("table4_lra"), "small", "runs", "results")
     held = {"data": {"validation": "held-out 0.1 of train (seed 0)"}}
     def cell(row, method, s):
         return TableCell(row, method, [0], summaries=[s])
 
     cells = {("text", "none"): cell("text", "none", held), ("text", "spectral"): cell("text", "spectral", held),
              ("listops", "none"): cell("listops", "none", {"data": {}})}
-    assert validation(cells) == "; validation of text: held-out 0.1 of train (seed 0) (data.val_source)"
-    assert validation({("listops", "none"): cell("listops", "none", {"data": {}})}) == ""
+    assert provenance(plan, cells, done=[]).validation == (("held-out 0.1 of train (seed 0)", ("text",)),)
+    assert validation(provenance(plan, cells, done=[])) == \
+        "; validation of text: held-out 0.1 of train (seed 0) (data.val_source)"
+    assert validation(provenance(plan, {("listops", "none"): cell("listops", "none", {"data": {}})}, done=[])) == ""

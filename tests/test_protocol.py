@@ -349,10 +349,19 @@ def test_the_reporting_cli_is_reproduce_report_only(tmp_path, capsys, monkeypatc
 def test_cost_line_projects_the_whole_table_from_each_tasks_median():
     from types import SimpleNamespace
 
+    from helpers import provenance_of
+
     from condattn.reporting.readings import cost_line
+    from condattn.table.provenance import spent, walls_of
 
     def cell(wall, missing=()):
         return SimpleNamespace(wall=wall, values=[0.9] * len(wall), missing=list(missing))
+
+    def prov(rows, done=None, table="table9_readings"):  # the walls of the runs shown, one family per task
+        tasks = {r["task"]: [w for x in rows if x["task"] == r["task"] for w in x["cell"].wall] for r in rows}
+        return provenance_of(walls=walls_of(w for r in rows for w in r["cell"].wall),
+                             walls_by=tuple((t, walls_of(ws)) for t, ws in tasks.items() if ws),
+                             spent=spent(done or [], table), runs=sum(len(r["cell"].wall) for r in rows))
 
     raw = {"table": "table9_readings", "metric": "final_val_acc", "methods": ["none"], "rows": {"r": {}},
            "scales": {"small": {"seeds": [0, 1, 2, 3, 4], "lr_grid": [0.5, 1, 2], "selection_seeds": [100, 101],
@@ -362,7 +371,7 @@ def test_cost_line_projects_the_whole_table_from_each_tasks_median():
             # a row not run yet costs the task's median too
             {"task": "vit", "cell": cell([], [0, 1, 2, 3, 4]), "is_baseline": False, "test": None},
             {"task": "listops", "cell": cell([200.0], [1, 2, 3, 4]), "is_baseline": True, "test": None}]
-    line = cost_line(exp, "small", rows)
+    line = cost_line(exp, "small", rows, prov(rows))
     assert "4 runs, 0.16 h" in line and "vit 120 s, listops 200 s" in line
     # 3 rows × (5 reported + 6 selection) runs, and each baseline 5 seeds at 2× its steps
     assert "33 runs" in line and "20 run-lengths of the length check" in line
@@ -370,16 +379,17 @@ def test_cost_line_projects_the_whole_table_from_each_tasks_median():
     # every run the table trained (selection and length runs too), measured
     done = [{"wall_time_s": 3600.0}] * 9
     assert "Trained so far for this table: 9 runs (selection, reported and length runs), 9.00 h of run wall time " \
-           "summed, 4.5 h on two processes." in cost_line(exp, "small", rows, done)
+           "summed, 4.5 h on two processes." in cost_line(exp, "small", rows, prov(rows, done))
     # runs another table made (linked twins) are counted apart, not as this table's cost
     exp = typed({**raw, "table": "table1_imagenet"})
     mixed = [{"wall_time_s": 3600.0, "table": "table1_imagenet"}] * 2 + [{"wall_time_s": 60.0, "table": "table9_x"}]
     assert "Trained so far for this table: 2 runs (selection, reported and length runs), 2.00 h of run wall time " \
-           "summed, 1.0 h on two processes; 1 more reused from table9_x." in cost_line(exp, "small", rows, mixed)
+           "summed, 1.0 h on two processes; 1 more reused from table9_x." in \
+        cost_line(exp, "small", rows, prov(rows, mixed, "table1_imagenet"))
     rows.append({"task": "text", "cell": cell([], [0, 1, 2, 3, 4]), "is_baseline": True, "test": None})
-    assert "unknown until text has a finished run" in cost_line(exp, "small", rows)
-    assert "whole table" not in cost_line(exp, "medium", rows[:1])  # one GPU, not two CPU processes
-    assert cost_line(exp, "small", [{"task": "vit", "cell": cell([], [0])}]) == ""
+    assert "unknown until text has a finished run" in cost_line(exp, "small", rows, prov(rows))
+    assert "whole table" not in cost_line(exp, "medium", rows[:1], prov(rows[:1]))  # one GPU, not two CPU processes
+    assert cost_line(exp, "small", [one := {"task": "vit", "cell": cell([], [0])}], prov([one])) == ""
 
 
 def test_a_pick_at_the_declared_bound_is_marked():

@@ -337,6 +337,21 @@ def test_saturated_sca_shows_input_independent_features_and_no_embedding_gradien
 # ---------------------------------------------------------------- table 9: experiment and renderer
 
 
+def test_a_step0_mean_counts_the_runs_that_recorded_it():
+    from condattn.reporting.readings import _fmt
+    from condattn.table.step0 import step0
+
+    d0 = [{"maxprob/mean": 0.2, "entropy/mean": 1.0, "entropy_uniform/mean": 2.0}, {"maxprob/mean": 0.4},
+          {"maxprob/mean": float("nan")}, {}]  # a NaN and an absent value are not values
+    got = {s.key: s for s in step0([{"diagnostics": {"step0": d}} for d in d0] + [{}])}
+    assert (got["maxprob"].mean, got["maxprob"].n, got["maxprob"].of) == (pytest.approx(0.3), 2, 5)
+    assert _fmt(got["maxprob"]) == "0.300 (n=2)" and _fmt(got["entropy_share"]) == "0.500 (n=1)"
+    assert (got["gradnorm_wq"].mean, got["gradnorm_wq"].n) == (None, 0) and _fmt(got["gradnorm_wq"]) == "–"
+    every = {s.key: s for s in step0([{"diagnostics": {"step0": {"maxprob/mean": 0.2}}}] * 2)}
+    # every run recorded it: no n beside the mean
+    assert _fmt(every["maxprob"]) == "0.200" and _fmt(every["maxprob"], sci=True) == "2.00e-01"
+
+
 def test_table9_renderer_from_run_summaries(tmp_path):
     from helpers import experiment_raw, plan_of, typed
 
@@ -365,6 +380,8 @@ def test_table9_renderer_from_run_summaries(tmp_path):
             acc = (0.8 if good else 0.5) + 0.01 * seed
             step0 = {"entropy/mean": 2.0, "entropy_uniform/mean": 2.5, "maxprob/mean": 0.2, "self_argmax/mean": 0.1,
                      "gradnorm_wq/mean": 1e-2, "cls_self/mean": 0.3, "feature_spread": 0.5}
+            if row == "vit_sca10" and seed == 1:
+                step0.pop("maxprob/mean")  # one run did not record it: its mean is over 2 of 3 runs
             summary = {"status": "finished", "run_dir": str(d), "metrics": {metric: acc}, "steps": 10,
                        "wall_time_s": 3.0, "diagnostics": {"step0": step0}, "data": {"stand_in": True}}
             (d / "summary.json").write_text(json.dumps(summary))
@@ -377,6 +394,8 @@ def test_table9_renderer_from_run_summaries(tmp_path):
     assert "missing seeds [2]" in md
     # a primary row equal to the baseline: p = 1, no difference, with the MDE at α = 0.05 and at 0.05/7 (7 primaries)
     assert "| SCA λ = 10, λI fixed (the paper as read) | primary | 51.00 ± 1.00 (n=3) | +0.00 [" in md
+    sca = next(x for x in md.splitlines() if x.startswith("| SCA λ = 10, λI fixed (the paper as read) |"))
+    assert sca.endswith("| 0.800 | 0.200 (n=2) | 0.100 | 1.00e-02 |")  # a mean over 2 of its 3 runs says so
     assert "| 1.000 / 1.000 / 1.000 | no difference detected (MDE " in md
     # the exploratory svd_full row is far above: its BH q, its label, and the closing verdict says so
     assert "| exploratory | 81.00 ± 1.00 (n=3) | +30.00 [" in md and "| better (exploratory) |" in md

@@ -142,7 +142,7 @@ def test_reproduce_table4_smoke_end_to_end_interrupted_and_idempotent(tmp_path, 
     # 5. a lost summary makes that cell missing: the table from fewer runs does not replace the one there, unless forced
     (runs / names[1] / "summary.json").unlink()
     assert main([*args, "--report-only"]) == 1
-    assert "more missing cells" in capsys.readouterr().err
+    assert "more missing runs" in capsys.readouterr().err
     assert "| missing |" not in (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()
     assert main([*args, "--report-only", "--force"]) == 0
     assert "| missing |" in (tmp_path / "results" / "smoke" / "table4_lra.md").read_text()

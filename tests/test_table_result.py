@@ -66,6 +66,58 @@ def test_the_result_holds_each_family_as_numbers_and_enums(tmp_path):
     assert result.missing_runs == 0
 
 
+def test_the_result_carries_its_provenance_and_its_json_round_trips_it(tmp_path):
+    from datetime import datetime, timezone
+
+    from condattn.reporting.tables import provenance_line, trained_so_far, training_time_line
+    from condattn.table.provenance import Data, provenance
+    from condattn.table.result import TableResult
+
+    plan = _table(tmp_path)
+    hw = {"torch_threads": 1, "cpu_capability": "AVX2", "device_type": "cpu"}
+    extra = {  # what the trainer records beside the metrics, per seed (seed 3: a commit that never landed)
+        0: {"commit": "aaa", "hardware_line": "1 × cpu", "hardware": hw, "code": {"model": "m1"}, "wall_time_s": 10.0},
+        1: {"commit": "aaa", "hardware_line": "1 × cpu", "hardware": hw, "code": {"model": "m1"}, "wall_time_s": 20.0},
+        2: {"commit": "bbb", "hardware_line": "1 × cpu", "hardware": {**hw, "torch_threads": 2},
+            "code": {"model": "m2"}, "wall_time_s": 30.0, "table": "table9_readings"},
+        3: {"commit": "aaa", "commit_recorded": "ccc", "hardware_line": "1 × cpu", "hardware": hw,
+            "code": {"model": "m1"}, "wall_time_s": 60.0, "commit_state": "uncommitted changes"},
+    }
+    for method in ("none", "spectral"):
+        for seed, more in extra.items():
+            path = plan.runs_root / "small" / f"table1_imagenet_vit_base_{method}_small_s{seed}" / "summary.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), **more}))
+    result, cells, _ = table_result(plan)
+    p = result.provenance
+    assert (p.scale, p.data, p.seeds, p.runs) == ("small", Data.STAND_IN, (0, 1, 2, 3), 8)
+    assert p.commits == (("aaa", 6), ("bbb", 2)) and p.aliased == (("ccc", "aaa", 2),)
+    assert p.commit_states == (("uncommitted changes", 2),) and p.reused == (("table9_readings", 2),)
+    assert (p.hardware, p.threads, p.cpu_capabilities) == (("1 × cpu",), (1, 2), ("AVX2",))
+    assert (p.walls.runs, p.walls.sum_s, p.walls.median_s, p.walls.mean_s) == (8, 240.0, 25.0, 30.0)
+    assert [(k, w.runs, w.median_s) for k, w in p.walls_by] == [("vit_base", 8, 25.0)]  # one family: the row
+    sca = next(c for c in p.code if c.method == "spectral")
+    assert (sca.row, sca.codes, sca.mixed) == ("vit_base", ("model=m1", "model=m2"), ("model",))
+    assert p.spent is None and p.gpu_runs == 0  # the plan names no run it trained; no run on a GPU
+    # the JSON holds it as numbers and words, and reads back as it was built
+    doc = json.loads(json.dumps(result.as_json()))
+    assert doc["provenance"]["commits"] == [["aaa", 6], ["bbb", 2]] and doc["provenance"]["data"] == "stand-in"
+    back = TableResult.from_json(doc)
+    assert back.provenance == p and back == result
+    # the views format it: the provenance line and the cost lines say these facts, nothing recomputed
+    at = datetime(2026, 1, 2, 3, 4, tzinfo=timezone.utc)
+    line = provenance_line(provenance(plan, cells, done=[], now=at))
+    assert line.startswith("Ours: scale=small, offline stand-in data (not comparable with the papers), seeds [0, 1, "
+                           "2, 3], commit aaa, bbb (2 runs from uncommitted changes; 2 runs recorded as ccc, a commit "
+                           "that never landed, whose code fingerprint is aaa's), hardware 1 × cpu, torch threads 1, 2, "
+                           "8 finished runs, 2 of them made for table9_readings")
+    assert line.endswith("; written 2026-01-02 03:04 UTC.")
+    assert training_time_line(p.walls) == ("Training time of the runs shown: 8 runs, 0.07 h of run wall time summed "
+                                           "(median per run 25 s), 0.03 h on two processes of one thread.")
+    assert trained_so_far(provenance(plan, cells, done=[{"wall_time_s": 7200.0}]).spent) == (
+        " Trained so far for this table: 1 runs (selection, reported and length runs), 2.00 h of run wall time "
+        "summed, 1.0 h on two processes.")
+
+
 def test_the_length_check_decides_convergence_and_each_verdicts_basis(tmp_path):
     # the baseline stopped gaining (+0.01 points at 2×) and SCA's Δ held: at convergence
     result, _, _ = table_result(_table(tmp_path / "a", at2={"none": 0.0001, "spectral": 0.0001}))

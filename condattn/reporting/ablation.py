@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..experiment import Experiment
 from ..runs import RunRecord
 from ..table.observed import last_quarter_gain
+from ..table.provenance import Provenance, Walls, provenance
 from .tables import collect, provenance_line, save_outputs, training_time_line
 
 if TYPE_CHECKING:
@@ -70,10 +71,9 @@ def _plain_lambda(summary: dict) -> bool:
         c.get("correction", "identity") == "identity" and {"q", "k"} <= set(c.get("targets", ["q", "k", "v"]))
 
 
-def cost_and_convergence(rows: list[dict]) -> list[str]:
-    """The cost line (measured wall time of the runs shown) and the λ = 0 row's last-quarter gain."""
-    walls = [w for r in rows for w in r["walls"]]
-    out = [training_time_line(walls)] if walls else []
+def cost_and_convergence(rows: list[dict], walls: Walls) -> list[str]:
+    """The cost line (`walls`: the measured wall time of the runs shown) and the λ = 0 row's last-quarter gain."""
+    out = [training_time_line(walls)] if walls.runs else []
     base = next((r for r in rows if r["lam"] == 0.0 and r["gain"] is not None), None)
     if base is not None:
         out.append(f"Convergence figure (λ = 0, the unconditioned model): its validation top-1 gains "
@@ -115,13 +115,12 @@ def table_rows(plan: Plan) -> tuple[list, dict]:
             "steps": sorted(set(c.steps)),
             "wall": statistics.fmean(c.wall) if c.wall else None,
             "tokens": next((t for t in (_tokens(s) for s in sums) if t), None),
-            "walls": list(c.wall),
             "gain": last_quarter_gain(sums),
         })
     return out, cells
 
 
-def render(exp: Experiment, scale: str, rows: list[dict], cells: dict) -> tuple[str, list[dict]]:
+def render(exp: Experiment, scale: str, rows: list[dict], prov: Provenance) -> tuple[str, list[dict]]:
     head = ["λ", "λ²‖x_h‖²/√d_h", "val top-1 (%)", "val top-5 (%)"] + [f"step 0: {h}" for h, _ in DIAG_COLUMNS] + \
         ["steps", "wall / run"]
     lines = [
@@ -164,9 +163,9 @@ def render(exp: Experiment, scale: str, rows: list[dict], cells: dict) -> tuple[
     if tokens:
         lines += ["", f"Uniform attention over the {tokens} tokens of these runs has entropy ln {tokens} = "
                   f"{math.log(tokens):.3f} nats; one-hot attention has 0 and max prob 1."]
-    for line in cost_and_convergence(rows):
+    for line in cost_and_convergence(rows, prov.walls):
         lines += ["", line]
-    lines += ["", provenance_line(exp, scale, cells)]
+    lines += ["", provenance_line(prov)]
     return "\n".join(lines) + "\n", csv_rows
 
 
@@ -206,6 +205,7 @@ def plot(rows: list[dict], out: Path, title: str) -> Path | None:
 def write_table(plan: Plan) -> tuple[Path, str]:
     """The renderer of table 8 (`write_table(plan)`, as condattn.reporting.write_table): results/<scale>/<table>.*"""
     rows, cells = table_rows(plan)
-    md, csv_rows = render(plan.exp, plan.scale, rows, cells)
+    prov = provenance(plan, cells)
+    md, csv_rows = render(plan.exp, plan.scale, rows, prov)
     return save_outputs(plan, md, csv_rows, lambda png: plot(rows, png, f"{plan.exp.table}, scale={plan.scale}"),
-                        "accuracy, entropy and gradient norm against λ")
+                        "accuracy, entropy and gradient norm against λ", provenance=prov)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from ..experiment import Experiment
 from ..runs import RunId, RunRecord
+from ..table.provenance import Provenance, provenance
 from ..table.result import Values
 from .ablation import last_quarter_gain
 from .fmt import fmt_values
@@ -242,14 +243,13 @@ def _comparisons(exp: Experiment, data: dict) -> list[str]:
     return lines
 
 
-def _cost_and_convergence(exp: Experiment, cells: dict) -> list[str]:
-    """The cost line (measured wall time of the runs shown) and each row's baseline last-quarter gain (a figure)."""
-    walls = [w for c in cells.values() for w in c.wall]
+def _cost_and_convergence(exp: Experiment, cells: dict, prov: Provenance) -> list[str]:
+    """The cost line (the measured wall time of the runs shown, `prov`) and each row's baseline last-quarter gain (a
+    figure)."""
     out = []
-    if walls:
-        per_row = "; ".join(f"{row} {statistics.median(ws):.0f} s" for row in exp.rows
-                            if (ws := [w for (r, _), c in cells.items() if r == row for w in c.wall]))
-        out.append(training_time_line(walls, f"median per run: {per_row}"))
+    if prov.walls.runs:  # one family per row here
+        per_row = "; ".join(f"{row} {w.median_s:.0f} s" for row, w in prov.walls_by)
+        out.append(training_time_line(prov.walls, f"median per run: {per_row}"))
     base = exp.methods[0]
     for row in exp.rows:
         cell = cells.get((row, base))
@@ -261,7 +261,7 @@ def _cost_and_convergence(exp: Experiment, cells: dict) -> list[str]:
     return out
 
 
-def render(exp: Experiment, scale: str, cells: dict, data: dict) -> tuple[str, list[dict]]:
+def render(exp: Experiment, scale: str, cells: dict, data: dict, prov: Provenance) -> tuple[str, list[dict]]:
     methods = exp.methods
     lines = [f"# {exp.table}: {exp.title}", "", *_claims(exp), ""]
     lines += ["Ours: step 0 (initialisation) and final (end of training) values of the runs' diagnostics rows, mean ± "
@@ -318,7 +318,7 @@ def render(exp: Experiment, scale: str, cells: dict, data: dict) -> tuple[str, l
                 "values": " ".join(f"{v:.6g}" for v in c.values), "missing_seeds": " ".join(map(str, c.missing)),
                 "commit": commit,
             })
-    lines += [*_comparisons(exp, data), "", *_cost_and_convergence(exp, cells), "", provenance_line(exp, scale, cells)]
+    lines += [*_comparisons(exp, data), "", *_cost_and_convergence(exp, cells, prov), "", provenance_line(prov)]
 
     return "\n".join(lines) + "\n", csv_rows
 
@@ -376,6 +376,7 @@ def plot(exp: Experiment, scale: str, data: dict, out: Path) -> Path | None:
 def write_table(plan: Plan) -> tuple[Path, str]:
     """The renderer of table 6 (`write_table(plan)`, as condattn.reporting.write_table): results/<scale>/<table>.*"""
     cells, data = table_data(plan)
-    md, csv_rows = render(plan.exp, plan.scale, cells, data)
+    prov = provenance(plan, cells)
+    md, csv_rows = render(plan.exp, plan.scale, cells, data, prov)
     return save_outputs(plan, md, csv_rows, lambda png: plot(plan.exp, plan.scale, data, png),
-                        "condition numbers over training", CSV_FIELDS)
+                        "condition numbers over training", CSV_FIELDS, provenance=prov)

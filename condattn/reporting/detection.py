@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..conditioning.spec import method_spec
 from ..experiment import Experiment
+from ..table.provenance import Provenance, provenance
 from ..table.result import Values
 from . import tables
 from .fmt import fmt_values
@@ -61,7 +62,7 @@ def _ours(vals: list[float], missing: list[int]) -> str:
     return fmt_values(Values((), tuple(vals), tuple(missing)))
 
 
-def render(exp: Experiment, scale: str, cells: dict, values: dict) -> tuple[str, list[dict]]:
+def render(exp: Experiment, scale: str, cells: dict, values: dict, prov: Provenance) -> tuple[str, list[dict]]:
     metrics = _metrics(exp)
     digits = exp.paper_digits
     head = ["model", "method"]
@@ -95,12 +96,13 @@ def render(exp: Experiment, scale: str, cells: dict, values: dict) -> tuple[str,
             cols += [",".join(map(str, sorted(set(c.steps)))) or "–",
                      f"{Values((), tuple(c.wall), ()).mean:.0f} s" if c.wall else "–"]
             lines.append("| " + " | ".join(cols) + " |")
-    lines += ["", provenance_line(exp, scale, cells)]  # the scale's note follows (save_outputs: notes.table_notes)
+    lines += ["", provenance_line(prov)]  # the scale's note follows (save_outputs: notes.table_notes)
     return "\n".join(lines) + "\n", csv_rows
 
 
 def write_table(plan: Plan) -> tuple[Path, str]:
     cells, values = collect(plan)
-    md, csv_rows = render(plan.exp, plan.scale, cells, values)
+    prov = provenance(plan, cells)
+    md, csv_rows = render(plan.exp, plan.scale, cells, values, prov)
     return save_outputs(plan, md, csv_rows, lambda png: plot_curves(plan.exp, plan.scale, cells, png),
-                        "validation curves")
+                        "validation curves", provenance=prov)

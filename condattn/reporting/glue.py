@@ -15,7 +15,7 @@ from ..runs import RunId, RunRecord
 from ..table.result import Pick, table_result
 from .floors import load as load_floors
 from .protocol import grid_text, lr_text
-from .tables import METHOD_LABELS, plot_curves, protocol_lines, provenance_line, save_outputs, trained
+from .tables import METHOD_LABELS, plot_curves, protocol_lines, provenance_line, save_outputs
 
 if TYPE_CHECKING:
     from ..table.planned import Plan
@@ -111,8 +111,8 @@ def write_table(plan: Plan) -> tuple[Path, str]:
                   "| method | run | steps | tokens/s | budget | final MLM val loss | training time |",
                   "|---|---|---|---|---|---|---|"]
         lines += [_pretrain_line(plan, m) for m in methods]
-    lines += protocol_lines(plan, result, cells, 1, done=trained(plan))
-    lines += ["", provenance_line(exp, scale, cells)]  # the scale's note follows (save_outputs: notes.table_notes)
+    lines += protocol_lines(plan, result, 1)
+    lines += ["", provenance_line(result.provenance)]  # the scale's note follows (save_outputs: notes.table_notes)
     return save_outputs(plan, "\n".join(lines) + "\n", csv_rows,
                         lambda png: plot_curves(exp, scale, cells, png), "validation curves",
                         ["table", "scale", "column", "label", "method", "n", "median", "values", "lr", "lr_grid_scores",

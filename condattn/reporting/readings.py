@@ -14,54 +14,34 @@ interval lies above zero.
 
 from __future__ import annotations
 
-import math
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..experiment import Experiment
+from ..table.provenance import Provenance
 from ..table.result import Outcome, TableResult, Test, table_result
+from ..table.step0 import Step0
 from .floors import SCALES as FLOOR_SCALES
 from .floors import load as load_floors
 from .fmt import fmt_ci, fmt_num, fmt_p, fmt_values, test_word
 from .protocol import FOOTER, family_notes, length_text, lr_text, verdict_line
-from .tables import arm_fields, provenance_line, save_outputs, table_start, trained, trained_so_far
+from .tables import arm_fields, provenance_line, save_outputs, table_start, trained_so_far
 
 if TYPE_CHECKING:
     from ..table.planned import Plan
 
-# (column header, step-0 key or a function of the step-0 dict) in table order
-STEP0 = {
-    "entropy / uniform": lambda d: _ratio(d.get("entropy/mean"), d.get("entropy_uniform/mean")),
-    "max attention": lambda d: d.get("maxprob/mean"),
-    "self-argmax share": lambda d: d.get("self_argmax/mean"),
-    "‖∇W_Q‖": lambda d: d.get("gradnorm_wq/mean"),
-}
-EXTRA = {  # CSV only
-    "cls_self": lambda d: d.get("cls_self/mean"),
-    "feature_spread": lambda d: d.get("feature_spread"),
-    "gradnorm_embed": lambda d: d.get("gradnorm_embed"),
-    "gradnorm_wk": lambda d: d.get("gradnorm_wk/mean"),
-    "entropy_l0_share": lambda d: _ratio(d.get("entropy/l0"), d.get("entropy_uniform/l0")),
-}
+# (column header, step-0 quantity of table/step0.py) in table order
+STEP0 = {"entropy / uniform": "entropy_share", "max attention": "maxprob", "self-argmax share": "self_argmax",
+         "‖∇W_Q‖": "gradnorm_wq"}
+EXTRA = ["cls_self", "feature_spread", "gradnorm_embed", "gradnorm_wk", "entropy_l0_share"]  # CSV only
 
 
-
-def _ratio(a, b):
-    return None if a is None or not b else a / b
-
-
-def _mean(values: list) -> tuple[float, float] | None:
-    vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
-    if not vals:
-        return None
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
-
-
-def _fmt(st: tuple[float, float] | None, sci: bool = False) -> str:
-    if st is None:
+def _fmt(st: Step0 | None, sci: bool = False) -> str:
+    """A step-0 mean, with its n when fewer runs recorded it than the row has ("0.512 (n=3)")."""
+    if st is None or st.mean is None:
         return "–"
-    return f"{st[0]:.2e}" if sci else f"{st[0]:.3f}"
+    return (f"{st.mean:.2e}" if sci else f"{st.mean:.3f}") + (f" (n={st.n})" if st.n < st.of else "")
 
 
 def table_rows(plan: Plan, floors: dict | None = None) -> tuple[list[dict], dict, TableResult]:
@@ -74,14 +54,13 @@ def table_rows(plan: Plan, floors: dict | None = None) -> tuple[list[dict], dict
     for f in result.families:
         for a in (f.baseline, *f.arms):
             c = cells[(a.row, a.method)]
-            d0 = [s.get("diagnostics", {}).get("step0", {}) for s in c.summaries]
+            got = {st.key: st for st in a.step0}
             out.append({
                 "arm": a, "family": f, "cell": c, "row": a.row, "task": exp.rows[a.row].task, "method": a.method,
                 "reading": a.reading + (f" [{' '.join(made.overrides)}]" if made and a.method in made.methods else ""),
                 "hypothesis": a.hypothesis, "is_baseline": a is f.baseline, "test": a.test,
                 "metric": exp.row_metric(plan.scale, a.row),
-                "step0": {k: _mean([fn(d) for d in d0]) for k, fn in STEP0.items()},
-                "extra": {k: _mean([fn(d) for d in d0]) for k, fn in EXTRA.items()},
+                "step0": {k: got.get(key) for k, key in STEP0.items()}, "extra": {k: got.get(k) for k in EXTRA},
             })
     return out, cells, result
 
@@ -111,22 +90,21 @@ def _p_text(t: Test | None) -> str:
 
 def _csv_row(plan: Plan, result: TableResult, r: dict) -> dict:
     a, f, c = r["arm"], r["family"], r["cell"]
+    code = next((cc.codes for cc in result.provenance.code if (cc.row, cc.method) == (a.row, a.method)), ())
     row = {**arm_fields(result, f, a), "task": r["task"], "reading": r["reading"],
            "select_metric": a.pick.key if a.pick else "",
            "steps_to_target": [None if x is None else int(x) for x in a.steps],
            "target": f.target.value if r["is_baseline"] else None,
            "last_quarter_gain": f.target.gain if r["is_baseline"] else None,
            "last_quarter_loss_fall_pct": f.target.loss_fall if r["is_baseline"] else None,
-           "wall_time_s": list(c.wall), "code": " ".join(sorted({code_text(s) for s in c.summaries}))}
+           "wall_time_s": list(c.wall), "code": " ".join(code)}
     for k, st in {**r["step0"], **r["extra"]}.items():
-        row[f"step0_{k}"] = st[0] if st else None
+        row[f"step0_{k}"] = st.mean if st else None
     return row
 
 
-def render(plan: Plan, rows: list[dict], cells: dict, result: TableResult,
-           floors: dict | None = None, done: list[dict] | None = None) -> tuple[str, list[dict]]:
-    """`floors`: {task: cached floors entry} (reporting/floors.py), printed as rows under each task's readings;
-    `done`: the summaries of every run the table trained (the cost line)."""
+def render(plan: Plan, rows: list[dict], result: TableResult, floors: dict | None = None) -> tuple[str, list[dict]]:
+    """`floors`: {task: cached floors entry} (reporting/floors.py), printed as rows under each task's readings."""
     exp, scale = plan.exp, plan.scale
     head = [*HEAD, *(f"step 0: {h}" for h in STEP0)]
     lines = table_start(exp, INTRO, head)[:2] + [INTRO]
@@ -155,56 +133,40 @@ def render(plan: Plan, rows: list[dict], cells: dict, result: TableResult,
         lines += [x for n in family_notes(f, scale, "points", 2) for x in ("", n)]
     found = [(f"{r['task']}: {r['reading']}" + (" (exploratory)" if r["hypothesis"] == "exploratory" else ""),
               r["arm"]) for r in rows if r["test"] is not None]
-    lines += ["", verdict_line(found), "", FOOTER, "", cost_line(exp, scale, rows, done), "",
-              code_line(rows), "", provenance_line(exp, scale, cells)]
+    prov = result.provenance
+    lines += ["", verdict_line(found), "", FOOTER, "", cost_line(exp, scale, rows, prov), "",
+              code_line(prov, rows), "", provenance_line(prov)]
     return "\n".join(lines) + "\n", csv_rows
 
 
-def code_text(summary: dict) -> str:
-    """A run's code fingerprint as one token: 'conditioning=ab12…,model=…' ('unrecorded' before fingerprints)."""
-    code = summary.get("code")
-    return ",".join(f"{k}={v}" for k, v in sorted(code.items())) if code else "unrecorded"
-
-
-def code_line(rows: list[dict]) -> str:
-    """The commits the runs come from, and the readings whose runs ran different code (engine/provenance.py)."""
-    sums = [s for r in rows for s in r["cell"].summaries]
-    if not sums:
+def code_line(prov: Provenance, rows: list[dict]) -> str:
+    """The commits the runs come from, and the readings whose runs ran different code (engine/provenance.py), from the
+    table's provenance (`rows`: the readings, for their names)."""
+    if not prov.runs:
         return ""
-    commits: dict[str, int] = {}
-    for s in sums:
-        commits[s.get("commit", "unknown")] = commits.get(s.get("commit", "unknown"), 0) + 1
-    mixed = []
-    for r in rows:
-        codes = [s.get("code") or {} for s in r["cell"].summaries]
-        parts = sorted({k for c in codes for k in c if len({(x or {}).get(k) for x in codes}) > 1})
-        if any(not c for c in codes) and len({bool(c) for c in codes}) > 1:
-            parts.append("unrecorded")
-        if parts:
-            mixed.append(f"{r['task']}: {r['reading']} ({', '.join(parts)})")
-    text = (f"Code: the runs come from commits {', '.join(f'{k} ({n} runs)' for k, n in sorted(commits.items()))}; "
+    code = {(cc.row, cc.method): cc for cc in prov.code}
+    mixed = [f"{r['task']}: {r['reading']} ({', '.join(cc.mixed)})" for r in rows
+             if (cc := code.get((r["row"], r["method"]))) and cc.mixed]
+    text = (f"Code: the runs come from commits {', '.join(f'{k} ({n} runs)' for k, n in prov.commits)}; "
             "each run records a fingerprint of the code that can change its result (conditioning, model, task, "
             "engine; the CSV's `code` column). ")
     return text + (f"Readings whose runs ran different code: {'; '.join(mixed)}." if mixed else
                    "Within every reading its runs ran the same code.")
 
 
-def cost_line(exp: Experiment, scale: str, rows: list[dict], done: list[dict] | None = None) -> str:
-    """The measured training time of the runs shown, and of every run the table has trained so far (`done`:
-    `trained()`), and, at the CPU scales, what the whole table costs at the per-task medians: every row runs its
-    reported seeds plus its selection seeds at each multiplier of the starting lr grid (an extension of the grid costs
-    more), and the length check its runs at factor × steps, on two processes of one thread (2 cores). A task with no
-    finished run yet makes the projection unknown."""
-    walls = [w for r in rows for w in r["cell"].wall]
-    if not walls:
+def cost_line(exp: Experiment, scale: str, rows: list[dict], prov: Provenance) -> str:
+    """The measured training time of the runs shown, and of every run the table has trained so far (`prov.spent`),
+    and, at the CPU scales, what the whole table costs at the per-task medians (`prov.walls_by`: one family per task):
+    every row runs its reported seeds plus its selection seeds at each multiplier of the starting lr grid (an extension
+    of the grid costs more), and the length check its runs at factor × steps, on two processes of one thread (2 cores).
+    A task with no finished run yet makes the projection unknown."""
+    if not prov.walls.runs:
         return ""
-    so_far = trained_so_far(done, exp.table)
-    medians = {t: statistics.median(ws) for t in dict.fromkeys(r["task"] for r in rows)
-               if (ws := [w for r in rows if r["task"] == t for w in r["cell"].wall])}
+    medians = {t: w.median_s for t, w in prov.walls_by}
     per_task = ", ".join(f"{t} {m:.0f} s" for t, m in medians.items())
-    line = (f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time summed "
-            f"(median per run: {per_task}).")
-    line += so_far
+    line = (f"Training time of the runs shown: {prov.walls.runs} runs, {prov.walls.sum_s / 3600:.2f} h of run wall "
+            f"time summed (median per run: {per_task}).")
+    line += trained_so_far(prov.spent)
     if scale not in ("smoke", "small"):
         return line
     at = exp.at(scale)
@@ -265,7 +227,7 @@ def write_table(plan: Plan) -> tuple[Path, str]:
     """The renderer of table 9 (`write_table(plan)`, as condattn.reporting.write_table): results/<scale>/<table>.*"""
     exp, scale = plan.exp, plan.scale
     floors = load_floors(plan.results_root, scale, exp.table) if scale in FLOOR_SCALES else {}
-    rows, cells, result = table_rows(plan, floors)
-    md, csv_rows = render(plan, rows, cells, result, floors, trained(plan))
+    rows, _, result = table_rows(plan, floors)
+    md, csv_rows = render(plan, rows, result, floors)
     return save_outputs(plan, md, csv_rows, lambda png: plot(rows, png, f"{exp.table}, scale={scale}"),
                         "final accuracy per reading, beside the baseline", floors=False, result=result)

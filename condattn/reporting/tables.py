@@ -6,18 +6,17 @@ import csv
 import io
 import json
 import re
-import statistics
 from collections.abc import Callable
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..conditioning.spec import METHODS, method_spec
-from ..engine.twins import made_elsewhere
 from ..experiment import Experiment
 from ..runs import RunRecord
 from ..table.observed import TableCell, collect, longer, longer_cell, missing_runs  # noqa: F401 (renderers' cells)
+from ..table.provenance import Data, Provenance, Spent, Walls
 from ..table.result import Arm, Family, TableResult, plain, table_result
 from .floors import floor_table
 from .floors import load as load_floors
@@ -59,72 +58,49 @@ def _paper(exp: Experiment, row: str, key: str) -> str:
     return "–" if v is None else f"{v:.{exp.paper_digits}f}"
 
 
-def provenance_line(exp: Experiment, scale: str, cells: dict[tuple, TableCell]) -> str:
-    sums = [s for c in cells.values() for s in c.summaries]
-    commits = sorted({s.get("commit", "unknown") for s in sums}) or ["none"]
-    hardware = sorted({s.get("hardware_line", "unknown") for s in sums}) or ["none"]
-    threads = sorted({str((s.get("hardware") or {}).get("torch_threads", "unknown")) for s in sums}) or ["none"]
-    seeds = sorted({seed for c in cells.values() for seed in c.seeds})
-    stand_in = any(s.get("data", {}).get("stand_in") for s in sums)
-    if not sums:
-        data = "no finished runs yet"
-    elif stand_in:
-        data = "offline stand-in data (not comparable with the papers)"
-    elif scale == "medium":
-        data = ("real data at reduced size (medium scale: it tests the sign of an effect, not the papers' absolute "
-                "values; the papers' numbers are shown for orientation)")
-    else:
-        data = "the papers' datasets"
+DATA = {
+    Data.NONE: "no finished runs yet",
+    Data.STAND_IN: "offline stand-in data (not comparable with the papers)",
+    Data.REDUCED: ("real data at reduced size (medium scale: it tests the sign of an effect, not the papers' absolute "
+                   "values; the papers' numbers are shown for orientation)"),
+    Data.PAPERS: "the papers' datasets",
+}
+
+
+def provenance_line(p: Provenance) -> str:
+    """The "Ours: scale=…; written …" line under a table, formatted from its provenance (table/provenance.py)."""
+    commits = [c for c, _ in p.commits] or ["none"]
+    threads = ["unknown" if t is None else str(t) for t in p.threads] or ["none"]
     shared = "".join(f", {n} of them made for {t} (the same science config, reused: engine/twins.py)"
-                     for t, n in sorted(made_elsewhere(sums, exp.table).items()))
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+                     for t, n in p.reused)
+    when = datetime.fromisoformat(p.written_at).strftime("%Y-%m-%d %H:%M UTC")
     return (
-        f"Ours: scale={scale}, {data}, seeds {seeds}, commit {', '.join(commits)}{commit_notes(sums)}, "
-        f"hardware {', '.join(hardware)}, "
-        f"torch threads {', '.join(threads)}, {len(sums)} finished runs{shared}{device_hours(sums)}"
-        f"{validation(cells)}; "
+        f"Ours: scale={p.scale}, {DATA[p.data]}, seeds {list(p.seeds)}, commit {', '.join(commits)}{commit_notes(p)}, "
+        f"hardware {', '.join(p.hardware or ['none'])}, "
+        f"torch threads {', '.join(threads)}, {p.runs} finished runs{shared}{device_hours(p)}"
+        f"{validation(p)}; "
         f"written {when}."
     )
 
 
-def commit_notes(sums: list[dict]) -> str:
+def commit_notes(p: Provenance) -> str:
     """What the commits of a table's runs do not say alone: runs started from code that is not on main (uncommitted
     changes, a branch), and runs whose recorded commit never landed but whose code is a landed commit's."""
-    notes = []
-    states: dict[str, int] = {}
-    for s in sums:
-        if s.get("commit_state") not in (None, "on main"):
-            states[s["commit_state"]] = states.get(s["commit_state"], 0) + 1
-    notes += [f"{n} runs from {state}" for state, n in sorted(states.items())]
-    aliased: dict[tuple[str, str], int] = {}
-    for s in sums:
-        if s.get("commit_recorded"):
-            aliased[(s["commit_recorded"], s["commit"])] = aliased.get((s["commit_recorded"], s["commit"]), 0) + 1
+    notes = [f"{n} runs from {state}" for state, n in p.commit_states]
     notes += [f"{n} runs recorded as {rec}, a commit that never landed, whose code fingerprint is {real}'s"
-              for (rec, real), n in sorted(aliased.items())]
+              for rec, real, n in p.aliased]
     return f" ({'; '.join(notes)})" if notes else ""
 
 
-def validation(cells: dict[tuple, TableCell]) -> str:
+def validation(p: Provenance) -> str:
     """'; validation of text: held-out 0.1 of train (seed 0)' for rows whose release has no validation split (the
     reader records how it made one, `data.val_source`); '' when every row validated on its release's own split."""
-    by_how: dict[str, list[str]] = {}
-    for key, cell in cells.items():  # (row, method) here; table 9's renderer keys its cells by row
-        row = key[0] if isinstance(key, tuple) else key
-        for s in cell.summaries:
-            how = (s.get("data") or {}).get("validation")
-            if how and row not in by_how.setdefault(how, []):
-                by_how[how].append(row)
-    return "".join(f"; validation of {', '.join(rows)}: {how} (data.val_source)"
-                   for how, rows in sorted(by_how.items()))
+    return "".join(f"; validation of {', '.join(rows)}: {how} (data.val_source)" for how, rows in p.validation)
 
 
-def device_hours(summaries: list[dict]) -> str:
+def device_hours(p: Provenance) -> str:
     """", N GPU-hours used" over the finished runs (wall time × processes of the runs on CUDA devices), "" if none."""
-    hours = sum(float(s.get("wall_time_s") or 0) * int((s.get("hardware") or {}).get("num_processes") or 1)
-                for s in summaries if (s.get("hardware") or {}).get("device_type") == "cuda") / 3600
-    gpu_runs = [s for s in summaries if (s.get("hardware") or {}).get("device_type") == "cuda"]
-    return f", {hours:.1f} GPU-hours used ({len(gpu_runs)} runs on GPUs)" if gpu_runs else ""
+    return f", {p.gpu_hours:.1f} GPU-hours used ({p.gpu_runs} runs on GPUs)" if p.gpu_runs else ""
 
 
 def _times(exp: Experiment) -> str:
@@ -143,32 +119,24 @@ def table_start(exp: Experiment, intro: str, head: list[str]) -> list[str]:
             "|" + "---|" * len(head)]
 
 
-def training_time_line(walls: list[float], median: str | None = None) -> str:
+def training_time_line(walls: Walls, median: str | None = None) -> str:
     """The cost line of a table: the measured wall time of the runs shown (`median` replaces the overall median per
     run, e.g. one per row)."""
-    median = median or f"median per run {statistics.median(walls):.0f} s"
-    return (f"Training time of the runs shown: {len(walls)} runs, {sum(walls) / 3600:.2f} h of run wall time summed "
-            f"({median}), {sum(walls) / 2 / 3600:.2f} h on two processes of one thread.")
+    median = median or f"median per run {walls.median_s:.0f} s"
+    return (f"Training time of the runs shown: {walls.runs} runs, {walls.sum_s / 3600:.2f} h of run wall time summed "
+            f"({median}), {walls.sum_s / 2 / 3600:.2f} h on two processes of one thread.")
 
 
-def trained(plan: Plan) -> list[dict]:
-    """The summaries of every finished run the table's plan trains (`plan.planned`: selection, reported and length
-    runs, grid extensions included)."""
-    return [s for name in plan.planned if (s := RunRecord(plan.runs_root / plan.scale / name).summary) is not None]
-
-
-def trained_so_far(done: list[dict] | None, table: str | None = None, pretrain: bool = False) -> str:
-    """" Trained so far for this table: …" — what every run the table's plan trained cost (`done`: `trained()`), or ""
-    without them; runs another table made (`table`: this one's name; reused, engine/twins.py) are counted apart."""
-    if not done:
+def trained_so_far(spent: Spent | None, pretrain: bool = False) -> str:
+    """" Trained so far for this table: …" — what every run the table's plan trained cost (`Provenance.spent`), or ""
+    without them; runs another table made (reused, engine/twins.py) are counted apart."""
+    if spent is None:
         return ""
-    reused = made_elsewhere(done, table) if table else {}
-    own = [s for s in done if not (table and made_elsewhere([s], table))]
-    spent = sum(float(s.get("wall_time_s") or 0.0) for s in own)
     kinds = f"{'pretraining, ' if pretrain else ''}selection, reported and length runs"
-    more = f"; {sum(reused.values())} more reused from {', '.join(sorted(reused))}" if reused else ""
-    return (f" Trained so far for this table: {len(own)} runs ({kinds}), {spent / 3600:.2f} h of run wall time "
-            f"summed, {spent / 2 / 3600:.1f} h on two processes{more}.")
+    more = (f"; {sum(n for _, n in spent.reused)} more reused from {', '.join(t for t, _ in spent.reused)}"
+            if spent.reused else "")
+    return (f" Trained so far for this table: {spent.runs} runs ({kinds}), {spent.wall_s / 3600:.2f} h of run wall "
+            f"time summed, {spent.wall_s / 2 / 3600:.1f} h on two processes{more}.")
 
 
 def arm_fields(result: TableResult, f: Family, a: Arm) -> dict:
@@ -211,9 +179,8 @@ def arm_fields(result: TableResult, f: Family, a: Arm) -> dict:
     }
 
 
-def render(plan: Plan, result: TableResult, cells: dict[tuple, TableCell], done: list[dict] | None = None
-           ) -> tuple[str, list[dict]]:
-    """Markdown text and CSV rows of the plan's table from its result (`done`: every run the plan trained)."""
+def render(plan: Plan, result: TableResult, cells: dict[tuple, TableCell]) -> tuple[str, list[dict]]:
+    """Markdown text and CSV rows of the plan's table from its result."""
     exp, scale = plan.exp, plan.scale
     methods = exp.methods
     head = ["row", *paper_columns(exp).values()]
@@ -221,25 +188,24 @@ def render(plan: Plan, result: TableResult, cells: dict[tuple, TableCell], done:
     lines = table_start(exp, f"Papers' numbers ({exp.paper_provenance or 'see experiments yaml'}) beside ours "
                              f"(mean ± std over seeds of {exp.row_metric(scale)}{_times(exp)})."
                              f"{_direction(exp)}", head)
+    walls = dict(result.provenance.walls_by)  # by family: one per row here
     for row in exp.rows_at(scale):
         ours = [cells[(row, m)] for m in methods]
         steps = sorted({s for c in ours for s in c.steps})
-        walls = [w for c in ours for w in c.wall]
         cols = [row, *(_paper(exp, row, key) for key in paper_columns(exp))]
         cols += [fmt_values(result.arm(row, m).at1) if result.arm(row, m) else "missing" for m in methods]
-        cols += [",".join(map(str, steps)) or "–", f"{statistics.fmean(walls):.0f} s" if walls else "–"]
+        cols += [",".join(map(str, steps)) or "–", f"{walls[row].mean_s:.0f} s" if row in walls else "–"]
         lines.append("| " + " | ".join(cols) + " |")
     csv_rows = [{**arm_fields(result, f, a), "steps": [int(x) for x in cells[(a.row, a.method)].steps],
                  "wall_time_s": list(cells[(a.row, a.method)].wall)}
                 for f in result.families for a in (f.baseline, *f.arms)]
-    lines += protocol_lines(plan, result, cells, 2 if exp.multiplier == 100 else 3, done)
+    lines += protocol_lines(plan, result, 2 if exp.multiplier == 100 else 3)
     sums = [s for c in cells.values() for s in c.summaries]
-    lines += tokenizer_notes(sums) + patch_notes(sums) + ["", provenance_line(exp, scale, cells)]
+    lines += tokenizer_notes(sums) + patch_notes(sums) + ["", provenance_line(result.provenance)]
     return "\n".join(lines) + "\n", csv_rows
 
 
-def protocol_lines(plan: Plan, result: TableResult, cells: dict, digits: int = 2,
-                   done: list[dict] | None = None) -> list[str]:
+def protocol_lines(plan: Plan, result: TableResult, digits: int = 2) -> list[str]:
     """The fair protocol's block under a table whose scale has an lr grid (tables 1, 3, 4, 5 at small), formatted
     from its result (reporting/protocol.py); [] without an lr grid."""
     exp, scale = plan.exp, plan.scale
@@ -259,8 +225,9 @@ def protocol_lines(plan: Plan, result: TableResult, cells: dict, digits: int = 2
                      "fine-tuning seeds, so a method is one unit of evidence here and its difference to the baseline "
                      "is not tested (the interval over fine-tuning seeds would understate the method's variance). A "
                      "test needs one pretraining run per reported seed.")
-    walls = [w for c in cells.values() for w in c.wall]
-    cost = ["", training_time_line(walls) + trained_so_far(done, exp.table, bool(exp.pretrain))] if walls else []
+    prov = result.provenance
+    cost = ["", training_time_line(prov.walls) + trained_so_far(prov.spent, bool(exp.pretrain))] \
+        if prov.walls.runs else []
     return [*lines, *rows, "", *[x for n in notes for x in (n, "")], verdict_line(found), "", FOOTER, *cost]
 
 
@@ -306,12 +273,13 @@ def plot_curves(exp: Experiment, scale: str, cells: dict[tuple, TableCell], out:
 def save_outputs(plan: Plan, md: str, csv_rows: list[dict],
                  plot: Callable[[Path], Path | None], caption: str,
                  fieldnames: list[str] | None = None, floors: bool = True,
-                 result: TableResult | None = None) -> tuple[Path, str]:
+                 result: TableResult | None = None, provenance: Provenance | None = None) -> tuple[Path, str]:
     """Write results/<scale>/<table>.{md,csv,png}: `plot(png_path)` draws the figure (None: nothing to draw), which
     the Markdown then embeds under `caption`. Returns (md path, md text). Every table renderer ends here. `floors`:
     print the cached floors of a smoke/small table (reporting/floors.py) under it (False: the renderer has). The JSON
-    holds the rows and (`result`) the table's TableResult, numbers as numbers, and `missing_runs`: the planned runs
-    without a finished summary, which decides whether a rerender may replace a committed table (table/report.py)."""
+    holds the rows and (`result`) the table's TableResult, numbers as numbers, or (`provenance`, a table without one)
+    its provenance, and `missing_runs`: the planned runs without a finished summary, which decides whether a rerender
+    may replace a committed table (table/report.py)."""
     exp, scale = plan.exp, plan.scale
     out_dir = plan.results_root / scale
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -339,7 +307,9 @@ def save_outputs(plan: Plan, md: str, csv_rows: list[dict],
     doc = json.dumps(plain({"table": exp.table, "scale": scale, "stem": stem,
                             "made_with": asdict(made) if made else None, "missing_runs": missing,
                             "columns": w.fieldnames, "rows": csv_rows,
-                            "result": result.as_json() if result is not None else None}), indent=1, default=str)
+                            "result": result.as_json() if result is not None else None,
+                            **({"provenance": asdict(provenance)} if provenance is not None and result is None
+                               else {})}), indent=1, default=str)
     texts = {out_dir / f"{stem}.csv": buf.getvalue(), out_dir / f"{stem}.json": doc + "\n"}
     tmp = out_dir / f".{stem}.tmp.png"  # drawn aside: it replaces the figure only with new values
     png = plot(tmp)
@@ -366,12 +336,12 @@ def _csv(v) -> object:
 
 
 WRITTEN = re.compile(r"written \d{4}-\d\d-\d\d \d\d:\d\d UTC")
+WRITTEN_AT = re.compile(r'"written_at": "[^"]*"')  # the provenance's write time in the JSON
 
 
 def unchanged(md_path: Path, md: str, texts: dict[Path, str]) -> bool:
-    """Whether a table's files already hold these values: the md equal but for its write time, every other text
-    equal."""
-    def same(path: Path, text: str, strip=lambda t: t) -> bool:
+    """Whether a table's files already hold these values: equal but for their write time."""
+    def same(path: Path, text: str, strip=lambda t: WRITTEN_AT.sub("written_at", t)) -> bool:
         return path.is_file() and strip(path.read_bytes().decode(errors="replace")) == strip(text)
 
     return same(md_path, md, lambda t: WRITTEN.sub("written", t)) and all(same(p, t) for p, t in texts.items())
@@ -380,7 +350,7 @@ def unchanged(md_path: Path, md: str, texts: dict[Path, str]) -> bool:
 def write_table(plan: Plan) -> tuple[Path, str]:
     """The generic renderer: every renderer's entry takes the plan and returns (md path, md text)."""
     result, cells, _ = table_result(plan, load_floors(plan.results_root, plan.scale, plan.exp.table))
-    md, csv_rows = render(plan, result, cells, trained(plan))
+    md, csv_rows = render(plan, result, cells)
     return save_outputs(plan, md, csv_rows, lambda png: plot_curves(plan.exp, plan.scale, cells, png),
                         "validation curves", result=result)
 

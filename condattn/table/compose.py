@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..launch import ConfigError, RunSpec, compose_cell
@@ -50,13 +51,14 @@ class Composer:
 
 
 
-def named(comp: Composer, part: Part, extra: list[str], renamed: dict[str, str], protocol: tuple[str, ...] = (),
+def named(comp: Composer, part: Part, extra: list[str], renamed: Mapping[str, str], protocol: tuple[str, ...] = (),
           words: str = "") -> tuple[RunSpec | None, str]:
     """The cell of `part` with the protocol's overrides (`protocol`, the variant `words` say: 'lr2x', 'lr2x-steps2x')
     and the command's `extra` after its own, composed, with its variant name `<name>-<words>`, plus `-<8 hex>` of its
     science config (engine/identity.py) when `extra` changes it, so `ARGS="conditioning.lam=2"` trains its own run
     beside the table's; an `extra` that changes nothing (λ on a baseline) keeps the name and its finished run. A
-    renamed pretraining run follows into the `model.init_from` of its fine-tuning cells."""
+    renamed pretraining run (`renamed`: {readable name: variant name}, read only) follows into the `model.init_from` of
+    its fine-tuning cells."""
     from ..engine.identity import variant
 
     def follow(o: str) -> str:
@@ -68,11 +70,7 @@ def named(comp: Composer, part: Part, extra: list[str], renamed: dict[str, str],
         return spec, ""
     digest = variant(spec.cfg, comp.base([*part.own, *protocol])) if extra else ""
     v = "-".join(w for w in (words, digest) if w)
-    if v:
-        renamed[part.name] = new = f"{part.name}-{v}"
-        spec.overrides = [f"run.name={new}" if o.startswith("run.name=") else o for o in spec.overrides]
-        spec.cfg.run.name, spec.name = new, new
-    return spec, v
+    return (spec.renamed(f"{part.name}-{v}") if v else spec), v
 
 
 

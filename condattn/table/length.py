@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..experiment import Experiment
 from ..launch import RunSpec
 from ..runs import variant_of
@@ -38,14 +40,15 @@ def finished_values(exp: Experiment, scale: str, row: str, specs: list[RunSpec],
 
 
 
-def length_cells(comp: Composer, exp: Experiment, scale: str, reported: dict[tuple, list[tuple[Part, RunSpec]]],
-                  picks: dict[str, LrPick], extra: list[str], renamed: dict[str, str],
-                  longer: dict[str, str], records: Records) -> list[tuple[Part, RunSpec]]:
+def length_cells(comp: Composer, exp: Experiment, scale: str, reported: Mapping[tuple, list[tuple[Part, RunSpec]]],
+                 picks: Mapping[str, LrPick], extra: list[str], renamed: Mapping[str, str],
+                 records: Records) -> tuple[list[tuple[Part, RunSpec]], dict[str, str]]:
     """The runs at factor × steps of each family whose baseline and primary rows have all finished: the baseline and
-    every primary row whose adjusted p < 0.05 (the same tests the table prints). `longer`: their variants, by the
-    readable name of the run at 1× steps."""
+    every primary row whose adjusted p < 0.05 (the same tests the table prints), with their variants by the readable
+    name of the run at 1× steps."""
     factor, n = length_check(exp, scale) or (0, 0)
     out: list[tuple[Part, RunSpec]] = []
+    longer: dict[str, str] = {}
     for fam in exp.families(scale).values():
         groups = {rm: reported.get(rm) for rm in fam}
         primary = [rm for rm in fam[1:] if exp.hypothesis(rm[0]) == "primary"]
@@ -63,5 +66,5 @@ def length_cells(comp: Composer, exp: Experiment, scale: str, reported: dict[tup
                 if long_spec is not None:
                     out.append((part, long_spec))
                     longer[part.name] = v
-    return out
+    return out, longer
 

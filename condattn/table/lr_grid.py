@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..experiment import Experiment
@@ -165,20 +166,20 @@ def grid_score(record: RunRecord, key: str) -> float | None:
 
 
 def grid_row(comp: Composer, group: list[Part], grid: list[float], extra: list[str], exp: Experiment, scale: str,
-              read_records: bool, shown: dict[str, str], renamed: dict[str, str],
-              records: Records) -> tuple[list[tuple[Part, RunSpec]], LrPick | None]:
+              read_records: bool, renamed: Mapping[str, str],
+              records: Records) -> tuple[list[tuple[Part, RunSpec]], LrPick | None, dict[str, str]]:
     """One row's cells under an lr grid. Stage 1: every selection seed at every multiplier of the grid; while the best
     mean score sits at an edge of the grid, the grid grows one log2 step that way (up to the declared bound) and the new
     multiplier's runs are planned; a flat grid (every lr the same score) grows one step each way. Stage 2, once the pick
-    is final: the row's reported seeds at the pick (selection runs are never reported). Adds the variants of the
-    reported runs to `shown`. `renamed`: the pretraining runs' variant names, which the cells' model.init_from follows
-    (table 3)."""
+    is final: the row's reported seeds at the pick (selection runs are never reported). Returns the cells, the pick
+    and the variants of the reported runs ({readable name: variant}). `renamed`: the pretraining runs' variant names,
+    which the cells' model.init_from follows (table 3)."""
     first = group[0]
     try:
         base_lr = float(comp.base([*first.own, *extra]).optim.lr)
     except ConfigError as e:
         comp.errors.setdefault(str(e), []).append(first.name)
-        return [], None
+        return [], None, {}
     table = exp.table
     sel = [reseeded(first, s, table, scale) for s in selection_seeds(exp, scale, [p.seed for p in group])]
     pick = LrPick(first.row, selection_key(exp, first.row, scale), base_lr, {}, [p.seed for p in sel],
@@ -193,7 +194,7 @@ def grid_row(comp: Composer, group: list[Part], grid: list[float], extra: list[s
             for part in sel:
                 spec, _ = named(comp, part, extra, renamed, *lr_variant(base_lr, m))
                 if spec is None:
-                    return out, None
+                    return out, None, {}
                 out.append((part, spec))
                 pick.scores[m][part.seed] = grid_score(records.of(spec.name, spec.cfg, spec.run_dir), pick.key) \
                     if read_records else None
@@ -201,11 +202,12 @@ def grid_row(comp: Composer, group: list[Part], grid: list[float], extra: list[s
         todo = [] if best is None else pick.next_steps(best)
         if best is not None and not todo:
             pick.pick = best
+    shown = {}
     if pick.pick is not None:
         for part in group:
             spec, v = named(comp, part, extra, renamed, *lr_variant(base_lr, pick.pick))
             if spec is not None:
                 out.append((part, spec))
                 shown[part.name] = v
-    return out, pick
+    return out, pick, shown
 

@@ -54,8 +54,10 @@ def plan(exp: Experiment, scale: str, seeds: list[int], extra: list[str], launch
             if not group[0].pretrain:
                 changed.add(group[0].method)
         if grid and not group[0].pretrain:
-            row_cells, pick = grid_row(comp, group, grid, extra, exp, scale, read_records, shown, renamed, records)
+            row_cells, pick, variants = grid_row(comp, group, grid, extra, exp, scale, read_records, renamed, records)
             planned += row_cells
+            shown.update(variants)
+            renamed.update(_renames(row_cells))
             if pick is not None:
                 picks[exp.pick_key(group[0].row, group[0].method)] = pick
                 reported[(group[0].row, group[0].method)] = [(p, c) for p, c in row_cells if p in group]
@@ -64,9 +66,11 @@ def plan(exp: Experiment, scale: str, seeds: list[int], extra: list[str], launch
             spec, shown[part.name] = named(comp, part, list(extra), renamed)
             if spec is not None:
                 planned.append((part, spec))
+                renamed.update(_renames([(part, spec)]))
     longer: dict[str, str] = {}
     if grid and length_check(exp, scale) and read_records and not comp.errors:
-        planned += length_cells(comp, exp, scale, reported, picks, extra, renamed, longer, records)
+        long_cells, longer = length_cells(comp, exp, scale, reported, picks, extra, renamed, records)
+        planned += long_cells
     if comp.errors:
         errors, n = comp.errors, comp.n
         if only_rows:  # report the rows asked for (`--rows`): the others are composed for their picks only
@@ -90,6 +94,12 @@ def plan(exp: Experiment, scale: str, seeds: list[int], extra: list[str], launch
     return Plan(exp, scale, tuple(seeds), Path(first.paths.runs), Path(first.paths.results), tuple(todo),
                 tuple(spec.name for _, spec in planned), picks, {name: v for name, v in shown.items() if v},
                 longer, made, stem, unreached)
+
+
+def _renames(cells: list[tuple[Part, RunSpec]]) -> dict[str, str]:
+    """{readable name: variant name} of the cells named after a variant (a renamed pretraining run's fine-tuning
+    cells follow it, compose.named)."""
+    return {part.name: spec.name for part, spec in cells if spec.name != part.name}
 
 
 def unreached_line(override: str, exp: Experiment) -> str:

@@ -53,6 +53,8 @@ from .observed import (
     steps_to,
 )
 from .planned import Plan
+from .provenance import Provenance, provenance
+from .step0 import Step0, step0
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ class Arm:
     steps_last: int
     steps: tuple[int | None, ...]
     commits: tuple[str, ...]
+    step0: tuple[Step0, ...] = ()  # the step-0 diagnostics, means over the runs that recorded them (table/step0.py)
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,7 @@ class TableResult:
     higher_is_better: bool
     families: tuple[Family, ...]
     missing_runs: int  # planned reported and length runs without a finished summary
+    provenance: Provenance | None = None  # None: a result serialised before it was recorded
 
     def arm(self, row: str, method: str) -> Arm | None:
         return next((a for f in self.families for a in (f.baseline, *f.arms) if (a.row, a.method) == (row, method)),
@@ -345,7 +349,8 @@ def _arm(ctx: _Ctx, rm: tuple[str, str], hyp: str, t: Verdict | None, t2: Verdic
     med, last, steps = steps_to(cell.summaries, target.value, exp.curve.get("key", "acc"), exp.multiplier, higher)
     return Arm(row, method, label, reading, hyp, _values(cell), _values(ctx.long.get(rm)), _test(t), _test(t2), trend,
                basis, pick_of(plan, exp.pick_key(row, method), cell, higher), paper_claim(exp, row, method),
-               spec.rival, med, last, tuple(steps), tuple(sorted({s.get("commit", "") for s in cell.summaries})))
+               spec.rival, med, last, tuple(steps), tuple(sorted({s.get("commit", "") for s in cell.summaries})),
+               step0(cell.summaries))
 
 
 def _tests(ctx: _Ctx, members: list, hyp: dict, higher: bool, untested: bool) -> tuple[dict, dict]:
@@ -400,11 +405,11 @@ def _family(ctx: _Ctx, name: str, members: list[tuple[str, str]]) -> Family:
                   heuristic_holds(target), plateau_step(to_final, total), total)
 
 
-def table_result(plan: Plan, floors: Mapping | None = None,
-                 cells: dict | None = None) -> tuple[TableResult, dict, dict]:
+def table_result(plan: Plan, floors: Mapping | None = None, cells: dict | None = None,
+                 done: list[dict] | None = None) -> tuple[TableResult, dict, dict]:
     """The table's result from its plan's runs (`floors`: the cached floors, {family or row: entry}; `cells`: the
-    cells at 1× when already read), with the cells it was built from at 1× and 2× ({(row, method): TableCell}: the
-    views' provenance and curves read their runs)."""
+    cells at 1× when already read; `done`: every run the plan trained, table/provenance.trained, read when None), with
+    the cells it was built from at 1× and 2× ({(row, method): TableCell}: the views' curves read their runs)."""
     exp, scale = plan.exp, plan.scale
     cells = collect(plan) if cells is None else cells
     long = longer(plan, cells)
@@ -412,7 +417,8 @@ def table_result(plan: Plan, floors: Mapping | None = None,
     fams = tuple(_family(ctx, name, members) for name, members in exp.families(scale).items()
                  if members and all(rm in cells for rm in members))
     result = TableResult(exp.table, scale, plan.output_stem, exp.row_metric(scale), exp.multiplier,
-                         exp.higher_is_better_for(), fams, missing_runs(cells) + missing_runs(long))
+                         exp.higher_is_better_for(), fams, missing_runs(cells) + missing_runs(long),
+                         provenance(plan, cells, done))
     return result, cells, long
 
 
