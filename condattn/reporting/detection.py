@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..conditioning.spec import BASELINE
 from ..experiment import Experiment
 from . import tables
 from .stats import fmt_n, mean_std
@@ -44,7 +45,7 @@ def paper_values(exp: Experiment, row: str, method: str, i: int) -> list[tuple[s
     out = []
     sources = exp.paper_sources
     for src, entry in (exp.paper.get(row) or {}).items():
-        if method == "none":
+        if method == BASELINE:
             vals = entry.get("baseline")
         elif PAPER_KEYS.get(method) == src:
             vals = entry.get("conditioned")
