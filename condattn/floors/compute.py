@@ -231,8 +231,11 @@ def table_floors(exp: Experiment, scale: str, results_root: str | Path, force: b
             _COMPUTED[key, metric] = compute(cfg, bundle, metric)
         out[group] = {"key": key, "data_checksum": bundle.checksum, "data": str(cfg.data.name), "metric": metric,
                       "floors": _COMPUTED[key, metric], "cached": False}
-    write_json_atomic(path, {"table": exp.table, "scale": scale, "version": VERSION,
-                             "groups": {g: {k: v for k, v in e.items() if k != "cached"} for g, e in out.items()}})
+    # a cached group this run did not compute (a row outside the scale's `rows:`, such as table 9's ListOps half at
+    # small) is kept as it was
+    kept = {g: e for g, e in cached.items() if g not in out}
+    write_json_atomic(path, {"table": exp.table, "scale": scale, "version": VERSION, "groups": {
+        **kept, **{g: {k: v for k, v in e.items() if k != "cached"} for g, e in out.items()}}})
     return out
 
 

@@ -18,9 +18,13 @@ SVM_GRID = tuple((c, g) for c in (1.0, 10.0) for g in (1.0, 2.0, 4.0))  # (C, ga
 
 
 # A trained floor (the small CNN, the MLP) trains epoch by epoch, scored on its tuning split (validation, or a seeded
-# tenth of the training split when validation is the reported split) after each, until PATIENCE epochs in a row have
-# not beaten its best; it keeps the best epoch. One that reaches MAX_EPOCHS first says its curve was still rising.
+# tenth of the training split when validation is the reported split) after each. Its length is the epoch whose
+# trailing mean over SMOOTH epochs is best (a tuning split of 350-500 samples moves about a point from epoch to epoch
+# by chance: one lucky epoch must not pick it), and it trains until that best lies at least max(PATIENCE, its own
+# epoch) epochs back (the curve flat over a window as long as the length chosen); it keeps that epoch's weights. One
+# that reaches MAX_EPOCHS first says its curve was still rising.
 PATIENCE = 10
+SMOOTH = 5
 MAX_EPOCHS = 150
 SOLVER_MAX_ITER = 5000  # logistic regression's lbfgs: iterations allowed to reach its own tolerance (converged)
 
@@ -31,30 +35,50 @@ KN_ORDERS = (2, 3, 4, 5, 6, 7, 8)  # the n-gram floor: the order (upwards while 
 KN_DISCOUNTS = (0.75, 0.9)
 
 
-def flat(scores: list[float], patience: int = PATIENCE) -> bool:
-    """The curve is flat at its end: its last `patience` scores do not beat the best before them."""
-    return len(scores) > patience and max(scores[-patience:]) <= max(scores[:-patience])
+def smoothed(scores: list[float], smooth: int = SMOOTH) -> list[float]:
+    """Each epoch's trailing mean over up to `smooth` epochs (fewer at the start)."""
+    return [float(np.mean(scores[max(0, i - smooth + 1):i + 1])) for i in range(len(scores))]
 
 
-def train_until_flat(epoch, tune_score, snapshot, patience: int = PATIENCE, cap: int = MAX_EPOCHS):
+def best_epoch(scores: list[float], smooth: int = SMOOTH) -> int:
+    """The epoch (1-based) whose trailing mean is highest, the earliest of ties."""
+    return int(np.argmax(smoothed(scores, smooth))) + 1
+
+
+def window(scores: list[float], patience: int = PATIENCE, smooth: int = SMOOTH) -> int:
+    """How far back the best must lie for the curve to count as flat: max(patience, the best epoch)."""
+    return max(patience, best_epoch(scores, smooth)) if scores else patience
+
+
+def flat(scores: list[float], patience: int = PATIENCE, smooth: int = SMOOTH) -> bool:
+    """The curve is flat at its end: its trailing means over the last `window` epochs do not beat the best before
+    them (the best lies at least max(patience, its own epoch) epochs back)."""
+    w = window(scores, patience, smooth)
+    s = smoothed(scores, smooth)
+    return len(s) > w and max(s[-w:]) <= max(s[:-w])
+
+
+def train_until_flat(epoch, tune_score, snapshot, patience: int = PATIENCE, cap: int = MAX_EPOCHS,
+                     smooth: int = SMOOTH):
     """Run `epoch()` then `tune_score()` (the tuning split's score; nothing else is read) until the curve is flat
-    (`flat`) or `cap` epochs; returns (scores, the `snapshot()` taken after the best epoch, the earliest of ties)."""
+    (`flat`) or `cap` epochs; returns (scores, the `snapshot()` taken after `best_epoch`)."""
     scores: list[float] = []
-    best = None
-    while len(scores) < cap and not flat(scores, patience):
+    best, kept = None, -np.inf
+    while len(scores) < cap and not flat(scores, patience, smooth):
         epoch()
         scores.append(float(tune_score()))
-        if scores[-1] > max(scores[:-1], default=-np.inf):
-            best = snapshot()
+        if (mean := smoothed(scores, smooth)[-1]) > kept:
+            best, kept = snapshot(), mean
     return scores, best
 
 
-def length_record(scores: list[float], patience: int = PATIENCE) -> dict:
-    """What a trained floor records of its length: the epoch kept (best on the tuning split), the epochs trained,
-    whether the curve ended flat, and the end window's gain over the best before it (≤ 0 when flat)."""
-    window, before = scores[-patience:], scores[:-patience]
-    return {"epochs": int(np.argmax(scores)) + 1, "epochs_trained": len(scores), "patience": patience,
-            "flat": flat(scores, patience), "end_gain": (max(window) - max(before)) if before else None,
+def length_record(scores: list[float], patience: int = PATIENCE, smooth: int = SMOOTH) -> dict:
+    """What a trained floor records of its length: the epoch kept (best trailing mean on the tuning split), the
+    epochs trained, the flatness window, whether the curve ended flat, and the window's best trailing mean over the
+    best before it (≤ 0 when flat)."""
+    w, s = window(scores, patience, smooth), smoothed(scores, smooth)
+    return {"epochs": best_epoch(scores, smooth), "epochs_trained": len(scores), "window": w, "smooth": smooth,
+            "flat": flat(scores, patience, smooth), "end_gain": (max(s[-w:]) - max(s[:-w])) if len(s) > w else None,
             "epoch_scores": {str(i + 1): v for i, v in enumerate(scores)}}
 
 

@@ -30,9 +30,11 @@ def length(floor: dict) -> str:
     epochs trained and whether its curve ended flat; a solver's iterations and whether it converged; "–" for a floor
     that is not trained (the majority class, kNN, a rule, an n-gram) or a cache written before lengths were."""
     if "epochs_trained" in floor:
-        tail = (f"flat over the last {floor['patience']}" if floor["flat"] else
-                f"still rising at the cap ({100 * floor['end_gain']:+.2f} points over its last {floor['patience']})")
-        return f"epoch {floor['epochs']} of {floor['epochs_trained']} on {floor['tuned_on']}, {tail}"
+        gain = floor["end_gain"]
+        tail = (f"flat over the last {floor['window']}" if floor["flat"] else "still rising at the cap" +
+                ("" if gain is None else f" ({100 * gain:+.2f} points over its last {floor['window']})"))
+        return (f"epoch {floor['epochs']} of {floor['epochs_trained']} (best mean of {floor['smooth']} on "
+                f"{floor['tuned_on']}), {tail}")
     if "iterations" in floor:
         return f"{'converged' if floor['converged'] else 'NOT converged'} in {floor['iterations']} iterations"
     return "–"
