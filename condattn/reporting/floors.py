@@ -69,6 +69,6 @@ def floor_table(table: str, scale: str, results_root: str | Path, multiplier: fl
             "`python -m condattn.floors --scale " + scale + "`. A trained floor runs until its last epochs do no "
             "better on its tuning split (validation; a tenth of the training split where validation is reported) and "
             "keeps its best epoch; its length says how many.")
-    return "\n".join([head, "", "| row | floor | value | split | length (chosen on the tuning split) | fitting time |",
+    return "\n".join([head, "", "| row | floor | value | split | training length | fitting time |",
                       "|---|---|---|---|---|---|", *rows])
 
