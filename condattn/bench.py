@@ -27,25 +27,20 @@ from .engine import provenance
 from .engine.flops import mfu, peak_flops, training_step_flops
 from .engine.precision import resolve_execution
 
-ARMS = {
-    "baseline": ("none", {}),
-    "SCA": ("spectral", {}),
-    "CET-svd": ("embedded", {"solver": "svd"}),
-    "CET-fast": ("embedded", {"solver": "newton_schulz"}),
-    # the field's methods beside them (conditioning/methods/); mimetic_init only sets weights (≈ 1× by design)
-    "QK-norm": ("qk_norm", {}),
-    "σReparam": ("sigma_reparam", {}),  # one σ per stored weight (the reference's fused qkv)
-    "σReparam-role": ("sigma_reparam", {"partition": "per_role"}),  # one σ per W_Q, W_K, W_V
-    "mimetic": ("mimetic_init", {}),
-    "NS-attn": ("ns_attention", {}),
-    # the 2025 rivals: softcap and the sink replace the fused kernel by explicit attention; QK-clip reads the logits
-    # beside it and rescales W_Q / W_K after each step (timed: _step calls after_optimizer_step)
-    "gated": ("gated_attention", {}),
-    "gated-head": ("gated_attention", {"gate": "headwise"}),
-    "soft-cap": ("softcap", {}),
-    "sink": ("attention_sink", {}),
-    "QK-clip": ("qk_clip", {}),
-}
+
+def bench_arms() -> dict[str, tuple[str, dict]]:
+    """{arm: (method, options)}: every registered method's bench arms (MethodSpec.bench_arms), in registration
+    order, the baseline's first."""
+    from .conditioning.spec import METHODS, method_spec
+
+    return {arm: (m, dict(opts)) for m in METHODS for arm, opts in method_spec(m).bench_arms.items()}
+
+
+def baseline_arm() -> str:
+    """The arm every ratio is taken to: the baseline method's."""
+    from .conditioning.spec import BASELINE, method_spec
+
+    return next(iter(method_spec(BASELINE).bench_arms))
 
 
 def _vit_small(batch: int, device: torch.device):
@@ -144,9 +139,9 @@ def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters:
     factory = MODELS[name][0]
     torch.manual_seed(0)
     base, loss_fn = factory(batch, device)
-    arms, refused = {}, {}
-    for arm, (method, opts) in ARMS.items():
-        if arm_names and arm != "baseline" and arm not in arm_names:
+    arms, refused, base_arm = {}, {}, baseline_arm()
+    for arm, (method, opts) in bench_arms().items():
+        if arm_names and arm != base_arm and arm not in arm_names:
             continue
         model = copy.deepcopy(base).to(device).train()
         try:
@@ -177,7 +172,7 @@ def bench_model(name: str, device: torch.device, batch: int, warmup: int, iters:
     for arm, ts in times.items():
         med = statistics.median(ts)
         # paired by round (the arms of one round ran back to back), so slow drift of a shared machine cancels
-        ratios = sorted(t / b for t, b in zip(ts, times["baseline"]))
+        ratios = sorted(t / b for t, b in zip(ts, times[base_arm]))
         q1, q3 = (statistics.quantiles(ratios, n=4)[i] for i in (0, 2)) if len(ratios) > 1 else (ratios[0],) * 2
         rows[arm] = {
             "step_ms": round(1000 * med, 1),
@@ -357,11 +352,11 @@ def render(results: list[dict], header: str) -> str:
 
 def cost_terms() -> list[str]:
     """Each arm's per-step cost term, as its method declares it (MethodSpec.cost; init-only: none)."""
-    from .conditioning import method_spec
+    from .conditioning.spec import BASELINE, method_spec
 
     out = ["Cost terms (each method's MethodSpec):"]
-    for arm, (method, opts) in ARMS.items():
-        if method != "none":
+    for arm, (method, opts) in bench_arms().items():
+        if method != BASELINE:
             ms = method_spec(method)
             once = ms.once({**ms.options, **opts})
             out.append(f"- {arm}: {'none per step (init only: ' + once + ')' if once else ms.cost}")
@@ -373,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", nargs="*", default=DEFAULT_MODELS,
                    help=f"from {list(MODELS)}; `zoo` = every vision zoo entry (default: {DEFAULT_MODELS})")
     p.add_argument("--batch", type=int, help="default: per model, smaller on CPU")
-    p.add_argument("--arms", nargs="*", help=f"only these arms beside the baseline, from {list(ARMS)[1:]} "
+    p.add_argument("--arms", nargs="*", help=f"only these arms beside the baseline, from {list(bench_arms())[1:]} "
                    "(more rounds in the same time, e.g. --arms SCA --iters 21)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=7)
@@ -392,9 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.loader:
         return _main_loader(args)
     args.models = [m for name in args.models for m in (ZOO if name == "zoo" else [name])]
-    bad_arms = [a for a in args.arms or [] if a not in ARMS]
+    bad_arms = [a for a in args.arms or [] if a not in bench_arms()]
     if bad_arms:
-        p.error(f"unknown arm(s) {bad_arms}; choose from {list(ARMS)[1:]}")
+        p.error(f"unknown arm(s) {bad_arms}; choose from {list(bench_arms())[1:]}")
     bad = [m for m in args.models if m not in MODELS]
     if bad:
         p.error(f"unknown model(s) {bad}; choose from {list(MODELS)}")

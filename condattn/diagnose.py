@@ -28,9 +28,11 @@ from typing import Any
 import torch
 
 from .conditioning.forms import FORMS
+from .conditioning.spec import BASELINE
 from .diagnostics import layer_jacobian
 from .diagnostics.layer_jacobian import EXACT_MAX_ENTRIES
 
+DEFAULT_METHOD = "spectral"  # diagnosed when neither --method nor conditioning=... names one: the SCA paper's
 ARROW = " → "
 COLUMNS = (  # (header, flat diagnostics key; i = layer / block index)
     ("κ(W_Q)", "kappa_wq/l{i}"),
@@ -68,7 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m condattn.diagnose",
         description="Per-layer κ / entropy / gradient table of a configured model, baseline → conditioned.",
     )
-    p.add_argument("--method", help="conditioning method (default: the conditioning=... override, else spectral)")
+    p.add_argument("--method", help="conditioning method (default: the conditioning=... override, else "
+                   f"{DEFAULT_METHOD})")
     p.add_argument("--batch", type=int, default=4, help="validation samples measured (default 4)")
     p.add_argument("--out", help="output directory (default: <paths.results>/diagnose)")
     p.add_argument("--jacobian", action="store_true", help="also κ(J) of the first attention layer's head 0")
@@ -92,7 +95,7 @@ def with_method(method: str | None, overrides: list[str]) -> list[str]:
     """The overrides with the conditioning method made explicit (conditioning=spectral when none is given)."""
     given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == "conditioning"]
     if method is None:
-        return overrides if given else ["conditioning=spectral", *overrides]
+        return overrides if given else [f"conditioning={DEFAULT_METHOD}", *overrides]
     if given:
         if given[-1] != method:
             raise DiagnoseError(f"--method {method} contradicts the override conditioning={given[-1]}")
@@ -224,7 +227,7 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
     except FileNotFoundError as e:
         raise DiagnoseError(str(e)) from e
     models = {"baseline": parts.unpatched, "conditioned": conditioned}
-    apply_conditioning(models["baseline"], "none")
+    apply_conditioning(models["baseline"], BASELINE)
     batch = {k: v.to(device) for k, v in _first(data.val, batch_size).items()}
 
     arms = {arm: measure(m, task, batch) for arm, m in models.items()}
@@ -382,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.model:
         try:
-            run_own(args.model, args.method or "spectral", args.overrides, args.out)
+            run_own(args.model, args.method or DEFAULT_METHOD, args.overrides, args.out)
         except DiagnoseError as e:
             print(f"diagnose: {e}", file=sys.stderr)
             return 2

@@ -115,7 +115,7 @@ def test_refresh_stale_retrains_exactly_the_cells_made_by_other_code(tmp_path, c
     capsys.readouterr()
     assert main([*args, "--refresh-stale"]) == 0
     out = capsys.readouterr().out
-    assert "table4_lra_listops_spectral_smoke_s0: made by other code (conditioning differ from HEAD's)" in out
+    assert "table4_lra_listops_spectral_smoke_s0: made by other code (conditioning differ from this code's)" in out
     assert "table4_lra_listops_none_smoke_s0: finished earlier, skipped" in out
     assert (runs / "table4_lra_listops_spectral_smoke_s0.stale-1" / "summary.json").exists()
     assert RunRecord(runs / "table4_lra_listops_spectral_smoke_s0").summary["code"] == \

@@ -179,7 +179,7 @@ def test_the_small_cnn_floor_trains_with_the_transformers_shifts():
     (the ±k-pixel shifts task.augment.shift_px gives the transformers); the pixels themselves are kept."""
     from condattn.floors.fit import SmallCNN
 
-    cnn = SmallCNN(side=8, epochs=1, shift=2)
+    cnn = SmallCNN(side=8, shift=2)
     x = torch.zeros(50, 1, 8, 8)
     x[:, 0, 3, 4] = 1.0  # one lit pixel per image
     out = cnn._shifted(x, torch.Generator().manual_seed(0))
@@ -188,3 +188,75 @@ def test_the_small_cnn_floor_trains_with_the_transformers_shifts():
     rows, cols = where // 8, where % 8
     assert rows.min() >= 1 and rows.max() <= 5 and cols.min() >= 2 and cols.max() <= 6
     assert len(set(zip(rows.tolist(), cols.tolist()))) > 5  # the offsets vary from image to image
+
+
+def _run(val: list[float], patience: int = 3, cap: int = 50, smooth: int = 1):
+    """train_until_flat over a constructed validation curve: epoch() advances, tune_score() reads the curve."""
+    at = [0]
+
+    def epoch():
+        at[0] += 1
+
+    return fit.train_until_flat(epoch, lambda: val[at[0] - 1], lambda: at[0], patience, cap, smooth)
+
+
+def test_a_trained_floors_length_is_chosen_on_its_tuning_curve_only():
+    """Validation peaks at epoch 4, the test curve (never given to the chooser) at epoch 9: epoch 4 is kept, and
+    training stops once the best lies max(patience, 4) epochs back."""
+    val = [0.50, 0.70, 0.80, 0.90, 0.85, 0.90, 0.88, 0.86, 0.84, 0.83, 0.82, 0.81]
+    test = [0.50, 0.60, 0.70, 0.75, 0.80, 0.85, 0.90, 0.92, 0.95, 0.90, 0.85, 0.80]
+    scores, best = _run(val)
+    assert best == 4 and scores == val[:8]  # epochs 5-8 no better than 0.90 (a tie is not better): stopped at 8
+    assert int(np.argmax(test)) + 1 == 9 != best
+    rec = fit.length_record(scores, 3, 1)
+    assert rec["epochs"] == 4 and rec["epochs_trained"] == 8 and rec["window"] == 4 and rec["flat"]
+    assert rec["end_gain"] == pytest.approx(0.0)
+    assert view.length({**rec, "tuned_on": "val"}) == "epoch 4 of 8 (best mean of 1 on val), flat over the last 4"
+
+
+def test_one_lucky_epoch_does_not_choose_the_length():
+    """A one-epoch spike at epoch 3 on a curve that keeps rising: the trailing mean of 3 picks the plateau, and the
+    run goes on until the best lies max(patience, its epoch) epochs back."""
+    val = [0.80, 0.85, 0.97, 0.88, 0.90, 0.92, 0.93, 0.94, 0.95, 0.95, 0.95] + [0.94] * 20
+    assert _run(val, patience=3)[1] == 3  # raw scores: the spike wins
+    scores, best = _run(val, patience=3, smooth=3)
+    assert best == 11 and len(scores) == 22  # the mean of epochs 9-11 (0.95) is the best; 11 more no better
+    assert fit.length_record(scores, 3, 3)["flat"]
+
+
+def test_a_curve_still_rising_at_the_cap_is_said_to_be():
+    val = [0.1 * i for i in range(1, 21)]
+    scores, best = _run(val, patience=3, cap=8)
+    rec = fit.length_record(scores, 3, 1)
+    assert best == 8 and rec["epochs_trained"] == 8 and not rec["flat"] and rec["end_gain"] is None  # window 8
+    assert view.length({**rec, "tuned_on": "train tenth"}) == ("epoch 8 of 8 (best mean of 1 on train tenth), still "
+                                                              "rising at the cap")
+    rec = fit.length_record([0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.5, 0.6, 0.7, 0.8, 0.96], 3, 1)  # window max(3, 11)
+    assert not rec["flat"] and rec["window"] == 11 and rec["end_gain"] is None
+    rec = fit.length_record([0.9, 0.5, 0.6, 0.7, 0.8], 1, 1)  # the best is epoch 1: window 1, the last epoch lower
+    assert rec["flat"] and rec["end_gain"] == pytest.approx(-0.1)
+    assert not fit.flat([0.5, 0.6, 0.7], 3, 1)  # too short to say
+
+
+def test_the_tuning_split_is_validation_or_a_tenth_of_training_never_test():
+    x = {s: np.arange(n)[:, None] + off for s, n, off in (("train", 50, 0), ("val", 7, 1000), ("test", 9, 2000))}
+    y = {s: x[s][:, 0] % 3 for s in x}
+    fx, fy, (tx, ty) = fit.tuning_data(x, y, tune_on_val=True)
+    assert fx is x["train"] and tx is x["val"] and ty is y["val"]
+    fx, fy, (tx, ty) = fit.tuning_data(x, y, tune_on_val=False)
+    assert len(tx) == 5 and len(fx) == 45 and not set(tx[:, 0]) & set(fx[:, 0]) and tx.max() < 1000
+
+
+def test_a_solver_floor_records_whether_it_converged():
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    xs, ys = rng.normal(size=(60, 4)), rng.integers(0, 2, 60)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # max_iter=1 warns that it did not converge: the record says so
+        short = fit.solver_record(LogisticRegression(max_iter=1).fit(xs, ys))
+    done = fit.solver_record(fit.logreg(1.0).fit(xs, ys))
+    assert short == {"iterations": 1, "converged": False} and done["converged"] and done["iterations"] > 1
+    assert view.length(done) == f"converged in {done['iterations']} iterations" and view.length({}) == "–"

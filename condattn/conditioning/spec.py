@@ -20,6 +20,8 @@ Each method is a `MethodSpec` registered by name. Adding a method is one registr
         # its facts, read by the report's counts, remove_conditioning, the tables, the cost estimate and the
         # contract test (tests/test_method_contract.py, which needs a case for every registered method)
         per_layer=True, init_only=False, short="QK-norm", cost="two per-head norms per layer", adds_keys=True,
+        # read by provenance (its own modules: the code fingerprint of its runs) and `make bench` (its arms)
+        sources=("methods/qk_norm.py",), bench_arms={"QK-norm": {}},
     ))
 
 An option name means one option everywhere: a method may list another method's option again (conditioned_init uses
@@ -88,6 +90,15 @@ class MethodSpec:
     paper_baseline_key: str = ""
     effect: bool = True  # the paper claims an effect for it (False: the paper's control, e.g. mimetic init)
     rival: bool = False  # not one of the two papers' methods (SCA, CET): a method they are compared against
+    # --- what the harness reads of it (provenance, `make bench`, table 6)
+    # its own modules, relative to condattn/conditioning/: the conditioning part of a run's code fingerprint covers
+    # these only for runs of this method (engine/provenance.py); () runs shared code only (the baseline)
+    sources: tuple[str, ...] = ()
+    # `make bench`'s arms that time it: arm name -> the options it is applied with (the arm's options beside defaults)
+    bench_arms: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # what the papers say it does to a step diagnostic (a condattn.diagnostics flat key): key -> "lower" | "higher";
+    # table 6 and the findings check the final values against these
+    diagnostics_claimed: Mapping[str, str] = field(default_factory=dict)
 
     def acting(self, values: Mapping[str, Any]) -> set[str]:
         return set(self.options) if self.applies is None else set(self.applies(values)) & set(self.options)
@@ -103,6 +114,7 @@ class MethodSpec:
         return self.short or self.name
 
 
+BASELINE = "none"  # the method that conditions nothing: every table's reference row
 _METHODS: dict[str, MethodSpec] = {}
 _OPTIONS: dict[str, tuple[Any, Validator | None]] = {}  # option -> (normalised default, check)
 
@@ -167,7 +179,8 @@ def composite(name: str, *parts: str, label: str = "", short: str = "") -> Metho
                       parts=tuple(parts), per_layer=any(s.per_layer for s in specs), init_only=once, short=short,
                       cost="; ".join(s.cost for s in specs if s.cost), adds_keys=any(s.adds_keys for s in specs),
                       permissions=frozenset().union(*(s.permissions for s in specs)),
-                      after_step=_AfterSteps(steps) if steps else None)
+                      after_step=_AfterSteps(steps) if steps else None,
+                      sources=tuple(dict.fromkeys(f for s in specs for f in s.sources)))
 
 
 class _AfterSteps:
@@ -412,7 +425,7 @@ NEWTON_SCHULZ_ONLY = ("lift_iters", "ns_iters", "power_iters")
 # conditioned_init reads these of SCA's options (which projections, W_V's placement, DETR's attention kinds)
 INIT_OPTIONS = ("targets", "identity", "detr_attention")
 
-register_method(MethodSpec("none", label="none (the baseline)", short="baseline"))
+register_method(MethodSpec(BASELINE, label="none (the baseline)", short="baseline", bench_arms={"baseline": {}}))
 register_method(MethodSpec(
     "spectral", SPECTRAL_OPTIONS, label="spectral (SCA)", applies=_spectral_applies,
     site_kind_options=frozenset({"detr_attention"}),
@@ -429,6 +442,9 @@ register_method(MethodSpec(
     },
     plan=plan_attention("spectral"), apply=apply_spectral, per_layer=True,
     init_only=spectral_once, short="SCA", claim="SCA", paper_key="sca", paper_baseline_key="sca_baseline",
+    sources=("spectral.py",), bench_arms={"SCA": {}},
+    diagnostics_claimed={"kappa_wq/mean": "lower", "kappa_wk/mean": "lower", "kappa_wv/mean": "lower",
+                         "sigma_min_wq/mean": "higher", "kappa_jacobian/l0": "lower"},
     cost="W + C folded into each W_Q/W_K/W_V per call: one weight-sized add (svd: an SVD per block per refresh)",
 ))
 register_method(MethodSpec(
@@ -446,6 +462,9 @@ register_method(MethodSpec(
     },
     permissions=frozenset({"causal_leak"}), plan=plan_tokens, apply=apply_embedded, short="CET",
     claim="CET", paper_key="cet", paper_baseline_key="cet_baseline",
+    sources=("embedded.py", "tokens.py"),
+    bench_arms={"CET-svd": {"solver": "svd"}, "CET-fast": {"solver": "newton_schulz"}},
+    diagnostics_claimed={"kappa_x/b0": "lower", "kappa_attn/l0": "lower", "kappa_attn/mean": "lower"},
     cost="the polar factor of each sample's N × D token matrix per forward (Newton–Schulz steps, or one SVD)",
 ))
 register_method(composite("spectral+embedded", "spectral", "embedded", label="spectral+embedded (SCA and CET)",
@@ -454,4 +473,5 @@ register_method(MethodSpec("conditioned_init", {k: SPECTRAL_OPTIONS[k] for k in 
                            label="conditioned_init", site_kind_options=frozenset({"detr_attention"}),
                            plan=plan_attention("conditioned_init"), apply=apply_conditioned_init,
                            per_layer=True, init_only=True, short="conditioned init", rival=True,
-                           claim="conditioned init", paper_key="ci_conditioned", paper_baseline_key="ci_baseline"))
+                           claim="conditioned init", paper_key="ci_conditioned", paper_baseline_key="ci_baseline",
+                           sources=("initialise.py", "spectral.py")))

@@ -98,7 +98,7 @@ def _meta_friendly():
 
 def _count_on(cfg: Any, device: torch.device) -> float:
     from ..conditioning import apply_conditioning
-    from ..conditioning.spec import conditioning_spec, method_spec
+    from ..conditioning.spec import BASELINE, conditioning_spec, method_spec
     from ..models import build_model
 
     mcfg = OmegaConf.to_container(cfg.model, resolve=True)
@@ -110,10 +110,9 @@ def _count_on(cfg: Any, device: torch.device) -> float:
     with torch.random.fork_rng(devices=[]), torch.device(device):  # the caller's RNG stream is left as it was
         model = build_model(mcfg).train()
         spec = conditioning_spec(cfg.conditioning)
-        # conditioned_init, mimetic_init and SCA with mode=init change the weights once: no per-step cost (CET beside
-        # it keeps its)
-        once = {"conditioned_init", "mimetic_init", *(["spectral"] if spec.values.get("mode") == "init" else [])}
-        method = "+".join(m for m in spec.parts if m not in once) or "none"
+        # a part init-only under these options (MethodSpec.once: conditioned_init, SCA with mode=init) changes the
+        # weights once: no per-step cost (CET beside it keeps its)
+        method = "+".join(m for m in spec.parts if not method_spec(m).once(spec.values)) or BASELINE
         own = method_spec(method).options  # (an option of a part left out would be refused as another method's)
         apply_conditioning(model, method, **{k: v for k, v in spec.values.items() if k in own})
         batch = _synthetic_batch(cfg, _COUNT_BATCH, device)
@@ -172,10 +171,21 @@ def launcher_gpu(cfg: Any) -> tuple[str, float]:
 # length scales its time per sample linearly; None: the same input as the cell)
 BENCH_MODELS = {"nystromformer_lra_listops": (("nystromformer_lra", "nystromformer_lra_dual"), 2048),
                 "crammed_bert": (("crammed_bert",), None)}
-# a cell's conditioning method -> the bench arm that times it
-BENCH_ARMS = {"none": "baseline", "spectral": "SCA", "embedded": "CET-fast", "qk_norm": "QK-norm",
-              "sigma_reparam": "σReparam", "mimetic_init": "mimetic", "ns_attention": "NS-attn",
-              "conditioned_init": "baseline"}
+def bench_arm(conditioning: Any) -> str | None:
+    """The `make bench` arm that times a cell's `conditioning` node: of the first part that costs per step (not
+    init-only under its options, MethodSpec.once), the arm (MethodSpec.bench_arms) whose options the cell's match,
+    the most specific (CET with solver=svd: CET-svd); the baseline's arm when every part is init-only; None for a
+    part the bench does not time, or a node that is not a valid conditioning."""
+    from ..conditioning.spec import BASELINE, conditioning_spec, method_spec
+
+    try:
+        spec = conditioning_spec(conditioning)
+    except ValueError:
+        return None
+    timed = [m for m in spec.parts if not method_spec(m).once(spec.values)] or [BASELINE]
+    arms = method_spec(timed[0]).bench_arms
+    fits = [(len(opts), arm) for arm, opts in arms.items() if all(spec.values.get(k) == v for k, v in opts.items())]
+    return max(fits, key=lambda f: f[0])[1] if fits else None
 
 
 def _bench_files(cfg: Any) -> list[Path]:
@@ -196,10 +206,9 @@ def measured_step(cfg: Any) -> tuple[float, str] | None:
     GPU type (launcher.gpu_type in the device name, launcher.bench_dir) for this cell's model and method at its matmul
     precision; None when no bench run measured them."""
     gpu = launcher_gpu(cfg)[0].lower()
-    name, method = str(cfg.model.get("name")), str(cfg.conditioning.get("method", "none"))
-    arm = BENCH_ARMS.get(method.split("+")[0], method)
-    if method == "embedded" and str(cfg.conditioning.get("solver", "")) == "svd":
-        arm = "CET-svd"
+    name, arm = str(cfg.model.get("name")), bench_arm(cfg.conditioning)
+    if arm is None:
+        return None
     precision = resolve_execution(cfg.impl, "cuda").dtype_name
     for f in _bench_files(cfg):
         try:

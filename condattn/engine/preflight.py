@@ -198,14 +198,15 @@ def lam_warning(cfg: Any) -> str | None:
     that fp32 rounds W away next to it (W + λI keeps log2(std / (λ·2⁻²³)) bits of W); None otherwise."""
     import math
 
-    c = cfg.get("conditioning") or {}
-    if "spectral" not in str(c.get("method", "")).split("+") or c.get("correction", "identity") != "identity":
-        return None
+    from ..conditioning.spec import conditioning_spec
+
     try:
-        lam = float(c.get("lam"))
-    except (TypeError, ValueError):
+        spec = conditioning_spec(cfg.get("conditioning") or {})
+    except ValueError:  # a bad method or option: the config check names it
         return None
-    unit = str(c.get("lam_unit") or "abs")
+    if "lam" not in spec.applying:  # λ acts (the method's own rule: SCA with correction=identity)
+        return None
+    lam, unit = float(spec["lam"]), str(spec["lam_unit"])
     if not math.isfinite(lam) or lam <= 0 or unit == "sigma_max":
         return None
     if unit == "init_std":

@@ -88,17 +88,18 @@ CODE_PARTS = {
     "diagnostics": ("condattn/diagnostics",),
 }
 # Provenance is the code a run executed: the conditioning part of a run covers the library's shared code and its own
-# method's modules, never another method's (an edit to σReparam leaves every SCA run as it was). A method not listed
-# runs shared code only (the baseline).
-METHOD_FILES = {
-    "spectral": ("condattn/conditioning/spectral.py",),
-    "conditioned_init": ("condattn/conditioning/initialise.py", "condattn/conditioning/spectral.py"),
-    "embedded": ("condattn/conditioning/embedded.py", "condattn/conditioning/tokens.py"),
-    "qk_norm": ("condattn/conditioning/methods/qk_norm.py",),
-    "sigma_reparam": ("condattn/conditioning/methods/sigma_reparam.py",),
-    "mimetic_init": ("condattn/conditioning/methods/mimetic.py",),
-    "ns_attention": ("condattn/conditioning/methods/ns_attention.py",),
-}
+# method's modules (MethodSpec.sources), never another method's (an edit to σReparam leaves every SCA run as it was).
+# A method with none runs shared code only (the baseline).
+LIBRARY = "condattn/conditioning"
+
+
+def method_files() -> dict[str, tuple[str, ...]]:
+    """{registered method: its own modules, repo-relative}, read from the registry (MethodSpec.sources)."""
+    from ..conditioning.spec import METHODS, method_spec
+
+    return {m: tuple(f"{LIBRARY}/{f}" for f in method_spec(m).sources) for m in METHODS}
+
+
 STALE_PARTS = ("conditioning", "model", "task", "engine")  # what --refresh-stale retrains for
 NOT_RESULT = tuple(f"condattn/engine/{f}" for f in (
     "cost.py", "flops.py", "logging.py", "errors.py", "provenance.py", "summary.py", "twins.py", "identity.py",
@@ -148,8 +149,9 @@ def fingerprint(files: dict[str, bytes], method: str | None = None) -> dict[str,
     conditioning part covers the shared library and `method`'s own modules ("a+b": both); method None: every file."""
     import hashlib
 
-    own = {f for m in (method or "").split("+") for f in METHOD_FILES.get(m, ())}
-    others = {f for fs in METHOD_FILES.values() for f in fs} - own
+    by_method = method_files()
+    own = {f for m in (method or "").split("+") for f in by_method.get(m, ())}
+    others = {f for fs in by_method.values() for f in fs} - own
     out = {}
     for part, paths in CODE_PARTS.items():
         h = hashlib.sha256()

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..conditioning.spec import BASELINE
 from ..experiment import Experiment
 from .fit import VERSION
 
@@ -21,7 +22,7 @@ def groups(exp: Experiment, scale: str) -> dict[str, tuple[str, list[str]]]:
     for row in exp.rows_at(scale):
         group = exp.rows[row].task or row
         if group not in out:
-            out[group] = (exp.row_metric(scale, row), exp.cell_overrides(row, "none", scale, 0))
+            out[group] = (exp.row_metric(scale, row), exp.cell_overrides(row, BASELINE, scale, 0))
     return out
 
 
@@ -31,7 +32,7 @@ def pretrain_tokenizer(exp: Experiment, scale: str) -> str:
     from ..data.registry import build_datasets
 
     pre = exp.pretrain
-    cfg = compose_cell([*pre.overrides, *(pre.scales.get(scale) or ()), "conditioning=none",
+    cfg = compose_cell([*pre.overrides, *(pre.scales.get(scale) or ()), f"conditioning={BASELINE}",
                         f"scale={scale}", "seed=0"])
     return str(Path(build_datasets(cfg).info["cache"]) / "tokenizer.json")
 

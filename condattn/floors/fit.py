@@ -17,13 +17,90 @@ TEXT_C_GRID = (0.1, 1.0, 10.0, 100.0)  # tf-idf floors: their pick sat at C = 10
 SVM_GRID = tuple((c, g) for c in (1.0, 10.0) for g in (1.0, 2.0, 4.0))  # (C, gamma as a multiple of "scale")
 
 
-CNN_EPOCHS = 12  # the small CNN trains this many epochs and keeps its best one on the tuning split
+# A trained floor (the small CNN, the MLP) trains epoch by epoch, scored on its tuning split (validation, or a seeded
+# tenth of the training split when validation is the reported split) after each. Its length is the epoch whose
+# trailing mean over SMOOTH epochs is best (a tuning split of 350-500 samples moves about a point from epoch to epoch
+# by chance: one lucky epoch must not pick it), and it trains until that best lies at least max(PATIENCE, its own
+# epoch) epochs back (the curve flat over a window as long as the length chosen); it keeps that epoch's weights. One
+# that reaches MAX_EPOCHS first says its curve was still rising.
+PATIENCE = 10
+SMOOTH = 5
+MAX_EPOCHS = 150
+SOLVER_MAX_ITER = 5000  # logistic regression's lbfgs: iterations allowed to reach its own tolerance (converged)
 
 
 KN_ORDERS = (2, 3, 4, 5, 6, 7, 8)  # the n-gram floor: the order (upwards while validation improves) and discount
 
 
 KN_DISCOUNTS = (0.75, 0.9)
+
+
+def smoothed(scores: list[float], smooth: int = SMOOTH) -> list[float]:
+    """Each epoch's trailing mean over up to `smooth` epochs (fewer at the start)."""
+    return [float(np.mean(scores[max(0, i - smooth + 1):i + 1])) for i in range(len(scores))]
+
+
+def best_epoch(scores: list[float], smooth: int = SMOOTH) -> int:
+    """The epoch (1-based) whose trailing mean is highest, the earliest of ties."""
+    return int(np.argmax(smoothed(scores, smooth))) + 1
+
+
+def window(scores: list[float], patience: int = PATIENCE, smooth: int = SMOOTH) -> int:
+    """How far back the best must lie for the curve to count as flat: max(patience, the best epoch)."""
+    return max(patience, best_epoch(scores, smooth)) if scores else patience
+
+
+def flat(scores: list[float], patience: int = PATIENCE, smooth: int = SMOOTH) -> bool:
+    """The curve is flat at its end: its trailing means over the last `window` epochs do not beat the best before
+    them (the best lies at least max(patience, its own epoch) epochs back)."""
+    w = window(scores, patience, smooth)
+    s = smoothed(scores, smooth)
+    return len(s) > w and max(s[-w:]) <= max(s[:-w])
+
+
+def train_until_flat(epoch, tune_score, snapshot, patience: int = PATIENCE, cap: int = MAX_EPOCHS,
+                     smooth: int = SMOOTH):
+    """Run `epoch()` then `tune_score()` (the tuning split's score; nothing else is read) until the curve is flat
+    (`flat`) or `cap` epochs; returns (scores, the `snapshot()` taken after `best_epoch`)."""
+    scores: list[float] = []
+    best, kept = None, -np.inf
+    while len(scores) < cap and not flat(scores, patience, smooth):
+        epoch()
+        scores.append(float(tune_score()))
+        if (mean := smoothed(scores, smooth)[-1]) > kept:
+            best, kept = snapshot(), mean
+    return scores, best
+
+
+def length_record(scores: list[float], patience: int = PATIENCE, smooth: int = SMOOTH) -> dict:
+    """What a trained floor records of its length: the epoch kept (best trailing mean on the tuning split), the
+    epochs trained, the flatness window, whether the curve ended flat, and the window's best trailing mean over the
+    best before it (≤ 0 when flat)."""
+    w, s = window(scores, patience, smooth), smoothed(scores, smooth)
+    return {"epochs": best_epoch(scores, smooth), "epochs_trained": len(scores), "window": w, "smooth": smooth,
+            "flat": flat(scores, patience, smooth), "end_gain": (max(s[-w:]) - max(s[:-w])) if len(s) > w else None,
+            "epoch_scores": {str(i + 1): v for i, v in enumerate(scores)}}
+
+
+def solver_record(model) -> dict:
+    """A convex fit's length: its solver's iterations (the most over its classes) and whether it stopped at its own
+    tolerance (converged: the objective's curve is flat by the solver's criterion) before its iteration cap."""
+    est = model.steps[-1][1] if hasattr(model, "steps") else model
+    n_iter = getattr(est, "n_iter_", None)
+    cap = getattr(est, "max_iter", -1)
+    if n_iter is None:
+        return {}
+    iters = int(np.max(n_iter))
+    return {"iterations": iters, "converged": cap is None or cap < 0 or iters < cap}
+
+
+def tuning_data(x: dict, y: dict, tune_on_val: bool) -> tuple:
+    """(fit x, fit y, (tune x, tune y)) of a trained floor: all of the training split and validation when the report
+    is on test; else a seeded nine tenths of the training split and its other tenth (validation is reported)."""
+    if tune_on_val:
+        return x["train"], y["train"], (x["val"], y["val"])
+    a, b = _tuning_split(len(y["train"]))
+    return _rows(x["train"], a), y["train"][a], (_rows(x["train"], b), y["train"][b])
 
 
 def _tuning_split(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -57,13 +134,13 @@ def fit_report(make, fit_x, fit_y, tune: tuple | None, report_x, report_y, grid=
     else:
         model = make(None)
     model.fit(fit_x, fit_y)
-    return float((model.predict(report_x) == report_y).mean()), chosen
+    return float((model.predict(report_x) == report_y).mean()), {**chosen, **solver_record(model)}
 
 
 def logreg(c):
     from sklearn.linear_model import LogisticRegression
 
-    return LogisticRegression(C=c, max_iter=300)
+    return LogisticRegression(C=c, max_iter=SOLVER_MAX_ITER)
 
 
 def scaled_logreg(c):
@@ -112,10 +189,11 @@ class RBFSVM:
 
 class SmallCNN:
     """A small CNN on the raw pixels (conv 32 → pool → conv 64 → pool → linear 128 → classes), Adam at 1e-3, batch
-    64, seed 0, one thread, up to `epochs` epochs: the epoch kept is the one that scores best on `tune` (x, y)."""
+    64, seed 0, one thread, trained until its curve on `tune` (x, y) is flat (`train_until_flat`): the epoch kept is
+    the one that scores best there."""
 
-    def __init__(self, side: int, epochs: int = 15, shift: int = 0):
-        self.side, self.epochs, self.shift = side, int(epochs), int(shift)
+    def __init__(self, side: int, shift: int = 0, patience: int = PATIENCE, cap: int = MAX_EPOCHS):
+        self.side, self.shift, self.patience, self.cap = side, int(shift), int(patience), int(cap)
 
     def _shifted(self, xb, gen):
         """Each image translated by a random integer offset in [-shift, shift] per axis, filled with 0: the ±k-pixel
@@ -153,8 +231,8 @@ class SmallCNN:
             x, y = self._x(x), torch.as_tensor(np.asarray(y), dtype=torch.long)
             self.net = self._net(int(y.max()) + 1)
             opt = torch.optim.Adam(self.net.parameters(), lr=1e-3)
-            best, self.scores = (-1.0, None, 0), []
-            for epoch in range(1, self.epochs + 1):
+
+            def epoch():
                 self.net.train()
                 for idx in torch.randperm(len(y), generator=gen).split(64):
                     xb = self._shifted(x[idx], gen) if self.shift else x[idx]
@@ -162,12 +240,10 @@ class SmallCNN:
                     opt.zero_grad()
                     loss.backward()
                     opt.step()
-                score = float((self.predict(tune[0]) == np.asarray(tune[1])).mean())
-                self.scores.append(score)
-                if score > best[0]:
-                    best = (score, copy.deepcopy(self.net.state_dict()), epoch)
-            self.net.load_state_dict(best[1])
-            self.epoch = best[2]
+
+            self.scores, best = train_until_flat(epoch, lambda: (self.predict(tune[0]) == np.asarray(tune[1])).mean(),
+                                                 lambda: copy.deepcopy(self.net.state_dict()), self.patience, self.cap)
+            self.net.load_state_dict(best)
         finally:
             torch.set_num_threads(threads)
         return self
@@ -283,7 +359,30 @@ def listops_rules(ids: dict[str, list], y: dict[str, np.ndarray], split: str) ->
     return [outer, depth1]
 
 
-VERSION = 4  # bump when a floor's definition changes (the cache then recomputes)
+class MLP:
+    """One hidden layer of 256 (scikit-learn's MLPClassifier: Adam, batch 200, seed 0), trained one epoch at a time
+    (partial_fit) until its curve on `tune` is flat (`train_until_flat`); the best epoch is kept."""
+
+    def __init__(self, hidden: int = 256, patience: int = PATIENCE, cap: int = MAX_EPOCHS):
+        self.hidden, self.patience, self.cap = hidden, int(patience), int(cap)
+
+    def fit(self, x, y, tune: tuple):
+        import copy
+
+        from sklearn.neural_network import MLPClassifier
+
+        net = MLPClassifier((self.hidden,), random_state=0)
+        classes = np.unique(y)
+        self.scores, self.model = train_until_flat(lambda: net.partial_fit(x, y, classes=classes),
+                                                   lambda: (net.predict(tune[0]) == np.asarray(tune[1])).mean(),
+                                                   lambda: copy.deepcopy(net), self.patience, self.cap)
+        return self
+
+    def predict(self, x):
+        return self.model.predict(x)
+
+
+VERSION = 5  # bump when a floor's definition changes (the cache then recomputes)
 
 def _floor(label: str, value: float, split: str, seconds: float, **extra) -> dict:
     return {"label": f"floor: {label}", "value": value, "split": split, "seconds": round(seconds, 2), **extra}

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..conditioning.spec import METHODS, method_spec
 from ..experiment import Experiment
 from ..runs import RunId, RunRecord
 from ..table.provenance import Provenance, provenance
@@ -55,17 +56,14 @@ QUANTITIES = [
     ("kappa_jacobian/l0", "κ(J), attention Jacobian of layer 0 (head 0)"),
 ]
 LABELS = dict(QUANTITIES)
-# the papers' claims, checkable on the final values: (method, key, what the papers say the method does to it)
-CLAIM_CHECKS = [
-    ("embedded", "kappa_x/b0", "lower"),
-    ("embedded", "kappa_attn/l0", "lower"),
-    ("embedded", "kappa_attn/mean", "lower"),
-    ("spectral", "kappa_wq/mean", "lower"),
-    ("spectral", "kappa_wk/mean", "lower"),
-    ("spectral", "kappa_wv/mean", "lower"),
-    ("spectral", "sigma_min_wq/mean", "higher"),
-    ("spectral", "kappa_jacobian/l0", "lower"),
-]
+
+
+def claim_checks() -> list[tuple[str, str, str]]:
+    """The papers' claims, checkable on the final values: (method, diagnostics key, "lower" | "higher": what the
+    papers say the method does to it), read from each registered method (MethodSpec.diagnostics_claimed)."""
+    return [(m, key, way) for m in METHODS for key, way in method_spec(m).diagnostics_claimed.items()]
+
+
 ROLE_STYLES = {"q": "-", "k": "--", "v": ":"}
 # (panel title, keys drawn in it, log-scale y)
 PANELS = [
@@ -227,7 +225,7 @@ def _comparisons(exp: Experiment, data: dict) -> list[str]:
     base = exp.methods[0]
     lines = ["Ours beside the claims (final values, mean over finished seeds; a direction read off the means, not a "
              "significance test):", ""]
-    for method, key, claim in CLAIM_CHECKS:
+    for method, key, claim in claim_checks():
         if method not in exp.methods or method == base:
             continue
         parts = []

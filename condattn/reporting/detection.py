@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..conditioning.spec import method_spec
+from ..conditioning.spec import BASELINE, method_spec
 from ..experiment import Experiment
 from ..table.provenance import Provenance, provenance
 from ..table.result import Values
@@ -47,7 +47,7 @@ def paper_values(exp: Experiment, row: str, method: str, i: int) -> list[tuple[s
     out = []
     sources = exp.paper_sources
     for src, entry in (exp.paper.get(row) or {}).items():
-        if method == "none":
+        if method == BASELINE:
             vals = entry.get("baseline")
         elif method_spec(method).paper_key == src:
             vals = entry.get("conditioned")

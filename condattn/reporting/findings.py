@@ -122,7 +122,7 @@ def descriptive_findings(csv_path: Path, scale: str) -> list[str]:
 
 
 def _condition_number_lines(rows: list[dict]) -> list[str]:
-    from .curves import CLAIM_CHECKS, LABELS
+    from .curves import LABELS, claim_checks
 
     final = {(r["row"], r["method"], r["quantity"]): r for r in rows if r["stage"] == "final" and r["mean"]}
     groups = list(dict.fromkeys(r["row"] for r in rows))
@@ -131,7 +131,7 @@ def _condition_number_lines(rows: list[dict]) -> list[str]:
     # a method whose runs end at most 1.5 × chance has not learned: its κ values say nothing about the claims
     untrained = {k for k, r in acc.items() if r.get("chance") and float(r["mean"]) <= 1.5 * float(r["chance"])}
     details, agree, against, skipped = [], 0, [], []
-    for method, key, claim in CLAIM_CHECKS:
+    for method, key, claim in claim_checks():
         parts = []
         for g in groups:
             b, c = final.get((g, base, key)), final.get((g, method, key))

@@ -25,6 +25,21 @@ def fit_time(floor: dict) -> str:
     return "–" if sec is None else (f"{sec:.1f} s" if sec < 600 else f"{sec / 60:.1f} min")
 
 
+def length(floor: dict) -> str:
+    """A floor's training length as printed beside it: a trained floor's epoch kept (best on its tuning split), the
+    epochs trained and whether its curve ended flat; a solver's iterations and whether it converged; "–" for a floor
+    that is not trained (the majority class, kNN, a rule, an n-gram) or a cache written before lengths were."""
+    if "epochs_trained" in floor:
+        gain = floor["end_gain"]
+        tail = (f"flat over the last {floor['window']}" if floor["flat"] else "still rising at the cap" +
+                ("" if gain is None else f" ({100 * gain:+.2f} points over its last {floor['window']})"))
+        return (f"epoch {floor['epochs']} of {floor['epochs_trained']} (best mean of {floor['smooth']} on "
+                f"{floor['tuned_on']}), {tail}")
+    if "iterations" in floor:
+        return f"{'converged' if floor['converged'] else 'NOT converged'} in {floor['iterations']} iterations"
+    return "–"
+
+
 def floor_lines(table: str, scale: str, results_root: str | Path, multiplier: float = 100.0,
                 group: str | None = None) -> list[str]:
     """Markdown rows `| <group> | floor: ... | value |` of a table's cached floors (all groups, or one); [] when the
@@ -41,7 +56,7 @@ def floor_lines(table: str, scale: str, results_root: str | Path, multiplier: fl
         for f in entries[names[0]]["floors"]:
             label = f["label"].replace("|", "\\|")  # |u − v| inside a Markdown cell
             rows.append(f"| {', '.join(names)} | {label} | {f['value'] * multiplier:.2f} | {f['split']} | "
-                        f"{fit_time(f)} |")
+                        f"{length(f)} | {fit_time(f)} |")
     return rows
 
 
@@ -51,6 +66,9 @@ def floor_table(table: str, scale: str, results_root: str | Path, multiplier: fl
     if not rows:
         return ""
     head = ("Floors on the same data split (classical models and the majority class; not methods): "
-            "`python -m condattn.floors --scale " + scale + "`.")
-    return "\n".join([head, "", "| row | floor | value | split | fitting time |", "|---|---|---|---|---|", *rows])
+            "`python -m condattn.floors --scale " + scale + "`. A trained floor runs until its last epochs do no "
+            "better on its tuning split (validation; a tenth of the training split where validation is reported) and "
+            "keeps its best epoch; its length says how many.")
+    return "\n".join([head, "", "| row | floor | value | split | training length | fitting time |",
+                      "|---|---|---|---|---|---|", *rows])
 

@@ -44,6 +44,8 @@ class GateLink:
 
     def gated(self, o: torch.Tensor) -> torch.Tensor:
         x, self.x = self.x, None
+        if x is not None and x.shape[:-1] != o.shape[:-1] and x[..., 0].numel() == o[..., 0].numel():
+            x = x.reshape(*o.shape[:-1], x.shape[-1])  # the same tokens, shaped apart (CaiT/XCiT's class attention)
         if x is None or x.shape[:-1] != o.shape[:-1]:
             got = "no W_Q call" if x is None else f"W_Q input {tuple(x.shape)}"
             raise RuntimeError(f"gated_attention: W_O's input {tuple(o.shape)} does not follow its layer's W_Q call "
@@ -182,5 +184,6 @@ def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -
 
 register_method(MethodSpec("gated_attention", {"gate": "elementwise"}, label="gated_attention (output gate)",
                            validators={"gate": choice(GATES)}, apply=_apply, per_layer=True, short="gated attention",
+                           bench_arms={"gated": {}, "gated-head": {"gate": "headwise"}},
                            rival=True, adds_keys=True,
                            cost="one gate Linear (D × H·d, or D × H headwise) and a sigmoid per layer per forward"))

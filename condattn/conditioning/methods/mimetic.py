@@ -128,4 +128,6 @@ register_method(MethodSpec("mimetic_init", dict(DEFAULTS), label="mimetic_init (
                            init_only=True, short="mimetic init", rival=True,
                            # the conditioned-init paper ran it as its control: its numbers, no claimed effect
                            claim="mimetic init (as the conditioned-init paper ran it)", paper_key="ci_mimetic",
-                           paper_baseline_key="ci_baseline", effect=False))
+                           paper_baseline_key="ci_baseline", effect=False,
+                           # only sets weights: its arm shows ≈ 1× by design
+                           sources=("methods/mimetic.py",), bench_arms={"mimetic": {}}))

@@ -130,4 +130,5 @@ register_method(MethodSpec("ns_attention", {"ns_steps": 1, "ns_coefficients": MU
                            label="ns_attention (NS-attention)", apply=_apply,
                            validators={"ns_steps": integer(1), "ns_coefficients": _coefficients}, per_layer=True,
                            short="NS-attention", rival=True,
-                           cost="ns_steps quintic Newton–Schulz steps on each head's d × N output per forward"))
+                           cost="ns_steps quintic Newton–Schulz steps on each head's d × N output per forward",
+                           sources=("methods/ns_attention.py",), bench_arms={"NS-attn": {}}))

@@ -255,4 +255,5 @@ def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False, p
 register_method(MethodSpec("qk_norm", {"norm": "model"}, label="qk_norm (QK-norm)",
                            validators={"norm": choice(NORMS)}, apply=_apply, per_layer=True, short="QK-norm",
                            plan=lambda model, spec, partial=False: plan_qk_norm(model, partial),
-                           cost="two per-head norms of q and k per layer per forward", adds_keys=True, rival=True))
+                           cost="two per-head norms of q and k per layer per forward", adds_keys=True, rival=True,
+                           sources=("methods/qk_norm.py",), bench_arms={"QK-norm": {}}))

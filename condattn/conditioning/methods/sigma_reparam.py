@@ -326,4 +326,7 @@ register_method(MethodSpec("sigma_reparam", {"scope": "attention", "partition": 
                            label="sigma_reparam (σReparam)",
                            validators={"scope": choice(SCOPES), "partition": choice(PARTITIONS)}, apply=_apply,
                            per_layer=True, short="σReparam", rival=True, adds_keys=True,
-                           cost="one power step (two mat-vecs) and a rescale of each converted weight per forward"))
+                           cost="one power step (two mat-vecs) and a rescale of each converted weight per forward",
+                           sources=("methods/sigma_reparam.py",),
+                           # one σ per stored weight (the reference's fused qkv); one per W_Q, W_K, W_V
+                           bench_arms={"σReparam": {}, "σReparam-role": {"partition": "per_role"}}))
