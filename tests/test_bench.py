@@ -12,11 +12,14 @@ def test_bench_runs_all_arms_and_writes_results(tmp_path, capsys):
     assert main(["--models", "nystromformer_lra_listops", "--batch", "1", "--warmup", "0", "--iters", "1",
                  "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for arm in ("baseline", "SCA", "CET-svd", "CET-fast", "QK-norm", "σReparam", "σReparam-role", "mimetic", "NS-attn",
-                "gated", "gated-head", "soft-cap", "sink", "QK-clip"):
-        assert f"| nystromformer_lra_listops | 1 | {arm} |" in out
     data = json.loads(next(tmp_path.glob("*.json")).read_text())
-    arms = data["results"][0]["arms"]
+    arms, refused = data["results"][0]["arms"], data["results"][0].get("refused", {})
+    for arm in ("baseline", "SCA", "CET-svd", "CET-fast", "QK-norm", "σReparam", "σReparam-role", "mimetic", "NS-attn",
+                "gated", "gated-head", "soft-cap", "sink", "QK-clip"):  # timed, or not run with its reason
+        assert f"| nystromformer_lra_listops | 1 | {arm} |" in out or \
+            f"nystromformer_lra_listops: {arm} not run: {refused[arm]}" in out
+    # Nyströmformer builds its own softmax (landmarks): the logit methods cannot reach it, the rest are timed
+    assert set(refused) <= {"soft-cap", "sink", "QK-clip"} and "SCA" in arms and "gated" in arms
     assert arms["baseline"]["ratio_to_baseline"] == 1.0 and arms["SCA"]["step_ms"] > 0
     assert "commit" in data["header"] and data["versions"]["torch"]
 

@@ -45,7 +45,7 @@ def test_a_table_with_more_missing_cells_does_not_replace_the_committed_one(tmp_
     other.write_text("# λ = 5\n")
     assert main([str(path), "--scale", "smoke", "--report-only", *tiny(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert "kept" in err and "more missing cells" in err and "--force" in err
+    assert "kept" in err and "more missing runs" in err and "--force" in err
     assert md.read_text() == "# a committed table with every cell\n"
     assert not (md.parent / "table4_lra.png").exists() and (md.parent / "table4_lra.csv").read_text() == "table\n"
     assert other.read_text() == "# λ = 5\n"

@@ -17,13 +17,14 @@ BAD = [
                                "conditioning.lam?"),
     (["conditioning=spectal"], "override 'conditioning=spectal': there is no configs/conditioning/spectal.yaml; did "
                                "you mean conditioning=spectral? available: "),
-    (["seed=abc"], "seed='abc' must be an integer (e.g. seed=1)"),
-    (["seed=1.5"], "seed=1.5 must be an integer (e.g. seed=1)"),
+    (["seed=abc"], "seed='abc' must be an integer 0 ≤ seed < 2**32 (4,294,967,296), e.g. seed=0"),
+    (["seed=1.5"], "seed=1.5 must be an integer 0 ≤ seed < 2**32 (4,294,967,296), e.g. seed=0"),
     (["task.batch_size=0"], "task.batch_size=0 must be a positive integer (the global batch)"),
     (["impl.micro_batch_size=0"], "impl.micro_batch_size=0 must be a positive integer"),
     (["conditioning=spectral", "conditioning.lam=-1"], "conditioning.lam=-1 must be a finite number ≥ 0"),
     (["conditioning.lam=2"], "override 'conditioning.lam=2' does not apply to conditioning=none: it is an option of "
-                             "spectral (SCA); add conditioning=spectral (or spectral+embedded), or drop it"),
+                             "spectral (SCA); add conditioning=spectral (or spectral+embedded, qk_norm+spectral), "
+                             "or drop it"),
     (["conditioning=spectral", "conditioning.solver=svd"], "override 'conditioning.solver=svd' does not apply to "
                                                            "conditioning=spectral: it is an option of embedded (CET)"),
     (["conditioning=spectral", "conditioning.identity=diagonal"], "conditioning option identity='diagonal' is invalid"),

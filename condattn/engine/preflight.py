@@ -252,9 +252,6 @@ def check_config(cfg: Any) -> Checked:
                    f"known: {', '.join(MODEL_BUILDERS)}")
     else:
         out += model_problems(cfg.model)
-    seed = cfg.get("seed")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        out.append(f"seed={seed!r} must be an integer (e.g. seed=1)")
     if cfg.get("resume") not in RESUME_MODES:
         out.append(f"resume={cfg.get('resume')!r} must be auto (continue from the run dir's last checkpoint; a "
                    "finished run is kept) or never (start the run over)")
