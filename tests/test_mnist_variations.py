@@ -128,3 +128,24 @@ def test_floors_of_a_task_no_table_has_are_cached_under_its_name(tmp_path, monke
     with pytest.raises(SystemExit):
         floors.main([*args[:-1], "data.variant=spin"])
     assert "data.variant='spin' is not one of" in capsys.readouterr().err
+
+
+def test_fewer_training_images_per_class_is_a_stratified_subset():
+    from condattn.data.images import _train_subset
+
+    y = np.repeat(np.arange(10), 30)
+    train = np.arange(0, 300, 2)  # 15 per class
+    sub = _train_subset(train, y, 4, 1234)
+    assert set(np.bincount(y[sub])) == {4} and set(sub) <= set(train)
+    assert np.array_equal(sub, _train_subset(train, y, 4, 1234))
+    with pytest.raises(ValueError, match="data.train_per_class=16 but the smallest class has 15 training images"):
+        _train_subset(train, y, 16, 1234)
+
+
+@pytest.mark.slow
+def test_train_per_class_leaves_the_held_out_splits_alone():
+    base = ["task=imagenet_vit_hard", "scale=small", "logger=none", "data.variant=back_rand"]
+    full, few = build_datasets(compose(base)), build_datasets(compose([*base, "data.train_per_class=100"]))
+    assert (len(full.train), len(few.train)) == (3500, 1000) and few.info["train_per_class"] == 100
+    assert np.array_equal(full.test.items.images, few.test.items.images)
+    assert np.array_equal(full.val.items.images, few.val.items.images) and full.checksum != few.checksum
