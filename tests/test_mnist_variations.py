@@ -62,8 +62,9 @@ def test_unknown_variant_and_unrecorded_seed_name_the_fix():
 def test_the_small_recipe_composes_the_hard_stand_in_on_the_vit_split():
     cfg = compose(["task=imagenet_vit_hard", "scale=small", "logger=none"])
     vit = compose(["task=imagenet_vit", "scale=small", "logger=none"])
-    assert (cfg.data.source, cfg.data.name, cfg.task.name) == ("mnist_variations", "mnist_rot_back_image",
+    assert (cfg.data.source, cfg.data.name, cfg.task.name) == ("mnist_variations", "mnist_back_image",
                                                                "imagenet_vit_hard")
+    assert cfg.data.train_per_class == 100  # the search's pick (the recipe's comment)
     for key in ("holdout_per_class", "test_per_class", "split_seed", "img_size"):
         assert cfg.data[key] == vit.data[key], key
     assert cfg.model == vit.model and cfg.optim == vit.optim
@@ -77,9 +78,9 @@ def test_the_full_variants_match_their_recorded_checksums():
 
 @pytest.mark.slow
 def test_loads_through_the_trainers_data_path_and_refuses_a_wrong_checksum():
-    cfg = compose(["task=imagenet_vit_hard", "scale=small", "logger=none", "data.variant=back_image"])
+    cfg = compose(["task=imagenet_vit_hard", "scale=small", "logger=none"])
     b = build_datasets(cfg)
-    assert (len(b.train), len(b.val), len(b.test)) == (3500, 500, 1000)
+    assert (len(b.train), len(b.val), len(b.test)) == (1000, 500, 1000)
     assert b.info["stand_in"] and "back_image" in b.info["origin"] and b.info["dataset"] == "mnist_back_image"
     assert b.train[0]["pixel_values"].shape == (3, 32, 32)
     assert build_datasets(cfg).checksum == b.checksum
@@ -103,7 +104,7 @@ def test_one_training_step_on_the_hard_stand_in(tmp_path):
                    "data.holdout_per_class=4"])
     s = train(cfg)
     assert s["status"] == "finished" and s["steps"] == 1
-    assert s["data"]["dataset"] == "mnist_rot_back_image" and s["data"]["checksum"] and s["data"]["stand_in"]
+    assert s["data"]["dataset"] == "mnist_back_image" and s["data"]["checksum"] and s["data"]["stand_in"]
     assert 0.0 <= s["metrics"]["final_val_acc"] <= 1.0
 
 
@@ -120,7 +121,7 @@ def test_floors_of_a_task_no_table_has_are_cached_under_its_name(tmp_path, monke
     monkeypatch.setattr(floors, "compute", fake)
     args = ["--scale", "small", "--results", str(tmp_path), "--task", "imagenet_vit_hard", "--overrides",
             "data.variant=back_rand"]
-    assert floors.main(args) == 0 and seen == [("mnist_back_rand", "final_test_acc", 3500)]
+    assert floors.main(args) == 0 and seen == [("mnist_back_rand", "final_test_acc", 1000)]
     path = tmp_path / "small" / "floors" / "task_imagenet_vit_hard.json"
     entry = floors.load(tmp_path, "small", "task_imagenet_vit_hard")["imagenet_vit_hard"]
     assert path.is_file() and entry["data"] == "mnist_back_rand" and entry["overrides"] == ["data.variant=back_rand"]
@@ -144,7 +145,8 @@ def test_fewer_training_images_per_class_is_a_stratified_subset():
 
 @pytest.mark.slow
 def test_train_per_class_leaves_the_held_out_splits_alone():
-    base = ["task=imagenet_vit_hard", "scale=small", "logger=none", "data.variant=back_rand"]
+    base = ["task=imagenet_vit_hard", "scale=small", "logger=none", "data.variant=back_rand",
+            "data.train_per_class=null"]
     full, few = build_datasets(compose(base)), build_datasets(compose([*base, "data.train_per_class=100"]))
     assert (len(full.train), len(few.train)) == (3500, 1000) and few.info["train_per_class"] == 100
     assert np.array_equal(full.test.items.images, few.test.items.images)
