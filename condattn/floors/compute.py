@@ -239,13 +239,52 @@ def table_floors(exp: Experiment, scale: str, results_root: str | Path, force: b
     return out
 
 
+def task_floors(task: str, scale: str, results_root: str | Path, overrides: list[str] | tuple = (),
+                metric: str = "final_test_acc", force: bool = False, log=print) -> dict:
+    """The floors of a task that no table has yet (its baseline cell at seed 0, `overrides` added), cached as
+    `results/<scale>/floors/task_<task>.json` in the tables' format (group = the task)."""
+    from ..config import compose_cell
+    from ..data.registry import build_datasets
+
+    if scale not in SCALES:
+        raise ValueError(f"floors are for the offline scales {SCALES}, not scale={scale!r}")
+    cfg = compose_cell([f"task={task}", "conditioning=none", f"scale={scale}", "seed=0", *overrides])
+    bundle, s = _timed(lambda: build_datasets(cfg))
+    key = data_key(cfg, bundle.checksum, bundle.info)
+    name = f"task_{task}"
+    cached = load(results_root, scale, name).get(task)
+    if not force and cached and cached.get("key") == key and cached.get("metric") == metric:
+        log(f"[floors] {name}: cached (data checksum {bundle.checksum[:12]})")
+        return {**cached, "cached": True}
+    log(f"[floors] {name}: data {cfg.data.name} built in {s:.1f} s, checksum {bundle.checksum[:12]}")
+    entry = {"key": key, "data_checksum": bundle.checksum, "data": str(cfg.data.name), "metric": metric,
+             "overrides": list(overrides), "floors": compute(cfg, bundle, metric)}
+    write_json_atomic(cache_path(results_root, scale, name),
+                      {"table": name, "scale": scale, "version": VERSION, "groups": {task: entry}})
+    return {**entry, "cached": False}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m condattn.floors", description=__doc__.split("\n")[0])
     p.add_argument("--scale", default="small", choices=SCALES)
     p.add_argument("--tables", nargs="*", default=list(TABLES), help="experiment names (default: every small table)")
     p.add_argument("--results", default="results")
     p.add_argument("--force", action="store_true", help="recompute even when the cache matches")
+    p.add_argument("--task", help="a task no table has yet (e.g. imagenet_vit_hard): its floors, not the tables'")
+    p.add_argument("--overrides", nargs="*", default=[], help="with --task: Hydra overrides of its cell")
     args = p.parse_args(argv)
+    if args.task:
+        from ..config import ConfigError
+
+        try:
+            e = task_floors(args.task, args.scale, args.results, args.overrides, force=args.force)
+        except (ConfigError, ValueError) as err:
+            p.error(f"--task {args.task}: {err}")
+        for f in e["floors"]:
+            print(f"{args.task:20s} {f['label']:55s} {f['value'] * 100:7.2f} ({f['split']}, {f['seconds']:.1f} s"
+                  f"{', cached' if e['cached'] else ''})")
+        print(f"[floors] -> {cache_path(args.results, args.scale, f'task_{args.task}')}")
+        return 0
     for table in args.tables:
         path = EXPERIMENTS / f"{table}.yaml"
         if not path.is_file():
