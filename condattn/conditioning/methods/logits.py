@@ -80,10 +80,12 @@ def _logits(query, key, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
 
 
 def explicit_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                       enable_gqa=False, cap: float | None = None, sinks: torch.Tensor | None = None, seen=None):
+                       enable_gqa=False, cap: float | None = None, sinks: torch.Tensor | None = None, seen=None,
+                       probe=None):
     """F.scaled_dot_product_attention computed explicitly, with soft-capping (Gemma 2's order: logits / cap, tanh,
     × cap, before the mask) and a sink logit per head (GPT-OSS's: one more column, max subtracted, dropped after the
-    softmax). `seen(per-head max)` receives each head's largest logit (qk_clip)."""
+    softmax). `seen(per-head max)` receives each head's largest logit (qk_clip); `probe(p, allowed)` the softmax as
+    formed (`LogitsRule.probe`)."""
     logits, bias = _logits(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     v = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3) if enable_gqa else value
     if seen is not None:
@@ -97,6 +99,8 @@ def explicit_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
         logits = torch.cat([logits, col], dim=-1)
         logits = logits - logits.amax(dim=-1, keepdim=True).detach()
     probs = torch.softmax(logits.float(), dim=-1).to(v.dtype)
+    if probe is not None:
+        _probe(probe, probs, bias, sinks is not None)
     if sinks is not None:
         probs = probs[..., :-1]
     if dropout_p > 0:
@@ -104,10 +108,22 @@ def explicit_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
     return probs @ v
 
 
+def _probe(probe, probs: torch.Tensor, bias: torch.Tensor | None, sink: bool) -> None:
+    """Hand the softmax probabilities to a diagnostics reader with the keys each query may attend to (None: all);
+    with a sink, its column is the last key (always allowed), so each row still sums to 1."""
+    allowed = None if bias is None else bias > torch.finfo(bias.dtype).min / 2
+    if allowed is not None and sink:
+        allowed = torch.cat([allowed.expand(probs.shape[:-1] + (probs.shape[-1] - 1,)),
+                             torch.ones_like(probs[..., :1], dtype=torch.bool)], dim=-1)
+    probe(probs.detach(), allowed)
+
+
 class LogitsRule:
     """What one attention layer's logits get: `cap` (soft-capping), a sink logit per head (the owner's
     `condattn_sinks` parameter), and `track` (qk_clip: each head's largest logit in training forwards, kept in
-    `max_logits` until read)."""
+    `max_logits` until read). `probe(p, allowed)`, while set (condattn.diagnostics' reader), receives the softmax
+    probabilities each call forms, cap and sink column included: the eager / unfused paths a reader would otherwise
+    switch on bypass the rule."""
 
     def __init__(self, owner: nn.Module):
         self.owner = owner
@@ -116,6 +132,7 @@ class LogitsRule:
         self.track = False
         self.max_logits: torch.Tensor | None = None
         self.calls = 0
+        self.probe = None
 
     @property
     def changes(self) -> bool:
@@ -129,14 +146,19 @@ class LogitsRule:
         traced = isinstance(query, torch.fx.Proxy)
         seen = self._seen if self.track and self.owner.training and not traced else None
         if not self.changes:  # read only: the fused kernel computes the output
-            if seen is not None:
+            if seen is not None or (self.probe is not None and not traced):
                 with torch.no_grad():
-                    seen(head_max(*_logits(query, key, **kw)))
+                    logits, bias = _logits(query, key, **kw)
+                    if seen is not None:
+                        seen(head_max(logits, bias))
+                    if self.probe is not None:
+                        _probe(self.probe, torch.softmax((logits if bias is None else logits + bias).float(), -1),
+                               bias, False)
             return F.scaled_dot_product_attention(query, key, value, **kw)
         extra = dict(cap=self.cap, sinks=self.owner.condattn_sinks if self.sink else None)
         if traced:
             return query.tracer.create_proxy("call_function", explicit_attention, (query, key, value), {**kw, **extra})
-        return explicit_attention(query, key, value, **kw, **extra, seen=seen)
+        return explicit_attention(query, key, value, **kw, **extra, seen=seen, probe=self.probe)
 
     @torch.no_grad()
     def _seen(self, heads: torch.Tensor) -> None:
