@@ -147,7 +147,8 @@ def test_attention_diagnostics_see_the_cap_and_the_sink(family):
     sunk = build()
     condattn.apply_conditioning(sunk, "attention_sink")
     rows = attention_entropy(sunk, run, batch)
-    assert all(r["absent"] is None for r in rows)
+    assert all(r["absent"] is None and r["reader"] == "logits_rule+sink" for r in rows)
+    assert all(r["self_argmax"] is not None for r in rows)  # query i's own key is still key i (the sink's is last)
     n = batch.shape[-1] if family == "transformers" else 17  # tokens: 16 patches + CLS
     expected = math.log(n + 1) if family == "timm" else sum(math.log(i + 2) for i in range(n)) / n
     assert all(r["entropy_uniform"] == pytest.approx(expected) for r in rows)  # the sink is one more key

@@ -273,8 +273,8 @@ def _heads(t: torch.Tensor, site: AttentionSite) -> torch.Tensor:
 def reader_for(site: AttentionSite) -> tuple[str, Callable]:
     """(the reader's name, attach(site, sink, keys_kept) -> hook handles, or a reason string: absent)."""
     m = site.module
-    if RULE in m.__dict__:
-        return "logits_rule", _logits_rule
+    if RULE in m.__dict__:  # (+sink: the last key is the sink's, not a token: attention.py)
+        return ("logits_rule+sink" if m.__dict__[RULE].sink else "logits_rule"), _logits_rule
     if hasattr(m, "num_landmarks") and hasattr(m, "seq_len"):
         return "landmarks", _landmarks
     if isinstance(m, nn.MultiheadAttention):
@@ -290,6 +290,7 @@ def reader_for(site: AttentionSite) -> tuple[str, Callable]:
 
 MISSING = {  # why a reader saw nothing
     "logits_rule": "its logits rule formed no attention (the module never called F.scaled_dot_product_attention)",
+    "logits_rule+sink": "its logits rule formed no attention (the module never called F.scaled_dot_product_attention)",
     "landmarks": "the module returned no attention probabilities under output_attentions=True",
     "need_weights": "nn.MultiheadAttention returned no weights under need_weights=True",
     "eager": "the eager attention returned no probabilities (output[1])",
