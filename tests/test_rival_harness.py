@@ -260,3 +260,22 @@ def test_a_misspelt_or_foreign_option_is_refused_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"[condattn] {message}"), err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow  # plans 8 cells, no training: about 8 s
+def test_a_table_of_these_methods_plans_every_cell_and_counts_its_cost(tmp_path, capsys):
+    """An experiment whose `methods:` lists the rivals and the composites: its dry run plans a cell per method, counts
+    each one's FLOPs (a composite is applied by its registered name: qk_norm+spectral applies spectral, then qk_norm)
+    and writes nothing."""
+    from condattn.reproduce import main
+
+    exp = tmp_path / "rivals_plan.yaml"
+    exp.write_text(yaml.safe_dump({"table": "rivals_plan", "metric": "final_val_acc", "methods": ["none", *RIVALS],
+                                   "rows": {"vit": {"overrides": ["task=imagenet_vit"]}},
+                                   "scales": {"smoke": {"seeds": [0]}}}))
+    assert main([str(exp), "--scale", "smoke", "--dry-run", f"paths.runs={tmp_path / 'runs'}",
+                 f"paths.results={tmp_path / 'results'}"]) == 0
+    out = capsys.readouterr().out
+    assert "dry run: 8 of 8 cells would train here" in out and "could not count" not in out, out
+    assert all(f"rivals_plan_vit_{m}_smoke_s0 -> " in out for m in RIVALS)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
