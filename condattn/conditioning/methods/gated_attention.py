@@ -185,5 +185,5 @@ def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -
 register_method(MethodSpec("gated_attention", {"gate": "elementwise"}, label="gated_attention (output gate)",
                            validators={"gate": choice(GATES)}, apply=_apply, per_layer=True, short="gated attention",
                            bench_arms={"gated": {}, "gated-head": {"gate": "headwise"}},
-                           rival=True, adds_keys=True,
+                           rival=True, adds_keys=True, sources=("methods/gated_attention.py",),
                            cost="one gate Linear (D × H·d, or D × H headwise) and a sigmoid per layer per forward"))
