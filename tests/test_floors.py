@@ -260,3 +260,12 @@ def test_a_solver_floor_records_whether_it_converged():
     done = fit.solver_record(fit.logreg(1.0).fit(xs, ys))
     assert short == {"iterations": 1, "converged": False} and done["converged"] and done["iterations"] > 1
     assert view.length(done) == f"converged in {done['iterations']} iterations" and view.length({}) == "–"
+
+
+def test_a_small_training_split_gets_as_many_samples_as_the_mnist_split():
+    """The epoch cap keeps 150 epochs on the 3,500-image split and larger ones, and grows on a smaller split until it
+    is MAX_SAMPLES samples (500 images: 1,050 epochs), so a floor there is not stopped while it is still rising."""
+    assert fit.cap_for(3500) == fit.MAX_EPOCHS == 150
+    assert fit.cap_for(60000) == 150
+    assert fit.cap_for(500) == 1050
+    assert fit.cap_for(499) * 499 >= fit.MAX_SAMPLES > (fit.cap_for(499) - 1) * 499

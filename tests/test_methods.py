@@ -288,6 +288,34 @@ def test_mimetic_single_head_products_are_the_targets():
         assert abs(diag + 0.4) < 0.05 and off < 0.06, (diag, off)
 
 
+@pytest.mark.parametrize("method", ["mimetic_init", "conditioned_init"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_init_methods_draw_in_float32_under_a_half_precision_default(method, dtype):
+    """transformers builds a model under torch_dtype=fp16/bf16 with torch's default dtype set to it: the init methods
+    draw and factor in float32 anyway (no half-precision SVD/QR on a CPU) and write the weights in their own dtype,
+    equal to the float32 init cast. Before: "svd_cpu" / "geqrf_cpu" not implemented for 'Half'."""
+    import timm
+
+    def built():
+        torch.manual_seed(0)
+        return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=64,
+                                 num_heads=2, depth=1, num_classes=10)
+
+    ref = built()
+    torch.manual_seed(1)
+    apply(ref, method)
+    half = built().to(dtype)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        torch.manual_seed(1)
+        apply(half, method)
+    finally:
+        torch.set_default_dtype(old)
+    w, w_ref = half.blocks[0].attn.qkv.weight, ref.blocks[0].attn.qkv.weight
+    assert w.dtype == dtype and torch.equal(w, w_ref.to(dtype))
+
+
 @pytest.mark.parametrize("name", ["vit", "swin", "bert", "gpt2", "detr", "rope_vit_gqa", "llama", "hf_vit"])
 def test_mimetic_per_head_products_have_the_identity_components(name):
     """Several heads: each W_Q^h W_K^hᵀ is the rank-head_dim part of α₁Z + β₁I, whose diagonal is positive and

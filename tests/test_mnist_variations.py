@@ -8,7 +8,6 @@ import pytest
 
 from condattn.config import compose
 from condattn.data.registry import build_datasets
-from condattn.data.standins import digits
 from condattn.data.standins import mnist_variations as mv
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (conftest.py)
@@ -62,12 +61,13 @@ def test_unknown_variant_and_unrecorded_seed_name_the_fix():
 def test_the_small_recipe_composes_the_hard_stand_in_on_the_vit_split():
     cfg = compose(["task=imagenet_vit_hard", "scale=small", "logger=none"])
     vit = compose(["task=imagenet_vit", "scale=small", "logger=none"])
-    assert (cfg.data.source, cfg.data.name, cfg.task.name) == ("mnist_variations", "mnist_back_image",
-                                                               "imagenet_vit_hard")
-    assert cfg.data.train_per_class == 100  # the search's pick (the recipe's comment)
-    for key in ("holdout_per_class", "test_per_class", "split_seed", "img_size"):
+    assert (cfg.data.source, cfg.data.name, cfg.task.name) == ("mnist_variations", "mnist_rot", "imagenet_vit_hard")
+    # the search's pick (the recipe's comment): 100 training images per class, 3,500 test, no repeated augmentation
+    assert (cfg.data.train_per_class, cfg.data.test_per_class, cfg.task.repeated_aug) == (100, 350, 1)
+    for key in ("holdout_per_class", "split_seed", "img_size"):
         assert cfg.data[key] == vit.data[key], key
-    assert cfg.model == vit.model and cfg.optim == vit.optim
+    assert cfg.model == vit.model and cfg.optim.lr == 2e-3 and cfg.task.steps == 4000
+    assert {k: v for k, v in cfg.optim.items() if k != "lr"} == {k: v for k, v in vit.optim.items() if k != "lr"}
 
 
 @pytest.mark.slow
@@ -80,17 +80,17 @@ def test_the_full_variants_match_their_recorded_checksums():
 def test_loads_through_the_trainers_data_path_and_refuses_a_wrong_checksum():
     cfg = compose(["task=imagenet_vit_hard", "scale=small", "logger=none"])
     b = build_datasets(cfg)
-    assert (len(b.train), len(b.val), len(b.test)) == (1000, 500, 1000)
-    assert b.info["stand_in"] and "back_image" in b.info["origin"] and b.info["dataset"] == "mnist_back_image"
+    assert (len(b.train), len(b.val), len(b.test)) == (1000, 500, 3500)
+    assert b.info["stand_in"] and "rot" in b.info["origin"] and b.info["dataset"] == "mnist_rot"
     assert b.train[0]["pixel_values"].shape == (3, 32, 32)
     assert build_datasets(cfg).checksum == b.checksum
-    # the same split as the plain small ViT: its test digits, varied, are this test split
-    plain = build_datasets(compose(["task=imagenet_vit", "scale=small", "logger=none"]))
-    where = {img.tobytes(): i for i, img in enumerate(digits.offline_arrays("mnist")[0])}
-    idx = [where[img.tobytes()] for img in plain.test.items.images]
-    assert np.array_equal(mv.generate("back_image", 0)[0][idx], b.test.items.images)
+    # every split is drawn from the generated variant, and none shares a digit with another
+    generated = {img.tobytes(): i for i, img in enumerate(mv.generate("rot", 0)[0])}
+    idx = {s: {generated[img.tobytes()] for img in getattr(b, s).items.images} for s in ("train", "val", "test")}
+    assert [len(v) for v in idx.values()] == [1000, 500, 3500]
+    assert not (idx["train"] & idx["test"]) and not (idx["val"] & idx["test"]) and not (idx["train"] & idx["val"])
     bad = compose(["task=imagenet_vit_hard", "scale=small", "logger=none", "data.variant=back_image",
-                   f"data.sha256={'0' * 64}"])
+                   f"data.sha256={'0' * 64}"])  # another variant, a wrong checksum
     with pytest.raises(ValueError, match=r"^mnist_variations back_image seed 0: the generated arrays' sha256 [^\n]*$"):
         build_datasets(bad)
 
@@ -146,8 +146,20 @@ def test_fewer_training_images_per_class_is_a_stratified_subset():
 @pytest.mark.slow
 def test_train_per_class_leaves_the_held_out_splits_alone():
     base = ["task=imagenet_vit_hard", "scale=small", "logger=none", "data.variant=back_rand",
-            "data.train_per_class=null"]
+            "data.train_per_class=null", "data.test_per_class=100"]
     full, few = build_datasets(compose(base)), build_datasets(compose([*base, "data.train_per_class=100"]))
     assert (len(full.train), len(few.train)) == (3500, 1000) and few.info["train_per_class"] == 100
     assert np.array_equal(full.test.items.images, few.test.items.images)
     assert np.array_equal(full.val.items.images, few.val.items.images) and full.checksum != few.checksum
+
+
+@pytest.mark.slow
+def test_the_three_way_split_holds_out_what_it_asks_or_refuses():
+    """50 validation + 350 test of each class's 500 digits: exactly that (before: silently at most half a class, so
+    350 became 200); asking more than a class holds is one line naming both keys."""
+    base = ["task=imagenet_vit_hard", "scale=small", "logger=none"]
+    b = build_datasets(compose(base))
+    assert (len(b.train), len(b.val), len(b.test)) == (1000, 500, 3500)
+    with pytest.raises(ValueError, match=r"^data.holdout_per_class \+ data.test_per_class = 500 held-out images per "
+                                         r"class, but class 0 has 500: hold out fewer"):
+        build_datasets(compose([*base, "data.test_per_class=450"]))

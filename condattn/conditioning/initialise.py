@@ -50,18 +50,18 @@ def conditioned_init(sites: list[AttentionSite], targets: tuple[str, ...], ident
             if role in ("q", "k"):
                 for rows in _head_rows(p, site, role):
                     # torch layout d × D with orthonormal rows = the paper's D × d W with orthonormal columns
-                    block = torch.empty(site.head_dim, d_in)
+                    block = torch.empty(site.head_dim, d_in, dtype=torch.float32)  # float32 under any default dtype
                     if generator is None:
                         nn.init.orthogonal_(block)
                     else:
                         q, r = torch.linalg.qr(torch.randn(max(site.head_dim, d_in), min(site.head_dim, d_in),
-                                                           generator=generator))
+                                                           generator=generator, dtype=torch.float32))
                         q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)
                         block = q.T if site.head_dim <= d_in else q
                     _write(p, rows, block)
             else:
                 blocks = [p.rows] if identity == "full" else _head_rows(p, site, role)
                 for rows in blocks:
-                    _write(p, rows, torch.eye(len(rows), d_in))
+                    _write(p, rows, torch.eye(len(rows), d_in, dtype=torch.float32))
         done[site.name] = [r for r in targets if r in site.proj]  # (a site without W_Q: W_K, W_V only)
     return done

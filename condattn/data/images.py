@@ -164,7 +164,9 @@ def _offline_source(d: Any) -> tuple[dict, str, dict]:
     else:
         images, y, origin = digits.offline_arrays(str(d.source))
     n_val, n_test = int(d.holdout_per_class), int(d.get("test_per_class") or 0)
-    train_idx, held_idx = digits.stratified_split(y, n_val + n_test, int(d.split_seed))
+    # the three-way split holds out exactly n_val + n_test per class (before, silently at most half a class: a recipe
+    # asking 50 + 350 of 500 got 50 + 200); the two-way split keeps its halving rule, so its splits do not move
+    train_idx, held_idx = digits.stratified_split(y, n_val + n_test, int(d.split_seed), halve=n_test == 0)
     info = {"origin": origin, "holdout_per_class": n_val, "split_seed": int(d.split_seed)}
     subset: tuple = ()  # the training subset enters the checksum only when there is one (old checksums unchanged)
     if per := int(d.get("train_per_class") or 0):  # fewer training images: a stratified subset, held-out unchanged

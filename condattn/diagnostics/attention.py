@@ -145,7 +145,7 @@ class AttentionProbe:
             torch.broadcast_to(allowed, (b, h, nq, nk)).double().sum(-1).mean(1)
         self.count[i] += float(w.sum())
         self.uniform[i] += float((w * keys.clamp_min(1).log()).sum())
-        own, first = self_attention_sites(site, nq, nk)
+        own, first = self_attention_sites(site, nq, nk - self.reader[i].endswith("+sink"))  # (a sink: N + 1 keys)
         if own:  # argmax over keys == the query's own index, over heads and valid queries
             hit = (p.argmax(-1) == torch.arange(nq, device=p.device)).to(p.dtype)
             self.self_hits[i] += float((hit * w3).sum())

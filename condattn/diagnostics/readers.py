@@ -5,6 +5,9 @@ keys) the module's own softmax probabilities (its masks, position terms such as 
 `allowed` (bool, broadcastable to p) the keys each query may attend to (None: every key). It is chosen by how the
 module computes attention, not by model family, in this order:
 
+- a layer whose logits carry a method's rule (softcap, attention_sink, qk_clip: conditioning/methods/logits.py): the
+  rule hands over the probabilities its own computation forms (cap included; a sink's column as the last key, so rows
+  still sum to 1 over N + 1 keys). Switching such a layer to eager / unfused attention would bypass the rule.
 - a landmark approximation (Nyströmformer with num_landmarks < seq_len) forms no probability matrix: absent. With
   num_landmarks == seq_len it runs exact softmax attention and returns it under output_attentions=True.
 - nn.MultiheadAttention: called with need_weights=True, average_attn_weights=False (the caller still gets what it
@@ -33,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..conditioning.methods.logits import RULE
 from ..conditioning.sites import AttentionSite
 
 Sink = Callable[[torch.Tensor, "torch.Tensor | None"], None]
@@ -107,6 +111,10 @@ class _SDPAMode(TorchFunctionMode):
                 self.sink(*sdpa_probs(*(a.detach() if torch.is_tensor(a) else a for a in args),
                                       **{n: (a.detach() if torch.is_tensor(a) else a) for n, a in kwargs.items()}))
         return func(*args, **kwargs)
+
+
+def _logits_rule(site: AttentionSite, sink: Sink, keys_kept: KeysKept):
+    return [_SetAttr(site.module.__dict__[RULE], "probe", sink)]
 
 
 def _landmarks(site: AttentionSite, sink: Sink, keys_kept: KeysKept):
@@ -265,6 +273,8 @@ def _heads(t: torch.Tensor, site: AttentionSite) -> torch.Tensor:
 def reader_for(site: AttentionSite) -> tuple[str, Callable]:
     """(the reader's name, attach(site, sink, keys_kept) -> hook handles, or a reason string: absent)."""
     m = site.module
+    if RULE in m.__dict__:  # (+sink: the last key is the sink's, not a token: attention.py)
+        return ("logits_rule+sink" if m.__dict__[RULE].sink else "logits_rule"), _logits_rule
     if hasattr(m, "num_landmarks") and hasattr(m, "seq_len"):
         return "landmarks", _landmarks
     if isinstance(m, nn.MultiheadAttention):
@@ -279,6 +289,8 @@ def reader_for(site: AttentionSite) -> tuple[str, Callable]:
 
 
 MISSING = {  # why a reader saw nothing
+    "logits_rule": "its logits rule formed no attention (the module never called F.scaled_dot_product_attention)",
+    "logits_rule+sink": "its logits rule formed no attention (the module never called F.scaled_dot_product_attention)",
     "landmarks": "the module returned no attention probabilities under output_attentions=True",
     "need_weights": "nn.MultiheadAttention returned no weights under need_weights=True",
     "eager": "the eager attention returned no probabilities (output[1])",

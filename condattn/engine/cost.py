@@ -98,7 +98,7 @@ def _meta_friendly():
 
 def _count_on(cfg: Any, device: torch.device) -> float:
     from ..conditioning import apply_conditioning
-    from ..conditioning.spec import BASELINE, conditioning_spec, method_spec
+    from ..conditioning.spec import BASELINE, conditioning_spec, method_of_parts, method_spec
     from ..models import build_model
 
     mcfg = OmegaConf.to_container(cfg.model, resolve=True)
@@ -111,8 +111,10 @@ def _count_on(cfg: Any, device: torch.device) -> float:
         model = build_model(mcfg).train()
         spec = conditioning_spec(cfg.conditioning)
         # a part init-only under these options (MethodSpec.once: conditioned_init, SCA with mode=init) changes the
-        # weights once: no per-step cost (CET beside it keeps its)
-        method = "+".join(m for m in spec.parts if not method_spec(m).once(spec.values)) or BASELINE
+        # weights once: no per-step cost (CET beside it keeps its); the rest is the method registered for those parts
+        # (qk_norm+spectral applies spectral, then qk_norm)
+        timed = [m for m in spec.parts if not method_spec(m).once(spec.values)]
+        method = method_of_parts(timed) if timed else BASELINE
         own = method_spec(method).options  # (an option of a part left out would be refused as another method's)
         apply_conditioning(model, method, **{k: v for k, v in spec.values.items() if k in own})
         batch = _synthetic_batch(cfg, _COUNT_BATCH, device)

@@ -90,7 +90,7 @@ def noise_text(f: Family, digits: int = 2) -> str:
             f"seeds {list(n.seeds_a)} against {list(n.seeds_b)}: Δ {n.diff:+.{digits}f} [{n.low:+.{digits}f}, "
             f"{n.high:+.{digits}f}], Holm p {n.p_adj:.3g} as one more arm of a family of {n.m}: {n.outcome.value}; "
             f"over all {n.splits} splits of its seeds into two halves the protocol calls it different from itself "
-            f"{n.called_different} times ({100 * n.rate:.1f} %).")
+            f"{n.called_different} time{'' if n.called_different == 1 else 's'} ({100 * n.rate:.1f} %).")
 
 
 def speak_sentence(where: str, f: Family) -> str:

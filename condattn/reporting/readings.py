@@ -23,6 +23,7 @@ from ..table.provenance import Provenance
 from ..table.result import Outcome, TableResult, Test, table_result
 from ..table.step0 import Step0
 from .floors import SCALES as FLOOR_SCALES
+from .floors import fit_time, length
 from .floors import load as load_floors
 from .fmt import fmt_ci, fmt_num, fmt_p, fmt_values, test_word
 from .protocol import FOOTER, family_notes, length_text, lr_text, verdict_line
@@ -127,7 +128,8 @@ def render(plan: Plan, rows: list[dict], result: TableResult, floors: dict | Non
             lines.append("| " + " | ".join(cols) + " |")
             csv_rows.append(_csv_row(plan, result, r))
         for fl in ((floors or {}).get(task) or {}).get("floors", []):  # same split, a classical model: not a method
-            fit = f", fitted in {fl['seconds']:.1f} s" if fl.get("seconds") is not None else ""
+            fit = f", fitted in {fit_time(fl)}" if fl.get("seconds") is not None else ""
+            fit += "" if length(fl) == "–" else f"; {length(fl)}"
             lines.append(f"| {fl['label']} | – | {100 * fl['value']:.2f} ({fl['split']}{fit}) | – |"
                          + " – |" * (len(head) - 4))
         lines += [x for n in family_notes(f, scale, "points", 2) for x in ("", n)]

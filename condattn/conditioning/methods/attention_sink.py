@@ -67,5 +67,5 @@ def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -
 
 register_method(MethodSpec("attention_sink", {}, label="attention_sink (a learnable sink per head)", apply=_apply,
                            per_layer=True, short="attention sink", rival=True, adds_keys=True,
-                           bench_arms={"sink": {}},
+                           bench_arms={"sink": {}}, sources=("methods/attention_sink.py", "methods/logits.py"),
                            cost="explicit attention (no fused kernel) with one more logit column per head"))

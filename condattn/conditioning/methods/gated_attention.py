@@ -99,6 +99,8 @@ def _new_gate(site: AttentionSite, width: int) -> nn.Linear:
     w = as_matrix(stored_weight(p)).detach()
     d_in = w.shape[0] if p.transposed else w.shape[1]
     gate = nn.Linear(d_in, width, bias=getattr(p.linear, "bias", None) is not None, dtype=w.dtype, device=w.device)
+    if w.is_meta:  # (built on the meta device: no values to draw from; the loaded weights or _init_weights fill it)
+        return gate
     with torch.no_grad():
         gate.weight.normal_(0.0, float(w.float().std()))
         if gate.bias is not None:
@@ -185,5 +187,5 @@ def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -
 register_method(MethodSpec("gated_attention", {"gate": "elementwise"}, label="gated_attention (output gate)",
                            validators={"gate": choice(GATES)}, apply=_apply, per_layer=True, short="gated attention",
                            bench_arms={"gated": {}, "gated-head": {"gate": "headwise"}},
-                           rival=True, adds_keys=True,
+                           rival=True, adds_keys=True, sources=("methods/gated_attention.py",),
                            cost="one gate Linear (D × H·d, or D × H headwise) and a sigmoid per layer per forward"))

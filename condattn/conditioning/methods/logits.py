@@ -11,9 +11,13 @@ qk_clip only reads the largest logit of each head (an extra q kᵀ under no_grad
 
 Two ways in, chosen per layer:
 - `interface`: a transformers attention module that dispatches through `config._attn_implementation` (Llama, Qwen,
-  Gemma, BERT, ViT, GPT-2, ...). Its config is set to `condattn_logits`, a function registered in transformers'
-  AttentionInterface (with sdpa's mask format), which applies the module's rule; a module without one gets
-  F.scaled_dot_product_attention as under sdpa. The model's previous implementation comes back on removal.
+  Gemma, BERT, ViT, GPT-2, ...). The module's `config` becomes a `ConfigView` of the model's: the same config in
+  every attribute, except that the module reads `condattn_logits`, a function registered in transformers'
+  AttentionInterface, which applies the module's rule. The model's config keeps the implementation it was given,
+  and `set_attn_implementation` still switches it, the rule staying in place: under `sdpa` the rule's result, as
+  above; under `eager` the same computation made explicitly, returning its probabilities as eager attention does
+  (`output_attentions`: capped, the sink's column dropped). Other implementations (flash, flex) are refused at the
+  call: their masks are not tensors the rule can add. The module's own config comes back on removal.
 - `wrap`: a module whose forward calls F.scaled_dot_product_attention itself (timm's Attention, Eva, Swin, BEiT, a
   home-made model). Its forward runs inside a TorchFunctionMode that hands that call to the rule (torch.fx and
   torch.export trace it); timm's `fused_attn=False` is switched to True so that the call is made.
@@ -80,10 +84,13 @@ def _logits(query, key, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
 
 
 def explicit_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                       enable_gqa=False, cap: float | None = None, sinks: torch.Tensor | None = None, seen=None):
+                       enable_gqa=False, cap: float | None = None, sinks: torch.Tensor | None = None, seen=None,
+                       probe=None, weights: bool = False):
     """F.scaled_dot_product_attention computed explicitly, with soft-capping (Gemma 2's order: logits / cap, tanh,
     × cap, before the mask) and a sink logit per head (GPT-OSS's: one more column, max subtracted, dropped after the
-    softmax). `seen(per-head max)` receives each head's largest logit (qk_clip)."""
+    softmax). `seen(per-head max)` receives each head's largest logit (qk_clip); `probe(p, allowed)` the softmax as
+    formed (`LogitsRule.probe`). `weights`: (output, the probabilities it used: capped, the sink's column dropped,
+    after dropout), as transformers' eager attention functions return them."""
     logits, bias = _logits(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     v = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3) if enable_gqa else value
     if seen is not None:
@@ -97,17 +104,31 @@ def explicit_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
         logits = torch.cat([logits, col], dim=-1)
         logits = logits - logits.amax(dim=-1, keepdim=True).detach()
     probs = torch.softmax(logits.float(), dim=-1).to(v.dtype)
+    if probe is not None:
+        _probe(probe, probs, bias, sinks is not None)
     if sinks is not None:
         probs = probs[..., :-1]
     if dropout_p > 0:
         probs = F.dropout(probs, p=dropout_p)
-    return probs @ v
+    return (probs @ v, probs) if weights else probs @ v
+
+
+def _probe(probe, probs: torch.Tensor, bias: torch.Tensor | None, sink: bool) -> None:
+    """Hand the softmax probabilities to a diagnostics reader with the keys each query may attend to (None: all);
+    with a sink, its column is the last key (always allowed), so each row still sums to 1."""
+    allowed = None if bias is None else bias > torch.finfo(bias.dtype).min / 2
+    if allowed is not None and sink:
+        allowed = torch.cat([allowed.expand(probs.shape[:-1] + (probs.shape[-1] - 1,)),
+                             torch.ones_like(probs[..., :1], dtype=torch.bool)], dim=-1)
+    probe(probs.detach(), allowed)
 
 
 class LogitsRule:
     """What one attention layer's logits get: `cap` (soft-capping), a sink logit per head (the owner's
     `condattn_sinks` parameter), and `track` (qk_clip: each head's largest logit in training forwards, kept in
-    `max_logits` until read)."""
+    `max_logits` until read). `probe(p, allowed)`, while set (condattn.diagnostics' reader), receives the softmax
+    probabilities each call forms, cap and sink column included: the eager / unfused paths a reader would otherwise
+    switch on bypass the rule."""
 
     def __init__(self, owner: nn.Module):
         self.owner = owner
@@ -116,27 +137,35 @@ class LogitsRule:
         self.track = False
         self.max_logits: torch.Tensor | None = None
         self.calls = 0
+        self.probe = None
 
     @property
     def changes(self) -> bool:
         return self.cap is not None or self.sink
 
-    def sdpa(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    def sdpa(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+             weights: bool = False):
         """F.scaled_dot_product_attention's signature and result, with this rule applied to the logits. Under
-        torch.fx the explicit computation is one graph node (its branches read the arguments' values)."""
+        torch.fx the explicit computation is one graph node (its branches read the arguments' values). `weights`
+        (a transformers model asking for eager attention): (output, probabilities), always computed explicitly."""
         self.calls += 1
         kw = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
         traced = isinstance(query, torch.fx.Proxy)
         seen = self._seen if self.track and self.owner.training and not traced else None
-        if not self.changes:  # read only: the fused kernel computes the output
-            if seen is not None:
+        if not self.changes and not weights:  # read only: the fused kernel computes the output
+            if seen is not None or (self.probe is not None and not traced):
                 with torch.no_grad():
-                    seen(head_max(*_logits(query, key, **kw)))
+                    logits, bias = _logits(query, key, **kw)
+                    if seen is not None:
+                        seen(head_max(logits, bias))
+                    if self.probe is not None:
+                        _probe(self.probe, torch.softmax((logits if bias is None else logits + bias).float(), -1),
+                               bias, False)
             return F.scaled_dot_product_attention(query, key, value, **kw)
-        extra = dict(cap=self.cap, sinks=self.owner.condattn_sinks if self.sink else None)
+        extra = dict(cap=self.cap, sinks=self.owner.condattn_sinks if self.sink else None, weights=weights)
         if traced:
             return query.tracer.create_proxy("call_function", explicit_attention, (query, key, value), {**kw, **extra})
-        return explicit_attention(query, key, value, **kw, **extra, seen=seen)
+        return explicit_attention(query, key, value, **kw, **extra, seen=seen, probe=self.probe)
 
     @torch.no_grad()
     def _seen(self, heads: torch.Tensor) -> None:
@@ -211,13 +240,45 @@ def route(site: AttentionSite, method: str) -> tuple[str, str]:
                 f"attention interface, so {method} cannot reach its logits")
 
 
+class ConfigView:
+    """A transformers attention module's view of its model's config (`real`): every attribute read and written is
+    the model config's, except `_attn_implementation`, which the module reads as `condattn_logits`."""
+
+    def __init__(self, real):
+        object.__setattr__(self, "real", real)
+
+    @property
+    def _attn_implementation(self) -> str:
+        return INTERFACE
+
+    def __getattr__(self, name: str):
+        if name == "real":  # (unpickling, before __init__'s attribute exists)
+            raise AttributeError(name)
+        return getattr(self.real, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self.real, name, value)
+
+
+def requested(module: nn.Module) -> str:
+    """The attention implementation the model was given (`eager`, `sdpa`, ...) behind a module's ConfigView."""
+    cfg = getattr(module, "config", None)
+    return (getattr(cfg.real, "_attn_implementation", None) or "sdpa") if isinstance(cfg, ConfigView) else INTERFACE
+
+
 def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                   position_bias=None, **kwargs):
-    """transformers' attention-function signature: q, k, v (B, H, N, d), its sdpa-format mask; (output, None)."""
+    """transformers' attention-function signature: q, k, v (B, H, N, d), an sdpa- or eager-format mask;
+    (output, None) under sdpa, (output, probabilities) under eager."""
     extra = [k for k in ("softcap", "s_aux") if kwargs.get(k) is not None]
     if extra:
         raise ValueError(f"condattn_logits attention: {type(module).__name__} passes {extra[0]}, which it does not "
                          "apply; this module cannot take a logits rule")
+    impl = requested(module)
+    if impl not in ("eager", "sdpa", INTERFACE):
+        raise ValueError(f"condattn_logits attention: {type(module).__name__} runs under "
+                         f"attn_implementation={impl!r}, whose masks its logits rule cannot read; set "
+                         "attn_implementation='sdpa' or 'eager' (model.set_attn_implementation)")
     key, value = _repeat_kv(query, key, value)
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
@@ -230,6 +291,9 @@ def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
         key, value = key[:, :, :query.shape[2]], value[:, :, :query.shape[2]]
     rule = module.__dict__.get(RULE)
     kw = dict(attn_mask=attention_mask, dropout_p=dropout, is_causal=causal, scale=scaling)
+    if rule is not None and impl == "eager":
+        out, probs = rule.sdpa(query, key, value, **kw, weights=True)
+        return out.transpose(1, 2).contiguous(), probs
     out = rule.sdpa(query, key, value, **kw) if rule is not None else \
         F.scaled_dot_product_attention(query, key, value, **kw)
     return out.transpose(1, 2).contiguous(), None
@@ -243,8 +307,8 @@ def _register_interface() -> None:
     AttentionMaskInterface.register(INTERFACE, sdpa_mask)
 
 
-def _set_impl(config, value: str) -> None:
-    config._attn_implementation = value
+def _set_config(m: nn.Module, config) -> None:
+    m.__dict__["config"] = config
 
 
 def rule_of(site: AttentionSite, how: str, handles: list) -> LogitsRule:
@@ -257,9 +321,9 @@ def rule_of(site: AttentionSite, how: str, handles: list) -> LogitsRule:
     handles.append(Undo(_drop_rule, m))
     if how == "interface":
         _register_interface()
-        if m.config._attn_implementation != INTERFACE:
-            handles.append(Undo(_set_impl, m.config, m.config._attn_implementation))
-            _set_impl(m.config, INTERFACE)
+        if not isinstance(m.config, ConfigView):
+            handles.append(Undo(_set_config, m, m.config))
+            _set_config(m, ConfigView(m.config))
         return rule
     if getattr(m, "fused_attn", None) is False:
         m.fused_attn = True

@@ -33,8 +33,10 @@ DEFAULTS = {"qk_alpha": 0.7, "qk_beta": 0.7, "vo_alpha": 0.4, "vo_beta": 0.4}
 
 
 def _target(n: int, alpha: float, beta: float, g: torch.Generator | None) -> torch.Tensor:
-    z = torch.randn(n, n, generator=g) / n**0.5
-    return alpha * z + beta * torch.eye(n)
+    # float32 whatever torch's default dtype is (transformers sets it to the model's fp16/bf16 while building it),
+    # so the SVD runs on a CPU too; _set_rows casts to the weight's dtype
+    z = torch.randn(n, n, generator=g, dtype=torch.float32) / n**0.5
+    return alpha * z + beta * torch.eye(n, dtype=torch.float32)
 
 
 def _factors(t: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,7 +88,7 @@ def mimetic_site(model: nn.Module, site: AttentionSite, qk: tuple[float, float],
         return f"qk (W_O maps to {d_out}, W_V reads {_d_in(pv)}, not the width {dim}: VO left as built)"
     v_rows = head_rows(pv, d)
     a, b = _factors(_target(dim, vo[0], -vo[1], g), len(v_rows) * d)  # W_V = a, W_O = bᵀ (paper layout)
-    o = torch.empty(dim, site.num_heads * d)  # torch layout (D, H·d) of W_O
+    o = torch.empty(dim, site.num_heads * d, dtype=torch.float32)  # torch layout (D, H·d) of W_O
     for j, vr in enumerate(v_rows):
         _set_rows(pv, vr, a[:, j * d:(j + 1) * d].T)
         for h in range(j * group, (j + 1) * group):

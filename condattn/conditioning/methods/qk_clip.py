@@ -142,5 +142,5 @@ register_method(MethodSpec("qk_clip", {"qk_clip_tau": KIMI_TAU, "qk_clip_alpha":
                            validators={"qk_clip_tau": finite_number(1e-6, " (Kimi K2's τ is 100)"),
                                        "qk_clip_alpha": _alpha},
                            per_layer=True, short="QK-clip", rival=True,
-                           bench_arms={"QK-clip": {}},
+                           bench_arms={"QK-clip": {}}, sources=("methods/qk_clip.py", "methods/logits.py"),
                            cost="one q·kᵀ per layer per training forward (no_grad) and a row rescale after each step"))

@@ -45,5 +45,5 @@ def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -
 register_method(MethodSpec("softcap", {"softcap_cap": GEMMA2_CAP}, label="softcap (logit soft-capping)",
                            validators={"softcap_cap": finite_number(1e-6, " (Gemma 2's cap is 50)")}, apply=_apply,
                            per_layer=True, short="soft-cap", rival=True,
-                           bench_arms={"soft-cap": {}},
+                           bench_arms={"soft-cap": {}}, sources=("methods/softcap.py", "methods/logits.py"),
                            cost="explicit attention (no fused kernel) with a tanh over the N × N logits per layer"))

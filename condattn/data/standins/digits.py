@@ -9,13 +9,19 @@ import functools
 import numpy as np
 
 
-def stratified_split(labels: np.ndarray, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(train indices, held-out indices) with `per_class` held-out samples of every class, drawn by `seed`."""
+def stratified_split(labels: np.ndarray, per_class: int, seed: int,
+                     halve: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(train indices, held-out indices) with `per_class` held-out samples of every class, drawn by `seed`. `halve`:
+    at most half of a class is held out (the two-way split's rule, kept so its splits do not move); else `per_class`
+    exactly, and a class with no more than that many samples is refused in one line."""
     rng = np.random.default_rng(seed)
     held = []
     for c in np.unique(labels):
         idx = np.flatnonzero(labels == c)
-        held.append(rng.choice(idx, size=min(per_class, len(idx) // 2), replace=False))
+        if not halve and per_class >= len(idx):
+            raise ValueError(f"data.holdout_per_class + data.test_per_class = {per_class} held-out images per class, "
+                             f"but class {c} has {len(idx)}: hold out fewer, so that training images remain")
+        held.append(rng.choice(idx, size=min(per_class, len(idx) // 2) if halve else per_class, replace=False))
     held_idx = np.sort(np.concatenate(held))
     mask = np.ones(len(labels), dtype=bool)
     mask[held_idx] = False
