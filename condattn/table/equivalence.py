@@ -66,6 +66,9 @@ def record(since: str, out: Path) -> list[dict]:
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old), since], cwd=provenance.REPO, check=True)
         try:
             for method, name, overrides in evidence_cells():
+                if not (old / "configs" / "conditioning" / f"{method}.yaml").is_file():  # no run of it can be older
+                    print(f"[equivalence] {name}: {method} has no config at {since}: nothing to compare")
+                    continue
                 a = train_at(old, name, overrides, Path(tmp) / "a" / "runs")
                 b = train_at(provenance.REPO, name, overrides, Path(tmp) / "b" / "runs")
                 same = a == b
