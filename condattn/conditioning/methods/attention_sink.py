@@ -16,10 +16,9 @@ import torch
 from torch import nn
 
 from ..report import PatchEntry, PatchReport
-from ..sites import require_attention
 from ..spec import MethodSpec, register_method
 from .common import Undo
-from .logits import plan_sites, refuse_if_none, rule_of
+from .logits import patchable, rule_of
 
 SINKS = "condattn_sinks"
 
@@ -36,16 +35,9 @@ def _no_sink(m: nn.Module) -> None:
 
 def apply_attention_sink(model: nn.Module, report: PatchReport, partial: bool = False) -> list:
     """A sink logit per head at every attention layer that can take it; returns the handles that undo it."""
-    sites, warnings = require_attention(model, "attention_sink", partial)
-    report.warnings += warnings
-    plan = plan_sites(sites, "attention_sink")
-    refuse_if_none(plan, "attention_sink", model)
     handles: list = []
     added = 0
-    for site, how, words in plan:
-        if not how:
-            report.skipped.append(PatchEntry(site.name, f"attention_sink:{site.layout}", words))
-            continue
+    for site, how, words in patchable(model, report, "attention_sink", partial):
         m = site.module
         w = next(m.parameters())
         m.register_parameter(SINKS, nn.Parameter(torch.zeros(site.num_heads, dtype=w.dtype, device=w.device)))

@@ -37,7 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..sites import AttentionSite
+from ..report import PatchEntry
+from ..sites import AttentionSite, require_attention
 from .common import Undo, not_token_softmax
 
 RULE = "_condattn_logits"  # where a module keeps its LogitsRule (instance __dict__: not a submodule, no state_dict key)
@@ -361,3 +362,15 @@ def refuse_if_none(plan: list[tuple[AttentionSite, str, str]], method: str, mode
         why = "; ".join(sorted({w for _, _, w in plan}))
         raise ValueError(f"{method}: no attention layer of {type(model).__name__} takes it ({why}); nothing was "
                          "changed")
+
+
+def patchable(model: nn.Module, report, method: str, partial: bool = False,
+              extra=None) -> list[tuple[AttentionSite, str, str]]:
+    """The logit methods' common start: the model's attention sites, planned (`plan_sites`); the ones that cannot take
+    `method` recorded as skipped in `report`, none at all refused in one line; (site, route, detail) of the rest."""
+    sites, warnings = require_attention(model, method, partial)
+    report.warnings += warnings
+    plan = plan_sites(sites, method, extra)
+    refuse_if_none(plan, method, model)
+    report.skipped += [PatchEntry(site.name, f"{method}:{site.layout}", words) for site, how, words in plan if not how]
+    return [(site, how, words) for site, how, words in plan if how]

@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 from ..report import PatchEntry, PatchReport
-from ..sites import AttentionSite, as_matrix, require_attention, stored_weight
+from ..sites import AttentionSite, as_matrix, stored_weight
 from ..spec import MethodSpec, finite_number, register_method
 from .common import head_rows
-from .logits import plan_sites, refuse_if_none, rule_of
+from .logits import patchable, rule_of
 
 KIMI_TAU = 100.0  # Kimi K2's threshold τ
 
@@ -103,15 +103,8 @@ def after_step(handles: list) -> None:
 def apply_qk_clip(model: nn.Module, report: PatchReport, tau: float = KIMI_TAU, alpha: float = 0.5,
                   partial: bool = False) -> list:
     """Track each head's largest logit at every layer that can be clipped; returns the handles (QKClip among them)."""
-    sites, warnings = require_attention(model, "qk_clip", partial)
-    report.warnings += warnings
-    plan = plan_sites(sites, "qk_clip", _why_not)
-    refuse_if_none(plan, "qk_clip", model)
     handles: list = []
-    for site, how, words in plan:
-        if not how:
-            report.skipped.append(PatchEntry(site.name, f"qk_clip:{site.layout}", words))
-            continue
+    for site, how, words in patchable(model, report, "qk_clip", partial, _why_not):
         rule = rule_of(site, how, handles)
         rule.track = True
         handles.append(QKClip(site, rule, float(tau), float(alpha)))

@@ -12,24 +12,16 @@ from __future__ import annotations
 from torch import nn
 
 from ..report import PatchEntry, PatchReport
-from ..sites import require_attention
 from ..spec import MethodSpec, finite_number, register_method
-from .logits import plan_sites, refuse_if_none, rule_of
+from .logits import patchable, rule_of
 
 GEMMA2_CAP = 50.0  # transformers Gemma2Config.attn_logit_softcapping
 
 
 def apply_softcap(model: nn.Module, report: PatchReport, cap: float = GEMMA2_CAP, partial: bool = False) -> list:
     """cap·tanh(logits / cap) at every attention layer that can take it; returns the handles that undo it."""
-    sites, warnings = require_attention(model, "softcap", partial)
-    report.warnings += warnings
-    plan = plan_sites(sites, "softcap")
-    refuse_if_none(plan, "softcap", model)
     handles: list = []
-    for site, how, words in plan:
-        if not how:
-            report.skipped.append(PatchEntry(site.name, f"softcap:{site.layout}", words))
-            continue
+    for site, how, words in patchable(model, report, "softcap", partial):
         rule_of(site, how, handles).cap = float(cap)
         report.entries.append(PatchEntry(site.name, f"softcap:{site.layout}",
                                          f"{words}: explicit softmax({cap:g}·tanh(q·kᵀ·scale/{cap:g}) + mask)·V"))
