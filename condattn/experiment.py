@@ -63,6 +63,8 @@ class ScaleSpec:
     selection_seeds: tuple[int, ...] = ()
     exploratory_seeds: int | None = None
     length_check: LengthCheck | None = None
+    # {family: n}: a family whose MDE needs more than the scale's seeds reports n, the scale's seeds continued
+    family_seeds: Mapping[str, int] = field(default_factory=dict)
 
     def problem(self, table: str, scale: str, reported: Any = ()) -> str | None:
         """`protocol_problem` of these settings against the seeds a command reports (--seeds)."""
@@ -164,11 +166,24 @@ class Experiment:
         task, Holm-corrected) or "exploratory" (every other reading; Benjamini–Hochberg q)."""
         return self.rows[row].hypothesis
 
+    def family_of(self, row: str) -> str:
+        """The family a row's comparisons belong to: its task in a table of readings (table 9), else the row."""
+        return _family(row, self.rows[row])
+
     def row_seeds(self, scale: str, row: str, seeds: list[int]) -> list[int]:
         """The reported seeds of a row: all of `seeds` for the baseline and primary rows, the first
-        `scales.<scale>.exploratory_seeds` of them for an exploratory row (when the scale sets it)."""
-        n = self.at(scale).exploratory_seeds
-        return list(seeds[:int(n)]) if n and self.hypothesis(row) == "exploratory" else list(seeds)
+        `scales.<scale>.exploratory_seeds` of them for an exploratory row (when the scale sets it). A family in
+        `scales.<scale>.family_seeds` reports its n seeds instead, the scale's seeds continued (0-9 → 0-19), when
+        `seeds` are the scale's own: seeds a command names (--seeds) are run as named."""
+        at = self.at(scale)
+        n = at.exploratory_seeds
+        if n and self.hypothesis(row) == "exploratory":
+            return list(seeds[:int(n)])
+        more = at.family_seeds.get(self.family_of(row))
+        if more and list(seeds) == list(at.seeds) and more > len(seeds):
+            top = max(seeds, default=-1)
+            return [*seeds, *range(top + 1, top + 1 + more - len(seeds))]
+        return list(seeds)
 
     def families(self, scale: str) -> dict[str, list[tuple[str, str]]]:
         """The comparisons of a table, one family per task: {family: [(row, method), ...]}, the family's baseline
@@ -177,11 +192,10 @@ class Experiment:
         family per row, its baseline the first method."""
         out: dict[str, list[tuple[str, str]]] = {}
         for row in self.rows_at(scale):
-            spec = self.rows[row]
-            task = spec.task if spec.method is not None else None
-            fam = out.setdefault(task or row, [])
+            name = self.family_of(row)
+            fam = out.setdefault(name, [])
             for method in self.methods_of(row):
-                if task is not None and row == f"{task}_{self.baseline_reading}":
+                if name != row and row == f"{name}_{self.baseline_reading}":
                     fam.insert(0, (row, method))
                 else:
                     fam.append((row, method))
@@ -274,7 +288,18 @@ def _scale(where: str, node: Any) -> ScaleSpec:
         exploratory_seeds=d.get("exploratory_seeds"),
         length_check=LengthCheck(**_check_keys(f"{where}.length_check", length, _names(LengthCheck)))
         if length else None,
+        family_seeds=_family_seeds(f"{where}.family_seeds", d.get("family_seeds")),
     )
+
+
+def _family_seeds(where: str, node: Any) -> dict[str, int]:
+    if node is None:
+        return {}
+    if not isinstance(node, Mapping) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 2
+                                                 for v in node.values()):
+        raise ExperimentError(f"{where}: expected {{family: number of reported seeds (at least 2)}}, e.g. "
+                              f"{{vit_hard: 20}}; got {node!r:.80}")
+    return {str(k): int(v) for k, v in node.items()}
 
 
 def protocol_problem(table: str, scale: str, node: Mapping, reported: Any = ()) -> str | None:
@@ -312,6 +337,10 @@ def _per_scale(where: str, node: Any) -> dict[str, tuple[str, ...]]:
     if not isinstance(node, Mapping):
         raise ExperimentError(f"{where}: expected {{scale: [overrides]}}, got {node!r:.60}")
     return {s: _tuple(f"{where}.{s}", v) for s, v in node.items()}
+
+
+def _family(name: str, row: Row) -> str:
+    return row.task if row.method is not None and row.task else name
 
 
 def _row(where: str, node: Any, methods: tuple[str, ...]) -> Row:
@@ -353,6 +382,10 @@ def parse(raw: Any, path: str = "<experiment>") -> Experiment:
         if unknown:
             raise ExperimentError(f"{path}: scales.{name}.rows names {unknown[0]!r}, not a row of the experiment "
                                   f"({', '.join(rows)})")
+        fams = {_family(r, spec) for r, spec in rows.items()}
+        if odd := [f for f in sc.family_seeds if f not in fams]:
+            raise ExperimentError(f"{path}: scales.{name}.family_seeds names {odd[0]!r}, not a family of the "
+                                  f"experiment ({', '.join(sorted(fams))})")
     pre = d.get("pretrain")
     pretrain = None
     if pre is not None:

@@ -141,3 +141,32 @@ def test_the_rules_read_per_row_and_scale_are_the_experiments_methods():
     assert load(EXPERIMENTS[4]).higher_is_better_for("gpt2") is False  # table 5: a loss
     with pytest.raises(ExperimentError, match="scale 'huge' is not defined in .*choose one of smoke"):
         t4.at("huge")
+
+
+def test_a_family_that_needs_more_seeds_reports_them_and_a_named_seed_list_is_run_as_named():
+    base = {"table": "t", "metric": "m", "methods": ["none", "spectral"],
+            "rows": {"hard": {}, "easy": {}},
+            "scales": {"small": {"seeds": [0, 1, 2], "family_seeds": {"hard": 5}}}}
+    exp = parse(copy.deepcopy(base), "x")
+    assert exp.row_seeds("small", "hard", [0, 1, 2]) == [0, 1, 2, 3, 4]  # the scale's seeds, continued
+    assert exp.row_seeds("small", "easy", [0, 1, 2]) == [0, 1, 2]
+    assert exp.row_seeds("small", "hard", [7, 8]) == [7, 8]  # --seeds 7 8: as named
+    readings = {"table": "t9", "metric": "m", "methods": ["none", "spectral"],
+                "rows": {"vit_hard_baseline": {"task": "vit_hard", "method": "none"},
+                         "vit_hard_sca": {"task": "vit_hard", "method": "spectral"},
+                         "vit_hard_lam": {"task": "vit_hard", "method": "spectral", "hypothesis": "exploratory"},
+                         "vit_baseline": {"task": "vit", "method": "none"}},
+                "scales": {"small": {"seeds": [0, 1, 2, 3], "exploratory_seeds": 2,
+                                     "family_seeds": {"vit_hard": 6}}}}
+    t9 = parse(readings, "t9")
+    assert t9.family_of("vit_hard_sca") == "vit_hard" and set(t9.families("small")) == {"vit_hard", "vit"}
+    assert t9.row_seeds("small", "vit_hard_sca", [0, 1, 2, 3]) == list(range(6))
+    assert t9.row_seeds("small", "vit_hard_baseline", [0, 1, 2, 3]) == list(range(6))
+    assert t9.row_seeds("small", "vit_hard_lam", [0, 1, 2, 3]) == [0, 1]  # exploratory rows keep their count
+    assert t9.row_seeds("small", "vit_baseline", [0, 1, 2, 3]) == [0, 1, 2, 3]
+    for bad, match in (({"hrd": 5}, "family_seeds names 'hrd', not a family"),
+                       ({"hard": 1}, "at least 2"), ([20], "expected \\{family")):
+        doc = copy.deepcopy(base)
+        doc["scales"]["small"]["family_seeds"] = bad
+        with pytest.raises(ExperimentError, match=match):
+            parse(doc, "x")
