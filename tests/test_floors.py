@@ -172,6 +172,10 @@ def test_rows_on_the_same_split_share_one_cached_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(floors, "compute", refuse)
     both = floors.table_floors(typed(twin), "smoke", tmp_path, log=lambda *_: None)
     assert both["vit_again"]["cached"] and both["vit_again"]["floors"] == first["floors"]
+    other = {**copy.deepcopy(VIT_SMOKE), "table": "tother"}  # another table on the same split: the same fit
+    other["rows"] = {"hard": copy.deepcopy(VIT_SMOKE["rows"]["vit"])}
+    there = floors.table_floors(typed(other), "smoke", tmp_path, log=lambda *_: None)["hard"]
+    assert there["cached"] and there["floors"] == first["floors"] and (tmp_path / "smoke/floors/tother.json").is_file()
 
 
 def test_the_small_cnn_floor_trains_with_the_transformers_shifts():
