@@ -130,3 +130,34 @@ def test_remove_gives_the_attention_modules_their_config_back():
     assert model.layers[0].self_attn.config is not config and model.layers[0].self_attn.config.real is config
     condattn.remove_conditioning(model)
     assert model.layers[0].self_attn.config is config
+
+
+@pytest.mark.parametrize("kind", ["distilbert", "modernbert", "t5"])
+def test_the_gate_reaches_w_o_by_each_encoder_s_own_name_and_halves_its_input_at_a_zero_gate(kind):
+    """DistilBERT's `out_lin`, ModernBERT's `Wo` and T5's `o` are W_O: the gate multiplies their input. With the gate's
+    weights at 0 every gate is σ(0) = ½, so the patched model is the unpatched one with each W_O's weight halved."""
+    from condattn.conditioning.coverage import transformers_cases
+
+    build, inputs = transformers_cases()[kind]
+    torch.manual_seed(0)
+    model, x = build().eval(), inputs()
+    halved = copy.deepcopy(model)
+    with torch.no_grad():
+        plain = model(**x).last_hidden_state
+    report = condattn.apply_conditioning(model, "gated_attention")
+    assert len(report.entries) == 2 and not report.skipped, report
+    names = [e.detail.split(" on the input of ")[1].split(":")[0] for e in report.entries]
+    assert all(n.rsplit(".", 1)[1] == {"distilbert": "out_lin", "modernbert": "Wo", "t5": "o"}[kind] for n in names)
+    for n in names:
+        with torch.no_grad():
+            halved.get_submodule(n).weight.mul_(0.5)
+    gates = [m for m in model.modules() if hasattr(m, "condattn_gate")]
+    assert len(gates) == 2
+    with torch.no_grad():
+        for m in gates:
+            m.condattn_gate.weight.zero_()
+            if m.condattn_gate.bias is not None:
+                m.condattn_gate.bias.zero_()
+        got, want = model(**x), halved(**x)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state)
+    assert not torch.allclose(got.last_hidden_state, plain)  # (the gate does act)

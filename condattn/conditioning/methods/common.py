@@ -12,8 +12,9 @@ from ..paper import Undo  # noqa: F401  (re-exported: the methods' handles for w
 from ..sites import AttentionSite, Projection
 
 # W_O as a child of the attention module (timm `proj`, DETR/ViT/Llama `o_proj`, DETR/MHA `out_proj`, GPT-2 `c_proj`,
-# crammed BERT `dense`), else as `output.dense` of the parent (transformers BERT-style encoders, Nyströmformer)
-OUTPUT_CHILDREN = ("proj", "o_proj", "out_proj", "c_proj", "dense")
+# crammed BERT `dense`, DistilBERT `out_lin`, ModernBERT `Wo`, T5 `o`), else as `output.dense` of the parent
+# (transformers BERT-style encoders, Nyströmformer)
+OUTPUT_CHILDREN = ("proj", "o_proj", "out_proj", "c_proj", "dense", "out_lin", "Wo", "o")
 
 
 @dataclass
