@@ -109,9 +109,11 @@ def test_renderers_print_the_cached_floors_under_small_tables(tmp_path):
     assert "floor: logistic regression (bag of tokens)" in md.split("**listops**")[1]
     exp1 = experiment_raw("table1_imagenet")
     _, md = tables.write_table(plan_of(exp1, "small", tmp_path / "runs", tmp_path, [0]))
-    # small table 1: its ViT, XCiT and Swin rows share one split (reported on test), so one block of floors
-    assert md.count("floor: MLP, one hidden layer of 256 (pixels)") == 1
+    # small table 1: its ViT, XCiT and Swin rows share one split (reported on test), so one block of floors; the
+    # hard stand-in (vit_hard) has a split of its own, so a block of its own
+    assert md.count("floor: MLP, one hidden layer of 256 (pixels)") == 2
     assert "| vit_base, xcit_medium, swin_base | floor: kNN, k = 3 (pixels) | 92.40 | test |" in md
+    assert "| vit_hard | floor: kNN, k = 3 (pixels) | 62.54 | test |" in md
     assert "vit_base: the baseline" not in md  # no runs, no verdict
     _, md = tables.write_table(plan_of(exp1, "paper", tmp_path / "runs", tmp_path, [0]))
     assert "floor:" not in md
