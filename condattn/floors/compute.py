@@ -208,8 +208,6 @@ def table_floors(exp: Experiment, scale: str, results_root: str | Path, force: b
         raise ValueError(f"floors are for the offline scales {SCALES}, not scale={scale!r}")
     path = cache_path(results_root, scale, exp.table)
     cached = load(results_root, scale, exp.table)
-    # other tables' entries at this scale: a task two tables share (table 1's vit_hard row, table 9's vit_hard
-    # family) is fitted once
     elsewhere = [e for other in sorted(path.parent.glob("*.json")) if other != path
                  for e in load(results_root, scale, other.stem).values()]
     out: dict[str, dict] = {}
@@ -221,8 +219,9 @@ def table_floors(exp: Experiment, scale: str, results_root: str | Path, force: b
         cfg = compose_cell(overrides)
         (bundle, s) = _timed(lambda cfg=cfg: build_datasets(cfg))
         key = data_key(cfg, bundle.checksum, bundle.info)
-        # this group's cache entry, else another group's on the same data and metric, in this table or another (rows
-        # that share a split, such as table 1's small rows, share their floors: one fit, one value)
+        # this group's cache entry, else another group's on the same data and metric, in this table or another at this
+        # scale (rows that share a split, such as table 1's small rows or table 1's vit_hard and table 9's vit_hard
+        # family, share their floors: one fit, one value)
         same = [e for e in (cached.get(group), *cached.values(), *elsewhere) if e and e.get("key") == key
                 and e.get("metric") == metric]
         if not force and same:
