@@ -6,11 +6,14 @@ finding (findings reads typed fields, never the printed text)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from condattn.reporting import findings
+from condattn.reporting.reach import speak_clause
+from condattn.table.result import Speaks, TableResult
 
 REPO = Path(__file__).resolve().parents[1]
 SCALES = [d.name for d in sorted((REPO / "results").iterdir()) if (d / "findings.md").exists()]
@@ -244,3 +247,20 @@ def test_every_small_table_has_its_json_and_findings_verdicts_are_the_tables():
         else:
             assert row["outcome"] == f.outcome and f.verdict.startswith(row["outcome"]), (f.table, f.row)
             assert isinstance(row["p_adjusted"], float) and isinstance(row["values"][0], float)
+
+
+def test_the_readme_clause_says_which_claims_a_family_speaks_to():
+    """The README's "Claims:" clause, on a committed family with its `speaks` replaced by constructed values: every
+    claim a verdict speaks to is named; one whose MDE is too wide is named with its ratio; no test, no clause."""
+    fam = next(f for f in TableResult.from_json(_doc("table1_imagenet")["result"]).families if f.name == "vit_base")
+    labels = [c.label for c in fam.reach.rows]
+    assert len(labels) >= 2
+    rel = fam.reach.mde / (100 - fam.reach.baseline)
+    every = speak_clause(replace(fam, speaks=tuple((label, Speaks.VERDICT) for label in labels)))
+    assert every.startswith(f"the MDE is {100 * rel:.2g} % of the baseline's error")
+    assert every.endswith(f"speaks to {', '.join(labels)}") and "not to" not in every
+    wide = speak_clause(replace(fam, speaks=((labels[0], Speaks.TOO_WIDE),)
+                                + tuple((label, Speaks.WITHIN) for label in labels[1:])))
+    ratio = rel / fam.reach.rows[0].claim.relative
+    assert wide.endswith(f"speaks to {', '.join(labels[1:])}; not to {labels[0]} (MDE {ratio:.1f}× its claim)")
+    assert speak_clause(replace(fam, untested=True)) == "" and speak_clause(replace(fam, reach=None)) == ""

@@ -26,7 +26,7 @@ from pathlib import Path
 from ..table.result import Arm, Basis, Family, Outcome, State, TableResult, project_tests
 from .fmt import fmt_ci, fmt_num, fmt_p, test_word
 from .protocol import pick_marks
-from .reach import holm_lines, noise_text, speak_sentence
+from .reach import holm_lines, noise_text, speak_clause, speak_sentence
 from .tables import METHOD_LABELS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +55,7 @@ class Finding:
     noise: str = ""  # the family's noise floor line
     outcome: Outcome = Outcome.UNTESTED
     mde: float | None = None  # the MDE a "no difference detected" verdict names
+    speaks_short: str = ""  # the same in a clause, for the README's block ("" without a test or a paper's number)
 
     @property
     def n(self) -> str:
@@ -202,7 +203,7 @@ def table_findings(csv_path: Path, scale: str) -> list[Finding]:
     result = TableResult.from_json(doc["result"])
     out = []
     for f in result.families:
-        speaks = speak_sentence(f"{result.table}, {f.name}", f)
+        speaks, short = speak_sentence(f"{result.table}, {f.name}", f), speak_clause(f)
         noise = noise_text(f, 3 if result.multiplier == 1 else 2) if not f.untested else ""
         for a in f.arms:
             t = a.test
@@ -217,7 +218,7 @@ def table_findings(csv_path: Path, scale: str) -> list[Finding]:
                 None if f.untested or t is None else t.p_adj, t.correction if t else "",
                 "not tested" if f.untested or t is None else test_word(t), limits,
                 None if f.untested or t is None else t.p, speaks, noise,
-                t.outcome if t and not f.untested else Outcome.UNTESTED, t.mde_printed if t else None))
+                t.outcome if t and not f.untested else Outcome.UNTESTED, t.mde_printed if t else None, short))
     return out
 
 
@@ -308,6 +309,7 @@ def summary(scale: str, found: list[Finding], described: dict[str, list[str]] | 
                             + (f" (MDE {mdes[0]})" if len(set(mdes)) == 1 else ""))
             shared = [lim for lim in fs[0].limits if all(lim in f.limits for f in fs)]
             out.append(f"- **{table}, {fam}** ({len(fs[0].base)} baseline seeds): {'; '.join(said) or 'no test'}."
+                       + (f" Claims: {fs[0].speaks_short}." if fs[0].speaks_short else "")
                        + (f" Limits: {'; '.join(shared)}." if shared else ""))
     for table, said in (described or {}).items():
         out.append(f"- **{table}** (descriptive, no test): {said[0]}"

@@ -93,6 +93,44 @@ def noise_text(f: Family, digits: int = 2) -> str:
             f"{n.called_different} time{'' if n.called_different == 1 else 's'} ({100 * n.rate:.1f} %).")
 
 
+def _can_cannot(f: Family) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(label, note) of the claims a family's verdicts can speak to (the note: its outcome), and of those it cannot
+    (the note: why)."""
+    r, by_label = f.reach, {a.label: a for a in f.arms}
+    can, cannot = [], []
+    for label, kind in f.speaks:
+        a, c = by_label.get(label), next(x for x in r.rows if x.label == label)
+        if kind == Speaks.VERDICT:
+            can.append((label, a.test.outcome.value))
+        elif kind == Speaks.WITHIN:
+            can.append((label, "no difference, MDE within the claim"))
+        elif kind == Speaks.TOO_WIDE:
+            cannot.append((label, f"MDE {_relative_mde(r) / c.claim.relative:.1f}× its claim"))
+        else:
+            cannot.append((label, "not tested"))
+    return can, cannot
+
+
+def _notes(said: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{label} ({note})" for label, note in said)
+
+
+def speak_clause(f: Family) -> str:
+    """The README's short form of `speak_sentence`: which papers' claims the family's verdicts speak to, and its MDE
+    as a relative fall beside the claims' ("" for a family with no test or no paper's number)."""
+    r = f.reach
+    if f.untested or r is None or not r.rows:
+        return ""
+    can, cannot = _can_cannot(f)
+    room = "error" if r.scale.higher_is_better else "loss"
+    claims = sorted(100 * c.claim.relative for c in r.rows)
+    span = f"{claims[0]:.2g} %" if f"{claims[0]:.2g}" == f"{claims[-1]:.2g}" else \
+        f"{claims[0]:.2g}-{claims[-1]:.2g} %"
+    said = (f"the MDE is {100 * _relative_mde(r):.2g} % of the baseline's {room}, the papers' claims {span}: speaks to "
+            f"{', '.join(label for label, _ in can) or 'no claim'}")
+    return said + (f"; not to {_notes(cannot)}" if cannot else "")
+
+
 def speak_sentence(where: str, f: Family) -> str:
     """The findings' lead sentence for one family: which papers' claims its verdicts can speak to and which not."""
     if f.untested:
@@ -103,24 +141,13 @@ def speak_sentence(where: str, f: Family) -> str:
         return (f"**{where}**: no paper's number for its rows; its MDE "
                 + (f"{r.mde:.3g} is a {100 * _relative_mde(r):.2g} % relative fall in {room}." if r is not None
                    else "is not defined."))
-    by_label = {a.label: a for a in f.arms}
     rel = _relative_mde(r)
-    can, cannot = [], []
-    for label, kind in f.speaks:
-        a, c = by_label.get(label), next(x for x in r.rows if x.label == label)
-        if kind == Speaks.VERDICT:
-            can.append(f"{label} ({a.test.outcome.value})")
-        elif kind == Speaks.WITHIN:
-            can.append(f"{label} (no difference, MDE within the claim)")
-        elif kind == Speaks.TOO_WIDE:
-            cannot.append(f"{label} (MDE {rel / c.claim.relative:.1f}× the claim)")
-        else:
-            cannot.append(f"{label} (not tested)")
+    can, cannot = _can_cannot(f)
     budget = "" if f.state in (None, State.CONVERGED) else \
         f" at a budget (the baseline is {f.state.value} at 2× its steps)"
     need = ", ".join(f"{c.label} {'–' if c.seeds is None else f'{c.seeds:,}'}" for c in r.rows)
-    nots = f"cannot speak to {', '.join(cannot)}" if cannot else "no claim of its rows is out of its reach"
-    return (f"**{where}**: can speak to {', '.join(can) or 'no claim'}{budget}; {nots}. Its MDE {r.mde:.3g} is a "
+    nots = f"cannot speak to {_notes(cannot)}" if cannot else "no claim of its rows is out of its reach"
+    return (f"**{where}**: can speak to {_notes(can) or 'no claim'}{budget}; {nots}. Its MDE {r.mde:.3g} is a "
             f"{100 * rel:.2g} % relative fall in {room} against the claims' "
             f"{', '.join(f'{100 * c.claim.relative:.2g} %' for c in r.rows)}; seeds per arm a paper-sized effect "
             f"would need (at the baseline's σ {r.sd:.3g} and α {r.alpha:.3g}): {need}.")
