@@ -139,7 +139,7 @@ def speak_sentence(where: str, f: Family) -> str:
     room = "error" if r is None or r.scale.higher_is_better else "loss"
     if r is None or not r.rows:
         return (f"**{where}**: no paper's number for its rows; its MDE "
-                + (f"{r.mde:.3g} is a {100 * _relative_mde(r):.2g} % relative fall in {room}." if r is not None
+                + (f"{r.mde:.3g} is a relative fall of {100 * _relative_mde(r):.2g} % in {room}." if r is not None
                    else "is not defined."))
     rel = _relative_mde(r)
     can, cannot = _can_cannot(f)
@@ -148,7 +148,7 @@ def speak_sentence(where: str, f: Family) -> str:
     need = ", ".join(f"{c.label} {'–' if c.seeds is None else f'{c.seeds:,}'}" for c in r.rows)
     nots = f"cannot speak to {_notes(cannot)}" if cannot else "no claim of its rows is out of its reach"
     return (f"**{where}**: can speak to {_notes(can) or 'no claim'}{budget}; {nots}. Its MDE {r.mde:.3g} is a "
-            f"{100 * rel:.2g} % relative fall in {room} against the claims' "
+            f"relative fall of {100 * rel:.2g} % in {room} against the claims' "
             f"{', '.join(f'{100 * c.claim.relative:.2g} %' for c in r.rows)}; seeds per arm a paper-sized effect "
             f"would need (at the baseline's σ {r.sd:.3g} and α {r.alpha:.3g}): {need}.")
 
