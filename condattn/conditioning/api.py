@@ -58,8 +58,10 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
                        **options: Any) -> PatchReport:
     """Patch `model` in place with any registered method (`condattn.conditioning.METHODS`): SCA (`spectral`), CET
     (`embedded`), both, the follow-up's `conditioned_init`, the field's `qk_norm`, `sigma_reparam`, `mimetic_init`,
-    `ns_attention`, or nothing (`none`). `method` may be a ConditioningSpec (then no options). Options and the
-    readings they select: configs/conditioning/_options.yaml.
+    `ns_attention`, today's attention fixes `gated_attention`, `softcap`, `attention_sink` and `qk_clip`, the papers'
+    methods on a QK-norm baseline (`qk_norm+spectral`, `qk_norm+embedded`, `qk_norm+conditioned_init`), or nothing
+    (`none`). `method` may be a ConditioningSpec (then no options). Options and the readings they select:
+    configs/conditioning/_options.yaml.
 
     What a method adds is a fact of its MethodSpec: most add no parameters or buffers, so `state_dict` keys are
     unchanged and checkpoints load into a patched or unpatched model alike; `qk_norm` and `sigma_reparam` add theirs
