@@ -126,6 +126,8 @@ def test_sigma_reparam_buffers_are_the_same_on_every_build():
         meta = cls(model.config)
     condattn.apply_conditioning(meta, "sigma_reparam")
     meta.to_empty(device="cpu")
+    for m in meta.modules():  # (transformers 4.x skips a module its post_init marked initialised, on meta)
+        m._is_hf_initialized = False
     meta.init_weights()
     built, inited = dict(model.named_buffers()), dict(meta.named_buffers())
     assert built.keys() == inited.keys() and any("sigma_v" in k for k in built)
@@ -219,12 +221,15 @@ def test_condattn_loads_between_base_and_head(tmp_path, transformers_log, method
     model.eval()
     model.save_pretrained(tmp_path)
     cls, _ = _model(loaded)
+    transformers_log.set_level(logging.INFO, logger="transformers.modeling_utils")  # (4.x: a head's keys left
+    # over go to INFO)
     transformers_log.clear()
     out = from_pretrained(cls, tmp_path)
     base = lambda m: getattr(m, m.base_model_prefix, m)  # noqa: E731
     torch.testing.assert_close(base(out)(ids).last_hidden_state, base(model)(ids).last_hidden_state, rtol=0, atol=1e-6)
-    text = "\n".join(r.getMessage().split("\n", 1)[-1] for r in transformers_log.records)  # (less the path)
-    assert "classifier.weight" in text and "sigma_" not in text and "condattn_" not in text, text
+    text = "\n".join(r.getMessage().replace(str(tmp_path), "<path>") for r in transformers_log.records)
+    assert "classifier.weight" in text and "sigma_" not in text and "condattn_" not in text, text  # (the path
+    # names the test, condattn_ included; 4.x logs the keys on the path's line, 5.x below it)
 
 
 @pytest.mark.parametrize("method", ["qk_norm", "sigma_reparam"])

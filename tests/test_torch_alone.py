@@ -166,6 +166,19 @@ def test_every_method_patches_or_refuses_without_timm_or_transformers(method, na
     check(method, name, outcome(method, name))
 
 
+@pytest.mark.parametrize("gate", ["elementwise", "headwise"])
+@pytest.mark.parametrize("name", ["separate_qkv", "fused_qkv", "nanogpt"])
+def test_torch_fx_traces_the_gate_outside_timms_slot(name, gate):
+    """gated_attention on a layer without timm's `gate` slot (a home-made one here, timm < 1.0.16's `Attention`):
+    W_Q and W_O switch class, and the gate's shape checks, which torch.fx cannot trace, are left out of the graph; the
+    traced graph computes the eager model's numbers."""
+    model, batch, _ = HOME_MADE[name]()
+    rep = condattn.apply_conditioning(model.eval(), "gated_attention", gate=gate)
+    assert rep.count("gated_attention") == 2
+    graph = torch.fx.symbolic_trace(model)
+    torch.testing.assert_close(graph(batch["ids"]), model(batch["ids"]), rtol=1e-6, atol=1e-6)
+
+
 def test_of_library_reads_class_and_base_modules():
     class Mine(torch.nn.MultiheadAttention):
         pass

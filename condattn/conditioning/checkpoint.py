@@ -149,14 +149,29 @@ for _name in _LOADING_LOGGERS:
 def report_untaken(held: list[logging.LogRecord], model: nn.Module, info: Mapping[str, Any]) -> None:
     """Log transformers' held reports again from `info` (from_pretrained's output_loading_info, less the keys the
     loader restored): transformers 5 rebuilds its report (missing, unexpected, mismatched keys); a 4.x record of
-    unused keys is logged again as it was when any key is left, and dropped when none is."""
+    unused keys is logged again naming the keys left only, and dropped when none is."""
     left = set(info.get("unexpected_keys", ()))
     for record in held:
         found = _UNTAKEN.search(str(record.msg))
         if found and found["a"]:  # transformers 5: one report of missing, unexpected and mismatched keys
             _report_again(record, model, found["a"], info, left)
         elif left:
+            record.msg = _keys_left(str(record.msg), left)
             logging.getLogger(record.name).handle(record)
+
+
+def _keys_left(msg: str, left: set[str]) -> str:
+    """A 4.x report "... were not used when initializing <Class>: ['k', ...]" naming only the keys in `left`."""
+    import ast
+
+    found = re.search(r"were not used when initializing \S+: (\[[^\]]*\])", msg)
+    if found is None:
+        return msg
+    try:
+        keys = ast.literal_eval(found[1])
+    except (ValueError, SyntaxError):
+        return msg
+    return msg[:found.start(1)] + repr([k for k in keys if k in left]) + msg[found.end(1):]
 
 
 def _report_again(record: logging.LogRecord, model: nn.Module, path: str, info: Mapping[str, Any],

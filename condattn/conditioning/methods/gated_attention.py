@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx._symbolic_trace import is_fx_tracing
 
 from ..report import PatchEntry, PatchReport
 from ..sites import AttentionSite, as_matrix, require_attention, stored_weight
@@ -44,16 +45,19 @@ class GateLink:
 
     def gated(self, o: torch.Tensor) -> torch.Tensor:
         x, self.x = self.x, None
+        if is_fx_tracing() and x is not None:  # torch.fx: shapes are proxies, so no checks; the same reshape
+            return o * self._sigmoid(x.reshape(o.shape[:-1] + x.shape[-1:]), o)
         if x is not None and x.shape[:-1] != o.shape[:-1] and x[..., 0].numel() == o[..., 0].numel():
             x = x.reshape(*o.shape[:-1], x.shape[-1])  # the same tokens, shaped apart (CaiT/XCiT's class attention)
         if x is None or x.shape[:-1] != o.shape[:-1]:
             got = "no W_Q call" if x is None else f"W_Q input {tuple(x.shape)}"
             raise RuntimeError(f"gated_attention: W_O's input {tuple(o.shape)} does not follow its layer's W_Q call "
                                f"({got}); the gate needs the query stream of the same tokens")
+        return o * self._sigmoid(x, o)
+
+    def _sigmoid(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         g = torch.sigmoid(self.gate(x))
-        if self.headwise:
-            g = g.repeat_interleave(o.shape[-1] // self.heads, dim=-1)
-        return o * g
+        return g.repeat_interleave(o.shape[-1] // self.heads, dim=-1) if self.headwise else g
 
     def pre_hook(self, module: nn.Module, args: tuple):
         return (self.gated(args[0]), *args[1:])
