@@ -95,6 +95,28 @@ def test_the_code_line_names_readings_whose_runs_differ():
     assert "Within every reading" in line(row(base, "baseline", [a, a], ["c1", "c1"]))
 
 
+def test_fingerprints_shown_to_compute_the_same_are_not_called_different_code(monkeypatch):
+    from condattn.engine import provenance as engine_provenance
+    from condattn.reporting.readings import code_line
+    from condattn.table import provenance as table_provenance
+
+    a, b = {"conditioning": "a" * 10, "engine": "e" * 10}, {"conditioning": "b" * 10, "engine": "e" * 10}
+    c = {"conditioning": "c" * 10, "engine": "e" * 10}
+    same = engine_provenance.equivalent_hashes([{"from_commit": "c1", "to_commit": "c2", "from_code": a,
+                                                 "to_code": b, "equal": True}])
+    assert table_provenance._mixed([{"code": a}, {"code": b}], {}) == ("conditioning",)
+    assert table_provenance._mixed([{"code": a}, {"code": b}], same) == ()
+    assert table_provenance._mixed([{"code": a}, {"code": b}, {"code": c}], same) == ("conditioning",)
+    assert table_provenance._mixed([{"code": a}, {}], same) == ("conditioning", "engine", "unrecorded")
+    # the view: a reading whose fingerprints differ only by a recorded equivalence is named as such, not as mixed
+    cell = table_provenance.CellCode("r", "m", ("conditioning=aaa", "conditioning=bbb"), ())
+    prov = type("P", (), {"runs": 2, "code": (cell,), "commits": (("c1", 1), ("c2", 1))})()
+    text = code_line(prov, [{"row": "r", "method": "m", "task": "vit", "reading": "gate"}])
+    assert "ran different code" not in text and "shown to compute the same" in text and text.endswith("vit: gate.")
+    monkeypatch.setattr(engine_provenance, "EQUIVALENCE", engine_provenance.EQUIVALENCE.parent / "absent.json")
+    assert engine_provenance.equivalent_hashes() == {}
+
+
 @pytest.mark.slow  # trains two 4-step cells
 def test_refresh_stale_retrains_exactly_the_cells_made_by_other_code(tmp_path, capsys):
     import yaml

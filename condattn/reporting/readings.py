@@ -147,13 +147,20 @@ def code_line(prov: Provenance, rows: list[dict]) -> str:
     if not prov.runs:
         return ""
     code = {(cc.row, cc.method): cc for cc in prov.code}
-    mixed = [f"{r['task']}: {r['reading']} ({', '.join(cc.mixed)})" for r in rows
-             if (cc := code.get((r["row"], r["method"]))) and cc.mixed]
+    cells = [(r, cc) for r in rows if (cc := code.get((r["row"], r["method"])))]
+    mixed = [f"{r['task']}: {r['reading']} ({', '.join(cc.mixed)})" for r, cc in cells if cc.mixed]
+    shown = [f"{r['task']}: {r['reading']}" for r, cc in cells if len(cc.codes) > 1 and not cc.mixed]
     text = (f"Code: the runs come from commits {', '.join(f'{k} ({n} runs)' for k, n in prov.commits)}; "
             "each run records a fingerprint of the code that can change its result (conditioning, model, task, "
             "engine; the CSV's `code` column). ")
-    return text + (f"Readings whose runs ran different code: {'; '.join(mixed)}." if mixed else
-                   "Within every reading its runs ran the same code.")
+    text += (f"Readings whose runs ran different code: {'; '.join(mixed)}." if mixed else
+             "Within every reading its runs ran the same code" + (", or code shown to compute the same" if shown
+                                                                  else "") + ".")
+    if shown:
+        text += (" Readings whose runs ran code of different fingerprints shown to compute the same (a smoke cell of "
+                 "the method trained at both commits, every metric bit-identical: results/code_equivalence.json): "
+                 f"{'; '.join(shown)}.")
+    return text
 
 
 def cost_line(exp: Experiment, scale: str, rows: list[dict], prov: Provenance) -> str:

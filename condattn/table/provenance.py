@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from ..engine.provenance import equivalent_hashes
 from ..engine.twins import made_elsewhere
 from ..runs import RunRecord
 
@@ -90,10 +91,16 @@ def code_text(summary: Mapping) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(code.items())) if code else "unrecorded"
 
 
-def _mixed(sums: list[Mapping]) -> tuple[str, ...]:
-    """The code parts whose fingerprint differs between these runs, and 'unrecorded' when only some recorded one."""
+def _mixed(sums: list[Mapping], same: Mapping[str, Mapping[str, str]]) -> tuple[str, ...]:
+    """The code parts whose fingerprint differs between these runs, and 'unrecorded' when only some recorded one.
+    Two fingerprints of a part shown to compute the same (`same`: engine/provenance.equivalent_hashes, from
+    results/code_equivalence.json) do not differ; the cell's `codes` still lists both."""
     codes = [s.get("code") or {} for s in sums]
-    parts = sorted({k for c in codes for k in c if len({(x or {}).get(k) for x in codes}) > 1})
+
+    def rep(part: str, h: str | None) -> str | None:
+        return same.get(part, {}).get(h, h) if h is not None else None
+
+    parts = sorted({k for c in codes for k in c if len({rep(k, (x or {}).get(k)) for x in codes}) > 1})
     if any(not c for c in codes) and len({bool(c) for c in codes}) > 1:
         parts.append("unrecorded")
     return tuple(parts)
@@ -169,6 +176,7 @@ def provenance(plan: Plan, cells: Mapping[tuple[str, str], TableCell], done: lis
         if c.wall:
             by.setdefault(family.get(key, key[0] if isinstance(key, tuple) else key), []).extend(c.wall)
     commits, states, aliased = _commits(sums)
+    same = equivalent_hashes()
     gpu_hours, gpu_runs = _gpu(sums)
     when = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).replace(second=0, microsecond=0)
     return Provenance(
@@ -177,6 +185,6 @@ def provenance(plan: Plan, cells: Mapping[tuple[str, str], TableCell], done: lis
         tuple(sorted({str(c) for s in sums if (c := (s.get("hardware") or {}).get("cpu_capability"))})),
         len(sums), tuple(sorted(made_elsewhere(sums, exp.table).items())), gpu_hours, gpu_runs, _validation(cells),
         walls_of(w for c in cells.values() for w in c.wall), tuple((k, walls_of(ws)) for k, ws in by.items()),
-        tuple(CellCode(k[0], k[1], tuple(sorted({code_text(s) for s in c.summaries})), _mixed(c.summaries))
+        tuple(CellCode(k[0], k[1], tuple(sorted({code_text(s) for s in c.summaries})), _mixed(c.summaries, same))
               for k, c in cells.items() if isinstance(k, tuple)),
         spent(trained(plan) if done is None else done, exp.table), when.isoformat())
