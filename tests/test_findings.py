@@ -121,6 +121,11 @@ def test_a_verdict_that_changes_at_twice_the_steps_is_a_limit(tmp_path):
     assert found["vit_cet"].verdict == "worse"
     assert "at 2× steps: no difference detected (MDE 0.9) (Δ -0.10)" in found["vit_cet"].limits
     assert not any(x.startswith("at 2× steps") for x in found["vit_mimetic"].limits)
+    # a 2× test whose runs are still to train is no verdict at 2×: no "at 2× steps: –" limit
+    cet["test2"] = {**cet["test"], "outcome": "not tested"}
+    _write(tmp_path, "table9_readings", doc)
+    found = {f.row: f for f in findings.collect("small", tmp_path) if f.family == "vit"}
+    assert not any(x.startswith("at 2× steps") for x in found["vit_cet"].limits)
 
 
 def test_descriptive_tables_say_what_they_show_and_test_nothing(tmp_path):

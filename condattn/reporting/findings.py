@@ -94,7 +94,8 @@ def _limits(f: Family, a: Arm) -> list[str]:
         out.append(f"baseline below its floor ({f.floor.label} {f.floor.value:.{2 if f.higher_is_better else 3}f})")
     if f.plateau is not None:
         out.append("baseline on an early plateau")
-    if a.test2 is not None and a.test is not None and a.test2.outcome != a.test.outcome:
+    if a.test2 is not None and a.test is not None and Outcome.UNTESTED not in (a.test2.outcome, a.test.outcome) \
+            and a.test2.outcome != a.test.outcome:  # a length run not yet trained is 'no run at 2×' below
         out.append(f"at 2× steps: {test_word(a.test2)}"
                    + (f" (Δ {a.test2.diff:+.2f})" if a.test2.diff is not None else ""))
     if a.basis == Basis.BUDGET and a.test is not None:
