@@ -153,9 +153,11 @@ def code_line(prov: Provenance, rows: list[dict]) -> str:
     text = (f"Code: the runs come from commits {', '.join(f'{k} ({n} runs)' for k, n in prov.commits)}; "
             "each run records a fingerprint of the code that can change its result (conditioning, model, task, "
             "engine; the CSV's `code` column). ")
-    text += (f"Readings whose runs ran different code: {'; '.join(mixed)}." if mixed else
-             "Within every reading its runs ran the same code" + (", or code shown to compute the same" if shown
-                                                                  else "") + ".")
+    if mixed:
+        text += f"Readings whose runs ran different code: {'; '.join(mixed)}."
+    else:
+        text += "Within every reading its runs ran the same code" + (", or code shown to compute the same." if shown
+                                                                     else ".")
     if shown:
         text += (" Readings whose runs ran code of different fingerprints shown to compute the same (a smoke cell of "
                  "the method trained at both commits, every metric bit-identical: results/code_equivalence.json): "
