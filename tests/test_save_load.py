@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import assert_close_to_scale
 
 import condattn
 from condattn.conditioning import from_pretrained
@@ -226,7 +227,8 @@ def test_condattn_loads_between_base_and_head(tmp_path, transformers_log, method
     transformers_log.clear()
     out = from_pretrained(cls, tmp_path)
     base = lambda m: getattr(m, m.base_model_prefix, m)  # noqa: E731
-    torch.testing.assert_close(base(out)(ids).last_hidden_state, base(model)(ids).last_hidden_state, rtol=0, atol=1e-6)
+    # (one encoder, two classes: its forward may round differently; measured up to 4 ulps of the hidden states' scale)
+    assert_close_to_scale(base(out)(ids).last_hidden_state, base(model)(ids).last_hidden_state, ulps=32)
     text = "\n".join(r.getMessage().replace(str(tmp_path), "<path>") for r in transformers_log.records)
     assert "classifier.weight" in text and "sigma_" not in text and "condattn_" not in text, text  # (the path
     # names the test, condattn_ included; 4.x logs the keys on the path's line, 5.x below it)
