@@ -58,6 +58,7 @@ def pytest_unconfigure(config):
 
 UNIT_TIMEOUT_S = 60  # a hang fails; a unit test should take well under UNIT_BUDGET_S
 UNIT_BUDGET_S = 2.0  # unit tests slower than this are listed at the end of the run
+SLOW_BUDGET_S = 10.0  # and slow-tier tests slower than this, so that the next costly test is seen when it is added
 
 
 class UnitTierViolation(RuntimeError):
@@ -161,19 +162,30 @@ def unit_guard(request) -> pytest.MonkeyPatch:
     return request.node.stash[_GUARD]
 
 
-_slow_units: list[tuple[float, str]] = []
+_over_budget: dict[str, list[tuple[float, str]]] = {"unit": [], "slow": []}
 
 
 def pytest_runtest_logreport(report):
-    if report.when == "call" and "unit" in report.keywords and report.duration > UNIT_BUDGET_S:
-        _slow_units.append((report.duration, report.nodeid))
+    """Setup, call and teardown together: a test's costly fixture counts as the test's."""
+    if report.when != "teardown":
+        _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+        return
+    total = _durations.pop(report.nodeid, 0.0) + report.duration
+    for tier, budget in (("unit", UNIT_BUDGET_S), ("slow", SLOW_BUDGET_S)):
+        if tier in report.keywords and total > budget:
+            _over_budget[tier].append((total, report.nodeid))
+
+
+_durations: dict[str, float] = {}
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _slow_units:
-        terminalreporter.section(f"unit tests over {UNIT_BUDGET_S:g} s (speed them up or mark them slow)")
-        for d, nodeid in sorted(_slow_units, reverse=True):
-            terminalreporter.write_line(f"{d:6.1f} s  {nodeid}")
+    for tier, budget, advice in (("unit", UNIT_BUDGET_S, "speed them up or mark them slow"),
+                                 ("slow", SLOW_BUDGET_S, "share their fixtures, or run in-process")):
+        if _over_budget[tier]:
+            terminalreporter.section(f"{tier} tests over {budget:g} s, setup included ({advice})")
+            for d, nodeid in sorted(_over_budget[tier], reverse=True):
+                terminalreporter.write_line(f"{d:6.1f} s  {nodeid}")
 
 
 @pytest.fixture(scope="module")
