@@ -78,3 +78,41 @@ def test_a_test_in_two_tiers_is_refused(pytester, unit_guard):
     """)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*test_both: marked unit and slow*"])
+
+
+def test_slow_tests_over_their_budget_are_listed_with_their_setup(pytester, unit_guard):
+    """The run lists slow-tier tests over SLOW_BUDGET_S, a costly fixture counted as its test's (budget set to 0.05 s
+    here: a 0.1-s fixture lists its test, a quick one is not listed)."""
+    unit_guard.undo()
+    assert "SLOW_BUDGET_S = 10.0" in CONFTEST
+    pytester.makeconftest(CONFTEST.replace("SLOW_BUDGET_S = 10.0", "SLOW_BUDGET_S = 0.05"))
+    pytester.makeini("[pytest]\nmarkers =\n  unit: u\n  slow: s\n  gpu: g\n")
+    result = pytester.runpytest_inprocess(pytester.makepyfile("""
+        import time, pytest
+
+        @pytest.fixture
+        def costly():
+            time.sleep(0.1)
+
+        @pytest.mark.slow
+        def test_costly_setup(costly):
+            pass
+
+        @pytest.mark.slow
+        def test_quick():
+            pass
+    """), "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert "slow tests over 0.05 s, setup included" in out and "test_costly_setup" in out, out
+    assert "test_quick" not in out.split("slow tests over")[1]
+
+
+def test_ci_runs_the_unit_tier_again_on_other_kernels():
+    """.ci/run: the README's two commands, then the unit tier under torch's plain kernels, and under AVX2 where the
+    machine's torch picks AVX-512, each named in the log."""
+    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
+    steps = ("make install", "run_with_empty_caches make test\n", 'kernels="default"', 'kernels="default avx2"',
+             "ATEN_CPU_CAPABILITY=$k run_with_empty_caches make test-unit")
+    order = [ci.index(s) for s in steps]
+    assert order == sorted(order)
+    assert '[[ "$picked" == AVX512* ]]' in ci and 'echo "CI: make test-unit with ATEN_CPU_CAPABILITY=$k"' in ci
