@@ -93,29 +93,54 @@ def _first(out) -> torch.Tensor:
     raise TypeError(f"cannot read a tensor from {type(out).__name__}")
 
 
-def timm_rows(modules: list[str] | None = None, forward: bool = False) -> list[Row]:
-    """One row per timm model module that has attention: its smallest model (of the first 12 names), counted on the
-    meta device; with `forward`, models up to MAX_PARAMS are also built on CPU and run (output changed, restored)."""
+def smallest_timm_model(mod: str) -> tuple[str, nn.Module] | None:
+    """timm's smallest model of model module `mod`, of its first 12 names, by parameter count on the meta device:
+    (name, the meta model); None when none of them builds on meta."""
+    import timm
+
+    best = None
+    for name in timm.list_models(module=mod)[:12]:
+        meta = _meta_model(name)
+        if meta is None:
+            continue
+        n = sum(p.numel() for p in meta.parameters())
+        if best is None or n < best[0]:
+            best = (n, name, meta)
+    return None if best is None else best[1:]
+
+
+def _meta_model(name: str) -> nn.Module | None:
+    import timm
+
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            return timm.create_model(name, pretrained=False)
+    except Exception:  # noqa: BLE001 (a model that cannot be built on meta is not a candidate)
+        return None
+
+
+def timm_rows(modules: list[str] | None = None, forward: bool = False,
+              chosen: dict[str, str | None] | None = None) -> list[Row]:
+    """One row per timm model module that has attention: its smallest model (smallest_timm_model), counted on the
+    meta device; with `forward`, models up to MAX_PARAMS are also built on CPU and run (output changed, restored).
+    `chosen` maps a module to the model that smallest_timm_model picked before (None: no model built), so that the
+    candidates are not built again (tests/fixtures/timm_smallest.json, written by scripts/coverage_table.py)."""
     import timm
 
     rows = []
     for mod in modules or sorted(timm.list_modules()):
-        best = None
-        for name in timm.list_models(module=mod)[:12]:
-            try:
-                with warnings.catch_warnings(), torch.device("meta"):
-                    warnings.simplefilter("ignore")
-                    m = timm.create_model(name, pretrained=False)
-            except Exception:  # noqa: BLE001 (a model that cannot be built on meta is not a candidate)
-                continue
-            n = sum(p.numel() for p in m.parameters())
-            if best is None or n < best[0]:
-                best = (n, name, m)
-        if best is None:
+        if chosen is not None and mod in chosen:
+            name = chosen[mod]
+            pick = None if name is None else (name, _meta_model(name))
+        else:
+            pick = smallest_timm_model(mod)
+        if pick is None or pick[1] is None:
             continue
-        n, name, meta = best
+        name, meta = pick
         if not attention_layers(meta) and not find_attention(meta):
             continue
+        n = sum(p.numel() for p in meta.parameters())
         if forward and n <= MAX_PARAMS:
             torch.manual_seed(0)
             model = timm.create_model(name, pretrained=False).eval()
