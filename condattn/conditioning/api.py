@@ -21,6 +21,7 @@ from .checkpoint import (
     LOADING_ITSELF,
     base_prefix_map,
     forget,
+    own_config,
     record,
     report_untaken,
     saved_weights,
@@ -87,6 +88,8 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
                          per_layer=next((ms.name for ms in parts if ms.per_layer), None))
     state = _State(report, dict(spec.values))
     plans = {ms.name: ms.plan(model, spec, partial) for ms in parts if ms.plan is not None}
+    if spec.method != "none":  # the method is written into the model's own copy of its config (removal undoes it)
+        state.handles += [h for h in [own_config(model)] if h is not None]
     with _atomic(state):
         for ms in parts:
             if ms.apply is not None:
@@ -132,10 +135,10 @@ def remove_conditioning(model: nn.Module) -> None:
         raise RuntimeError(f"remove_conditioning: {once} set the weights' values once at application and attached "
                            "nothing, so there is nothing to remove (the values it set are the model's weights now); "
                            "rebuild the model, or load the weights it had before")
+    forget(model)  # (from the model's own copy of its config; the handles then give back the config it was built with)
     for h in reversed(state.handles):
         h.remove()
     model._condattn = None
-    forget(model)
     model.__dict__.pop("__prepare_scriptable__", None)
 
 

@@ -193,6 +193,44 @@ def _config(model: nn.Module):
     return cfg if cfg is not None and callable(getattr(cfg, "to_json_string", None)) else None
 
 
+def _is_config(value: Any) -> bool:
+    return callable(getattr(value, "to_json_string", None)) and callable(getattr(value, "to_dict", None))
+
+
+class _SharedConfig:
+    """Undo of `own_config` (remove_conditioning, or a failed apply): every module holds the config object it held
+    before."""
+
+    def __init__(self, swapped: list[tuple[nn.Module, str, Any]]):
+        self.swapped = swapped
+
+    def remove(self) -> None:
+        for module, name, old in reversed(self.swapped):
+            module.__dict__[name] = old
+
+
+def own_config(model: nn.Module) -> _SharedConfig | None:
+    """Give `model` a config of its own before the method is written into it: a transformers config object may be
+    shared with other models (one `BertConfig` building a baseline and a conditioned model), so it is copied, with
+    the configs inside it, and every module of `model` that held one of those objects holds the copy (a model's
+    layers keep `self.config`). Nothing outside `model` changes. Returns the handle that gives the modules their
+    config objects back (None for a model without a transformers config)."""
+    import copy
+
+    cfg = _config(model)
+    if cfg is None:
+        return None
+    memo: dict[int, Any] = {}
+    copy.deepcopy(cfg, memo)
+    swapped = []
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if _is_config(value) and id(value) in memo and memo[id(value)] is not value:
+                swapped.append((module, name, value))
+                module.__dict__[name] = memo[id(value)]
+    return _SharedConfig(swapped)
+
+
 def record(model: nn.Module, method: str, values: dict[str, Any]) -> None:
     """Write the conditioning into a transformers model's config (nothing for other models)."""
     cfg = _config(model)
