@@ -163,13 +163,14 @@ class MethodWeightsMissing(UserWarning):
     """condattn's loader: the checkpoint's config records a method whose added weights the checkpoint lacks."""
 
 
-def from_pretrained(model_class, path: str | Path, *, strict: bool = False, **kwargs: Any) -> nn.Module:
-    """`model_class.from_pretrained(path, **kwargs)` with the conditioning recorded in the checkpoint's config
-    applied as transformers builds the model, before any weight loads: the parameters and buffers the method adds
-    load with every other weight, through transformers' own loading (its key renaming, `dtype`,
-    `ignore_mismatched_sizes`, sharded or .bin checkpoints, a checkpoint with or without the model's head), and
-    `output_loading_info=True` returns transformers' own report. An init-only method is not re-applied (its effect
-    is in the weights); a composite applies its parts that attach.
+def from_pretrained(model_class, pretrained_model_name_or_path: str | Path | None = None, *model_args: Any,
+                    strict: bool = False, **kwargs: Any) -> nn.Module:
+    """`model_class.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)`, the same call, with the
+    conditioning recorded in the checkpoint's config (or in the `config=` given) applied as transformers builds the
+    model, before any weight loads: the parameters and buffers the method adds load with every other weight, through
+    transformers' own loading (its key renaming, `dtype`, `ignore_mismatched_sizes`, sharded or .bin checkpoints, a
+    checkpoint with or without the model's head), and `output_loading_info=True` returns transformers' own report. An
+    init-only method is not re-applied (its effect is in the weights); a composite applies its parts that attach.
 
     A checkpoint that lacks some of the weights the method adds loads as transformers loads any missing weight: they
     are in `loading_info["missing_keys"]` and transformers' report; condattn adds one MethodWeightsMissing warning
@@ -178,7 +179,8 @@ def from_pretrained(model_class, path: str | Path, *, strict: bool = False, **kw
     build = Build()
     tokens = LOADING_ITSELF.set(True), BUILDING.set(build)
     try:
-        model, info = model_class.from_pretrained(str(path), **{**kwargs, "output_loading_info": True})
+        model, info = model_class.from_pretrained(pretrained_model_name_or_path, *model_args,
+                                                  **{**kwargs, "output_loading_info": True})
     finally:
         BUILDING.reset(tokens[1])
         LOADING_ITSELF.reset(tokens[0])
@@ -190,8 +192,8 @@ def from_pretrained(model_class, path: str | Path, *, strict: bool = False, **kw
                                f"({build.node['method']}) could not be applied before its weights loaded")
     missing = sorted(build.added & set(info.get("missing_keys", ())))
     if missing:
-        method = build.node["method"]
-        line = (f"condattn: the checkpoint at {path} records {method} but lacks {len(missing)} of the "
+        method, where = build.node["method"], pretrained_model_name_or_path
+        line = (f"condattn: the checkpoint at {where} records {method} but lacks {len(missing)} of the "
                 f"{len(build.added)} weights it adds (e.g. {missing[0]}; all are in transformers' missing keys)")
         if strict:
             raise ValueError(f"{line}; strict=True refuses it: save the model conditioned with {method} and load "
