@@ -9,7 +9,8 @@ transformers==<the installed release>`, fetched once into .cache/transformers-te
 testers and its generation and export mixins do not, so the model testers are here (a tiny config and inputs per
 family) and the two mixins are empty stand-ins: generation and torch.export tests are not run. Each model class is
 conditioned by a subclass of the same name whose `__init__` ends in `apply_conditioning` (so every model a test
-builds, `from_pretrained` included, is conditioned). A method refused on a family (CET on a causal decoder) is
+builds is conditioned) and whose `from_pretrained` is condattn's loader (every conditioned checkpoint is loaded the
+way the plain load's warning says to). A method refused on a family (CET on a causal decoder) is
 listed as refused. Results: pass / fail / skip counts per family and method, each failure beyond the unconditioned
 model's by name, written to results/transformers_common.md with the date, the releases and the commit.
 """
@@ -96,16 +97,33 @@ def model_classes(family: str) -> tuple:
 
 
 def conditioned(cls, method: str):
-    """A subclass of `cls`, of the same name, whose instances are conditioned with `method` when built."""
+    """A subclass of `cls`, of the same name, whose instances are conditioned with `method` when built, and whose
+    `from_pretrained` is condattn's loader (`condattn.conditioning.from_pretrained`), as the plain load's warning tells
+    users to load a conditioned checkpoint: the loader conditions the model while transformers builds it (then
+    `__init__` finds it conditioned), before the weights, the method's included, load."""
+    import contextvars
+
     import condattn
+
+    inside = contextvars.ContextVar(f"condattn_common_{cls.__name__}", default=False)
 
     def __init__(self, config, *args, **kwargs):
         cls.__init__(self, config, *args, **kwargs)
-        if method != "none":
+        if method != "none" and condattn.conditioning_report(self) is None:
             condattn.apply_conditioning(self, method)
 
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__,
-                                       "__qualname__": cls.__qualname__})
+    def from_pretrained(sub, *args, **kwargs):
+        if inside.get():  # (condattn's loader calls the class's own from_pretrained)
+            return super(built, sub).from_pretrained(*args, **kwargs)
+        token = inside.set(True)
+        try:
+            return condattn.conditioning.from_pretrained(sub, *args, **kwargs)
+        finally:
+            inside.reset(token)
+
+    built = type(cls.__name__, (cls,), {"__init__": __init__, "from_pretrained": classmethod(from_pretrained),
+                                        "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    return built
 
 
 def refusal(family: str, method: str) -> str:

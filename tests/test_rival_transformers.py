@@ -127,7 +127,7 @@ def test_remove_gives_the_attention_modules_their_config_back():
     model = _llama()
     config = model.layers[0].self_attn.config
     condattn.apply_conditioning(model, "softcap")
-    assert model.layers[0].self_attn.config is not config and model.layers[0].self_attn.config.real is config
+    assert model.layers[0].self_attn.config is not config and model.layers[0].self_attn.config.real is model.config
     condattn.remove_conditioning(model)
     assert model.layers[0].self_attn.config is config
 

@@ -248,16 +248,3 @@ def test_condattn_loader_reports_none_of_the_keys_it_restores(tmp_path, transfor
     assert condattn.conditioning_report(loaded).method == method
     cls.from_pretrained(tmp_path)  # a plain load still reports the keys it dropped
     assert any("UNEXPECTED" in r.getMessage() or "were not used" in r.getMessage() for r in transformers_log.records)
-
-
-def test_a_4x_report_of_unused_keys_names_only_the_keys_left():
-    """transformers 4.x logs its unused keys as one list in a line of text; after condattn's loader restored its own,
-    the line is logged again naming only those left (the list rewritten, the rest of the text kept)."""
-    from condattn.conditioning.checkpoint import _keys_left
-
-    msg = ("Some weights of the model checkpoint at /tmp/x were not used when initializing BertModel: "
-           "['classifier.bias', 'encoder.layer.0.attention.self.query.sigma_v']\n- This IS expected if ...")
-    out = _keys_left(msg, {"classifier.bias"})
-    assert out == msg.replace(", 'encoder.layer.0.attention.self.query.sigma_v'", "")
-    assert _keys_left("another message: ['a']", set()) == "another message: ['a']"
-

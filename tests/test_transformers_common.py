@@ -33,6 +33,24 @@ def test_a_conditioned_class_keeps_its_name_and_conditions_every_model_it_builds
     assert condattn.conditioning_report(cls.from_pretrained(tmp_path)).method == "qk_norm"
 
 
+def test_a_conditioned_class_loads_through_condattns_loader(tmp_path, monkeypatch):
+    """Its from_pretrained is condattn's loader (once: the loader's own call of the class's from_pretrained is
+    transformers'), and ViT's renamed keys, the gate's included, reload exactly."""
+    import transformers as tf
+
+    calls = []
+    loader = condattn.conditioning.from_pretrained
+    monkeypatch.setattr(condattn.conditioning, "from_pretrained", lambda *a, **k: calls.append(a) or loader(*a, **k))
+    cls = runner.conditioned(tf.ViTModel, "gated_attention")
+    torch.manual_seed(0)
+    model = cls(runner.Tester(None, "vit").get_config())
+    model.save_pretrained(tmp_path)
+    loaded = cls.from_pretrained(tmp_path)
+    assert len(calls) == 1 and type(loaded) is cls
+    assert condattn.conditioning_report(loaded).method == "gated_attention"
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
+
+
 def test_a_refused_method_is_listed_with_its_reason():
     assert "causal" in runner.refusal("gpt2", "embedded")
     assert runner.refusal("bert", "embedded") == ""

@@ -7,6 +7,7 @@ handles that undo it. Nothing here knows a method by name.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,14 +17,13 @@ import torch
 from torch import nn
 
 from .checkpoint import (
+    BUILDING,
     CONFIG_KEY,
-    HELD,
     LOADING_ITSELF,
-    base_prefix_map,
+    Build,
     forget,
+    own_config,
     record,
-    report_untaken,
-    saved_weights,
 )
 from .report import PatchReport
 from .spec import (
@@ -38,8 +38,8 @@ from .spec import (
 )
 from .spectral import NotScriptable
 
-__all__ = ["EMBEDDED_DEFAULTS", "METHODS", "SPECTRAL_DEFAULTS", "after_optimizer_step", "apply_conditioning",
-           "conditioning_report", "from_pretrained", "remove_conditioning"]
+__all__ = ["EMBEDDED_DEFAULTS", "METHODS", "SPECTRAL_DEFAULTS", "MethodWeightsMissing", "after_optimizer_step",
+           "apply_conditioning", "conditioning_report", "from_pretrained", "remove_conditioning"]
 
 # Every method's options, defaults, checks and which of them act: spec.py (ConditioningSpec). Defaults and the meaning
 # of each open choice: configs/conditioning/_options.yaml.
@@ -65,7 +65,7 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
 
     What a method adds is a fact of its MethodSpec: most add no parameters or buffers, so `state_dict` keys are
     unchanged and checkpoints load into a patched or unpatched model alike; `qk_norm` and `sigma_reparam` add theirs
-    (`adds_keys`; `condattn.conditioning.from_pretrained` re-applies them before the weights load). Init-only methods
+    (`adds_keys`; `condattn.conditioning.from_pretrained` applies them before the weights load). Init-only methods
     (`conditioned_init`, `mimetic_init`, `spectral` with mode=init) change the weights' values once and attach
     nothing. Returns a PatchReport listing every patched (and skipped) module, with how it was matched.
 
@@ -87,6 +87,8 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
                          per_layer=next((ms.name for ms in parts if ms.per_layer), None))
     state = _State(report, dict(spec.values))
     plans = {ms.name: ms.plan(model, spec, partial) for ms in parts if ms.plan is not None}
+    if spec.method != "none":  # the method is written into the model's own copy of its config (removal undoes it)
+        state.handles += [h for h in [own_config(model)] if h is not None]
     with _atomic(state):
         for ms in parts:
             if ms.apply is not None:
@@ -132,10 +134,10 @@ def remove_conditioning(model: nn.Module) -> None:
         raise RuntimeError(f"remove_conditioning: {once} set the weights' values once at application and attached "
                            "nothing, so there is nothing to remove (the values it set are the model's weights now); "
                            "rebuild the model, or load the weights it had before")
+    forget(model)  # (from the model's own copy of its config; the handles then give back the config it was built with)
     for h in reversed(state.handles):
         h.remove()
     model._condattn = None
-    forget(model)
     model.__dict__.pop("__prepare_scriptable__", None)
 
 
@@ -157,50 +159,86 @@ def conditioning_report(model: nn.Module) -> PatchReport | None:
     return None if state is None else state.report
 
 
-def from_pretrained(model_class, path: str | Path, **kwargs: Any) -> nn.Module:
-    """`model_class.from_pretrained(path, **kwargs)` with the conditioning recorded in its config re-applied and
-    every saved weight (the parameters and buffers the method added included) loaded (checkpoint.py). An init-only
-    method is not re-applied (its effect is in the weights); a composite re-applies its parts that attach. The
-    checkpoint may hold the model with or without its head (keys matched through `base_model_prefix`, as transformers
-    does). transformers' report of checkpoint keys it did not take leaves out those this loader then loads."""
-    held: list = []
-    tokens = LOADING_ITSELF.set(True), HELD.set(held)
+class MethodWeightsMissing(UserWarning):
+    """condattn's loader: the checkpoint's config records a method whose added weights the checkpoint lacks."""
+
+
+def from_pretrained(model_class, pretrained_model_name_or_path: str | Path | None = None, *model_args: Any,
+                    strict: bool = False, **kwargs: Any) -> nn.Module:
+    """`model_class.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)`, the same call, with the
+    conditioning recorded in the checkpoint's config (or in the `config=` given) applied as transformers builds the
+    model, before any weight loads: the parameters and buffers the method adds load with every other weight, through
+    transformers' own loading (its key renaming, `dtype`, `ignore_mismatched_sizes`, sharded or .bin checkpoints, a
+    checkpoint with or without the model's head), and `output_loading_info=True` returns transformers' own report. An
+    init-only method is not re-applied (its effect is in the weights); a composite applies its parts that attach.
+
+    A checkpoint that lacks some of the weights the method adds loads as transformers loads any missing weight: they
+    are in `loading_info["missing_keys"]` and transformers' report; condattn adds one MethodWeightsMissing warning
+    naming the method, and those weights take the method's own initialisation on the loaded model (as
+    `apply_conditioning` would set them). `strict=True` raises ValueError instead."""
+    build = Build()
+    tokens = LOADING_ITSELF.set(True), BUILDING.set(build)
     try:
-        model, info = model_class.from_pretrained(str(path), **{**kwargs, "output_loading_info": True})
+        model, info = model_class.from_pretrained(pretrained_model_name_or_path, *model_args,
+                                                  **{**kwargs, "output_loading_info": True})
     finally:
-        HELD.reset(tokens[1])
+        BUILDING.reset(tokens[1])
         LOADING_ITSELF.reset(tokens[0])
-    restored, model_key = _reapply(model, Path(path))
-    untaken = info.get("unexpected_keys", ())
-    info["unexpected_keys"] = type(untaken)(k for k in untaken if k not in restored and model_key(k) not in restored)
-    report_untaken(held, model, info)
+    if build.model is None:  # (a class whose __init__ skips post_init: nothing was conditioned while building)
+        build.node = dict(getattr(getattr(model, "config", None), CONFIG_KEY, None) or {})
+        if build.node and any(not method_spec(p).once(build.node) for p in _parts(build.node["method"])):
+            raise RuntimeError(f"condattn from_pretrained: transformers built {type(model).__name__} without calling "
+                               "PreTrainedModel.post_init, so the recorded conditioning "
+                               f"({build.node['method']}) could not be applied before its weights loaded")
+    missing = sorted(build.added & set(info.get("missing_keys", ())))
+    if missing:
+        method, where = build.node["method"], pretrained_model_name_or_path
+        line = (f"condattn: the checkpoint at {where} records {method} but lacks {len(missing)} of the "
+                f"{len(build.added)} weights it adds (e.g. {missing[0]}; all are in transformers' missing keys)")
+        if strict:
+            raise ValueError(f"{line}; strict=True refuses it: save the model conditioned with {method} and load "
+                             "that, or load with strict=False to give them the method's own initialisation")
+        _initialise_missing(model, build, set(missing))
+        warnings.warn(f"{line}: they take {method}'s own initialisation on the loaded weights", MethodWeightsMissing,
+                      stacklevel=2)
     return (model, info) if kwargs.get("output_loading_info") else model
 
 
-def _reapply(model: nn.Module, path: Path) -> tuple[set[str], Any]:
-    """Re-apply the conditioning recorded in `model`'s config and load the saved weights it adds; returns the model
-    keys loaded and the checkpoint key -> model key map (nothing for a checkpoint saved without conditioning)."""
-    node = dict(getattr(model.config, CONFIG_KEY, None) or {})
+def _parts(method: str) -> list[str]:
+    try:
+        spec = method_spec(method)
+    except ValueError:
+        raise ValueError(f"condattn from_pretrained: the checkpoint records the method {method!r}, which this "
+                         "condattn does not register: upgrade condattn") from None
+    return list(spec.parts or (method,))
+
+
+def condition_as_recorded(model: nn.Module, node: dict[str, Any]) -> set[str]:
+    """Apply the conditioning `node` (a config's record: the method and its options) to `model`, as transformers
+    builds it for condattn's loader; returns the state_dict keys it added. An init-only method (or part) is not
+    applied: its effect is in the saved weights."""
     if not node:
-        return set(), str
+        return set()
+    node = dict(node)
     method = node.pop("method")
-    parts = [p for p in (method_spec(method).parts or (method,)) if not method_spec(p).once(node)]
+    parts = [p for p in _parts(method) if not method_spec(p).once(node)]
     if not parts or parts == ["none"]:
-        return set(), str  # init-only: its effect is in the saved weights
-    plain = set(model.state_dict())
+        return set()
+    before = set(model.state_dict())
     opts = {k for p in parts for k in method_spec(p).options}
     apply_conditioning(model, method_of_parts(parts), **{k: v for k, v in node.items() if k in opts})
     record(model, method, node)  # (the config keeps what was saved)
-    saved = saved_weights(path)
-    keys = base_prefix_map(model, saved)
+    return set(model.state_dict()) - before
+
+
+def _initialise_missing(model: nn.Module, build: Build, missing: set[str]) -> None:
+    """The method's own initialisation of the added weights the checkpoint lacked: the method removed and applied
+    again on the loaded model, then the added weights that did load put back."""
     state = model.state_dict()
-    added = set(state) - plain
-    lost = sorted(added - set(keys.values()))
-    if lost:
-        raise ValueError(f"condattn from_pretrained: the checkpoint at {path} lacks {len(lost)} of the keys "
-                         f"{method} adds (e.g. {lost[0]}); it was not saved from a model conditioned this way")
+    loaded = {k: state[k].detach().clone() for k in build.added - missing}
+    remove_conditioning(model)
+    condition_as_recorded(model, build.node)
     with torch.no_grad():
-        for k, mk in keys.items():
-            if mk in state:
-                state[mk].copy_(saved[k].to(state[mk]))
-    return added, lambda k: keys.get(k, k)
+        state = model.state_dict()
+        for k, v in loaded.items():
+            state[k].copy_(v)

@@ -1,19 +1,21 @@
 """A conditioned model saves and loads whole: the conditioning is recorded in the model's own config, and
-`from_pretrained` (api.py) re-applies it before the saved weights load.
+`from_pretrained` (api.py) applies it while transformers builds the model, before any weight loads.
 
 `apply_conditioning` records the method and its options on a transformers model's config (`condattn_conditioning`,
-written by `save_pretrained` into config.json), and
+written by `save_pretrained` into config.json; the config is first made the model's own, `own_config`), and
 
     model = condattn.conditioning.from_pretrained(transformers.LlamaForCausalLM, path)
 
-loads the model as transformers does, re-applies the recorded conditioning, then loads the saved weights again, the
-keys the method added (QK-norm's norms, σReparam's γ and v) included: every one of them must be in the checkpoint.
-The checkpoint may hold the model with or without its head (BertModel ↔ BertForSequenceClassification): keys are
-matched through the model's `base_model_prefix`, as transformers matches them.
+runs transformers' own `from_pretrained`: the model it builds (on the meta device) is conditioned as its config
+records at the end of its `post_init` (`watch`), so the weights the method adds (QK-norm's norms, σReparam's γ and v,
+the gates, the sinks) are keys of the model transformers then loads. Its key renaming (ViT's `encoder.layer.N.attention.
+attention.query` ↔ `layers.N.attention.q_proj`, and the method's keys with them), `dtype`, `ignore_mismatched_sizes`,
+shards, a checkpoint with or without the model's head and its missing-key report apply to them as to every weight; no
+key is matched here.
 
 A plain transformers `from_pretrained` builds the model without the method: SCA, CET, NS-attention and the other
-methods that attach are dropped (the weights load, the outputs change), and QK-norm's and σReparam's added weights
-with them. Where condattn is imported, such a load ends with one `PlainLoadWarning` naming the method and this
+methods that attach are dropped (the weights load, the outputs change), and the weights a method added with them.
+Where condattn is imported, such a load ends with one `PlainLoadWarning` naming the method, what is lost, and this
 loader (`PreTrainedModel.from_pretrained` is wrapped when transformers' modeling_utils is imported; `watch`). An
 init-only method (conditioned_init, mimetic_init, spectral with mode=init) is kept: its effect is in the saved weights,
 and the line says so. A composite is read part by part (CET dropped beside SCA's mode=init kept).
@@ -25,26 +27,31 @@ import contextvars
 import functools
 import importlib.abc
 import json
-import logging
-import re
 import sys
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
 from .spec import method_spec
 
 CONFIG_KEY = "condattn_conditioning"
-# transformers' report of checkpoint keys the model did not take: 5.x "<Class> LOAD REPORT from: <path>", 4.x "Some
-# weights of the model checkpoint at <path> were not used when initializing <Class>"
-_UNTAKEN = re.compile(r"LOAD REPORT\S* from: (?P<a>\S+)|checkpoint at (?P<b>\S+) were not used")
-_LOADING_LOGGERS = ("transformers.modeling_utils", "transformers.utils.loading_report")
 LOADING_ITSELF = contextvars.ContextVar("condattn_loading", default=False)  # set by condattn's own from_pretrained
-HELD = contextvars.ContextVar("condattn_held_reports", default=None)  # transformers' reports held back meanwhile
+BUILDING = contextvars.ContextVar("condattn_building", default=None)  # its Build, while transformers loads
+
+
+@dataclass
+class Build:
+    """What condattn's loader asked transformers' `from_pretrained` for: `cls` is the class that from_pretrained
+    builds (an Auto class resolves to it), `model` the instance conditioned at the end of its `post_init` (on the
+    meta device, before any weight loads), `added` the state_dict keys the method added there."""
+
+    cls: type | None = None
+    model: nn.Module | None = None
+    added: set[str] = field(default_factory=set)
+    node: dict[str, Any] = field(default_factory=dict)  # the conditioning recorded in the checkpoint's config
 
 
 class PlainLoadWarning(UserWarning):
@@ -82,21 +89,42 @@ def warn_if_dropped(model: nn.Module) -> None:
 
 
 def watch(modeling_utils) -> None:
-    """Wrap transformers' `PreTrainedModel.from_pretrained` (once): a plain load of a conditioned checkpoint warns."""
+    """Wrap transformers' `PreTrainedModel.from_pretrained` and `post_init` (once). A plain load of a conditioned
+    checkpoint warns. Under condattn's loader (a Build in BUILDING), the model that from_pretrained builds is
+    conditioned as its config records at the end of its `post_init`: transformers has built it (on the meta device)
+    and not yet loaded a weight, so the method's added weights load with the rest, through transformers' own key
+    renaming, dtype, mismatched-size handling, shards and missing-key report."""
     base = modeling_utils.PreTrainedModel
     if getattr(base.from_pretrained, "_condattn_watch", False):
         return
     original = base.from_pretrained.__func__
+    original_post_init = base.post_init
 
     @functools.wraps(original)
     def from_pretrained(cls, *args, **kwargs):
+        build = BUILDING.get()
+        if build is not None and build.cls is None:
+            build.cls = cls
         out = original(cls, *args, **kwargs)
         if not LOADING_ITSELF.get():
             warn_if_dropped(out[0] if isinstance(out, tuple) else out)
         return out
 
+    @functools.wraps(original_post_init)
+    def post_init(self, *args, **kwargs):
+        out = original_post_init(self, *args, **kwargs)
+        build = BUILDING.get()
+        if build is not None and build.model is None and type(self) is build.cls:
+            build.model = self
+            from .api import condition_as_recorded
+
+            build.node = dict(getattr(getattr(self, "config", None), CONFIG_KEY, None) or {})
+            build.added = condition_as_recorded(self, build.node)
+        return out
+
     from_pretrained._condattn_watch = True
     base.from_pretrained = classmethod(from_pretrained)
+    base.post_init = post_init
 
 
 class _WatchOnImport(importlib.abc.MetaPathFinder):
@@ -127,70 +155,47 @@ elif not any(isinstance(f, _WatchOnImport) for f in sys.meta_path):
     sys.meta_path.insert(0, _WatchOnImport())
 
 
-class _HoldOwnReport(logging.Filter):
-    """While condattn's own loader runs, transformers' report of untaken checkpoint keys is held back (HELD): the
-    loader then loads the keys its method added and reports the rest (api.from_pretrained, `report_untaken`)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        held = HELD.get()
-        if held is None or not LOADING_ITSELF.get() or not _UNTAKEN.search(str(record.msg)):
-            return True
-        held.append(record)
-        return False
-
-
-for _name in _LOADING_LOGGERS:
-    for _old in [f for f in logging.getLogger(_name).filters if type(f).__name__ in ("PlainLoadWarning",
-                                                                                        "_HoldOwnReport")]:
-        logging.getLogger(_name).removeFilter(_old)  # (a module reloaded: one filter)
-    logging.getLogger(_name).addFilter(_HoldOwnReport())
-
-
-def report_untaken(held: list[logging.LogRecord], model: nn.Module, info: Mapping[str, Any]) -> None:
-    """Log transformers' held reports again from `info` (from_pretrained's output_loading_info, less the keys the
-    loader restored): transformers 5 rebuilds its report (missing, unexpected, mismatched keys); a 4.x record of
-    unused keys is logged again naming the keys left only, and dropped when none is."""
-    left = set(info.get("unexpected_keys", ()))
-    for record in held:
-        found = _UNTAKEN.search(str(record.msg))
-        if found and found["a"]:  # transformers 5: one report of missing, unexpected and mismatched keys
-            _report_again(record, model, found["a"], info, left)
-        elif left:
-            record.msg = _keys_left(str(record.msg), left)
-            logging.getLogger(record.name).handle(record)
-
-
-def _keys_left(msg: str, left: set[str]) -> str:
-    """A 4.x report "... were not used when initializing <Class>: ['k', ...]" naming only the keys in `left`."""
-    import ast
-
-    found = re.search(r"were not used when initializing \S+: (\[[^\]]*\])", msg)
-    if found is None:
-        return msg
-    try:
-        keys = ast.literal_eval(found[1])
-    except (ValueError, SyntaxError):
-        return msg
-    return msg[:found.start(1)] + repr([k for k in keys if k in left]) + msg[found.end(1):]
-
-
-def _report_again(record: logging.LogRecord, model: nn.Module, path: str, info: Mapping[str, Any],
-                  left: set[str]) -> None:
-    from dataclasses import fields
-
-    from transformers.utils.loading_report import LoadStateDictInfo, log_state_dict_report
-
-    given = {"missing_keys": set(info.get("missing_keys", ())), "unexpected_keys": left,
-             "mismatched_keys": set(info.get("mismatched_keys", ())), "error_msgs": [], "conversion_errors": {}}
-    names = {f.name for f in fields(LoadStateDictInfo)}
-    report = LoadStateDictInfo(**{k: v for k, v in given.items() if k in names},
-                               **{k: set() for k in names - set(given)})
-    log_state_dict_report(model, path, False, report, logger=logging.getLogger(record.name))
-
-
 def _config(model: nn.Module):
     cfg = getattr(model, "config", None)
     return cfg if cfg is not None and callable(getattr(cfg, "to_json_string", None)) else None
+
+
+def _is_config(value: Any) -> bool:
+    return callable(getattr(value, "to_json_string", None)) and callable(getattr(value, "to_dict", None))
+
+
+class _SharedConfig:
+    """Undo of `own_config` (remove_conditioning, or a failed apply): every module holds the config object it held
+    before."""
+
+    def __init__(self, swapped: list[tuple[nn.Module, str, Any]]):
+        self.swapped = swapped
+
+    def remove(self) -> None:
+        for module, name, old in reversed(self.swapped):
+            module.__dict__[name] = old
+
+
+def own_config(model: nn.Module) -> _SharedConfig | None:
+    """Give `model` a config of its own before the method is written into it: a transformers config object may be
+    shared with other models (one `BertConfig` building a baseline and a conditioned model), so it is copied, with
+    the configs inside it, and every module of `model` that held one of those objects holds the copy (a model's
+    layers keep `self.config`). Nothing outside `model` changes. Returns the handle that gives the modules their
+    config objects back (None for a model without a transformers config)."""
+    import copy
+
+    cfg = _config(model)
+    if cfg is None:
+        return None
+    memo: dict[int, Any] = {}
+    copy.deepcopy(cfg, memo)
+    swapped = []
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if _is_config(value) and id(value) in memo and memo[id(value)] is not value:
+                swapped.append((module, name, value))
+                module.__dict__[name] = memo[id(value)]
+    return _SharedConfig(swapped)
 
 
 def record(model: nn.Module, method: str, values: dict[str, Any]) -> None:
@@ -204,34 +209,3 @@ def forget(model: nn.Module) -> None:
     cfg = _config(model)
     if cfg is not None and hasattr(cfg, CONFIG_KEY):
         delattr(cfg, CONFIG_KEY)
-
-
-def saved_weights(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor saved under `path` (safetensors, sharded or not, else pytorch_model.bin)."""
-    from safetensors.torch import load_file
-
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {k: v for f in files for k, v in load_file(str(path / f)).items()}
-    if (path / "model.safetensors").exists():
-        return load_file(str(path / "model.safetensors"))
-    return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-
-
-def base_prefix_map(model: nn.Module, keys) -> dict[str, str]:
-    """Checkpoint key -> the model's key, as transformers matches a checkpoint with or without the model's head: a
-    model with a head (it holds its base model as `base_model_prefix`, e.g. `bert`) loading a base checkpoint gains
-    the prefix; a base model loading a checkpoint of a model with a head drops it (and the head's keys)."""
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    keys = list(keys)
-    dot = prefix + "."
-    if not prefix or not keys:
-        return {k: k for k in keys}
-    has_prefix = any(k.startswith(dot) for k in keys)
-    with_head = hasattr(model, prefix) and isinstance(getattr(model, prefix), nn.Module)
-    if with_head and not has_prefix:
-        return {k: dot + k for k in keys}
-    if not with_head and has_prefix:
-        return {k: k[len(dot):] for k in keys if k.startswith(dot)}
-    return {k: k for k in keys}

@@ -74,7 +74,7 @@ class MethodSpec:
     init_only: bool | Callable[[Mapping[str, Any]], str] = False
     short: str = ""  # the tables' name ("SCA", "QK-norm"); default: the name
     cost: str = ""  # its per-step cost term, in words ('' for none)
-    adds_keys: bool = False  # adds parameters or buffers: the state_dict gains keys (condattn.load re-applies it)
+    adds_keys: bool = False  # adds parameters or buffers: the state_dict gains keys (from_pretrained applies it first)
     # options that permit rather than change the computation (CET's causal_leak): left out of the run identity, so
     # accepting what a method used to do silently renames no run
     permissions: frozenset[str] = frozenset()

@@ -113,12 +113,17 @@ class SigmaReparam:
 
     @torch.no_grad()
     def reset(self) -> None:
-        """γ and v as at application, from the current weight (after a model's own re-initialisation of it)."""
+        """γ and v as at application, from the current weight (after a model's own re-initialisation of it). A γ or v
+        that transformers' from_pretrained loaded (flagged `_is_hf_initialized`, as its own init functions read it) is
+        kept: its initialisation reaches only the weights a checkpoint lacked."""
         for suffix, rows in self.blocks:
-            getattr(self.holder, f"sigma_gamma{suffix}").copy_(self._svd(rows)[0])
+            gamma = getattr(self.holder, f"sigma_gamma{suffix}")
+            if not getattr(gamma, "_is_hf_initialized", False):
+                gamma.copy_(self._svd(rows)[0])
             v = getattr(self.holder, f"sigma_v{suffix}")
-            v.copy_(start_vector(v.numel(), v))
-            self.starting.add(suffix)
+            if not getattr(v, "_is_hf_initialized", False):
+                v.copy_(start_vector(v.numel(), v))
+                self.starting.add(suffix)
 
     @torch.no_grad()
     def _start(self, suffix: str, v: torch.Tensor) -> None:
