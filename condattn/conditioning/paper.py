@@ -29,9 +29,10 @@ class Undo:
             self.fn = None
 
 
-def plan_attention(method: str):
+def plan_attention(method: str, heads=lambda spec: True):
+    """The plan of a method on attention sites; `heads(spec)`: whether these options need each layer's head count."""
     def plan(model: nn.Module, spec, partial: bool = False):
-        sites, warnings = require_attention(model, method, partial)
+        sites, warnings = require_attention(model, method, partial, heads=heads(spec))
         if not any(s.group is not None for s in sites):  # a kind selector set on a model whose sites have no kinds
             for key, value in spec.set_kind_options().items():
                 raise ValueError(f"{method}: {key}={list(value)} selects attention kinds, but the attention sites of "

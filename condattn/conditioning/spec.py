@@ -440,7 +440,9 @@ register_method(MethodSpec(
         "detr_attention": subset(DETR_ATTENTION, "conditioning.detr_attention=[encoder,decoder_cross] "
                                                  "(conditioning=none turns SCA off)"),
     },
-    plan=plan_attention("spectral"), apply=apply_spectral, per_layer=True,
+    # λI over whole weights needs no head count; the same λI in every head (identity=per_head) does
+    plan=plan_attention("spectral", heads=lambda spec: spec["identity"] == "per_head"), apply=apply_spectral,
+    per_layer=True,
     init_only=spectral_once, short="SCA", claim="SCA", paper_key="sca", paper_baseline_key="sca_baseline",
     sources=("spectral.py",), bench_arms={"SCA": {}},
     diagnostics_claimed={"kappa_wq/mean": "lower", "kappa_wk/mean": "lower", "kappa_wv/mean": "lower",

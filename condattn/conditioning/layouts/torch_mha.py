@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..sites import ROLES, AttentionSite, Projection, attention_layout
+from ..sites import ROLES, AttentionSite, OutputProjection, Projection, attention_layout
 
 
 @attention_layout("torch_mha")
@@ -32,4 +32,6 @@ def torch_mha(name: str, m: nn.Module) -> AttentionSite | None:
                 for i, r in enumerate(ROLES)}
     else:
         proj = {r: Projection(m, slice(0, e), param=f"{r}_proj_weight", called=False) for r in ROLES}
-    return AttentionSite(name, m, "torch_mha", m.num_heads, m.head_dim, proj)
+    out = OutputProjection(m.out_proj, f"{name}.out_proj" if name else "out_proj", called=False,
+                           how="read inside F.multi_head_attention_forward, never as a module call")
+    return AttentionSite(name, m, "torch_mha", m.num_heads, m.head_dim, proj, out=out)

@@ -365,10 +365,11 @@ def refuse_if_none(plan: list[tuple[AttentionSite, str, str]], method: str, mode
 
 
 def patchable(model: nn.Module, report, method: str, partial: bool = False,
-              extra=None) -> list[tuple[AttentionSite, str, str]]:
+              extra=None, heads: bool = True) -> list[tuple[AttentionSite, str, str]]:
     """The logit methods' common start: the model's attention sites, planned (`plan_sites`); the ones that cannot take
-    `method` recorded as skipped in `report`, none at all refused in one line; (site, route, detail) of the rest."""
-    sites, warnings = require_attention(model, method, partial)
+    `method` recorded as skipped in `report`, none at all refused in one line; (site, route, detail) of the rest.
+    `heads=False`: the method needs no head count (softcap acts on whatever the kernel call receives)."""
+    sites, warnings = require_attention(model, method, partial, heads=heads)
     report.warnings += warnings
     plan = plan_sites(sites, method, extra)
     refuse_if_none(plan, method, model)
