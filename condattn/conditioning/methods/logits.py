@@ -7,6 +7,8 @@ added inside it: at a patched layer the fused call is replaced by the explicit c
     softmax([cap·tanh(q kᵀ·scale / cap) + mask, sink]) V      (cap and sink where the rule sets them)
 
 with the kernel's own arguments (mask, is_causal, scale, enable_gqa, dropout_p), and every PatchReport entry says so.
+A query whose mask hides every key (a padded row) gets probabilities 0 and output 0, as the kernel's own safe softmax
+gives it; a finite mask (transformers' eager masks hold the dtype's minimum) is added as it is, as the kernel does.
 qk_clip only reads the largest logit of each head (an extra q kᵀ under no_grad) and keeps the fused kernel.
 
 Two ways in, chosen per layer:
@@ -104,7 +106,10 @@ def explicit_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
         col = sinks.to(logits.dtype).view(-1, 1, 1).expand_as(logits[..., :1])
         logits = torch.cat([logits, col], dim=-1)
         logits = logits - logits.amax(dim=-1, keepdim=True).detach()
-    probs = torch.softmax(logits.float(), dim=-1).to(v.dtype)
+    # a query that may see no key (a left-padded row under a causal mask): probabilities 0, as the fused kernel's safe
+    # softmax gives them (never the NaN of a softmax over -inf alone, which spreads through later layers and backward)
+    dead = torch.isneginf(logits).all(-1, keepdim=True)
+    probs = torch.softmax(logits.float().masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0).to(v.dtype)
     if probe is not None:
         _probe(probe, probs, bias, sinks is not None)
     if sinks is not None:
