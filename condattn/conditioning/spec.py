@@ -81,6 +81,9 @@ class MethodSpec:
     # called after every optimizer step with the handles its apply returned (qk_clip rescales W_Q / W_K there): the
     # trainer calls condattn.after_optimizer_step(model), which calls it; None: nothing to do between steps
     after_step: Callable[[list], None] | None = None
+    # what a plain load (without condattn's loader) of its checkpoint loses, in words, where that is not "the outputs
+    # differ" (qk_clip: the clip lives in the weights, only the clip in further training is lost); '' for the default
+    plain_load: str = ""
     # methods it cannot be combined with, each with why (composite(...) refuses such a union in one line)
     conflicts: Mapping[str, str] = field(default_factory=dict)
     # --- what the papers say of it (the tables, reach and findings read these; nothing else lists method names)

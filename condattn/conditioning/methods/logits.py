@@ -144,6 +144,7 @@ class LogitsRule:
         self.max_logits: torch.Tensor | None = None
         self.calls = 0
         self.probe = None
+        self.on_seen = None  # called after each recorded training forward (qk_clip's check that it is applied)
 
     @property
     def changes(self) -> bool:
@@ -176,6 +177,8 @@ class LogitsRule:
     @torch.no_grad()
     def _seen(self, heads: torch.Tensor) -> None:
         self.max_logits = heads if self.max_logits is None else torch.maximum(self.max_logits, heads)
+        if self.on_seen is not None:
+            self.on_seen()
 
 
 class SdpaMode(TorchFunctionMode):
