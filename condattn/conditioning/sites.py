@@ -210,6 +210,16 @@ class TokenSite:
     # why position=before_pos_embed is not a separate reading here (no absolute positions are added to the tokens
     # before the first block, so it hooks the same X); empty where it is (ViT, XCiT, BERT, GPT-2, crammed BERT)
     no_pos_embed: str = ""
+    # the mask owner's mask is True at padding (torch's src_key_padding_mask), not at real tokens
+    mask_marks_padding: bool = False
+    # blocks receive (N, B, D) (nn.TransformerEncoder built without batch_first): X is read as (B, N, D)
+    sequence_first: bool = False
+    # the blocks' attention masks later keys (a decoder that says so only in its kernel call, found by a trace)
+    causal: bool = False
+    # {option: why it cannot be read here} for a site found by structure ("position": no token embedding known
+    # before positions; "tokens": no prefix count known): CET refuses those options' other values with why
+    unknown: dict[str, str] = field(default_factory=dict)
+    found: str = ""  # how the site was found, where a structural finder found it (the report entry's detail)
 
 
 AttentionFinder = Callable[[str, nn.Module], "AttentionSite | None"]
@@ -528,13 +538,24 @@ def require_attention(model: nn.Module, method: str, partial: bool = False,
     raise ValueError("\n".join(lines))
 
 
+TOKENS_WHY: dict[type, str] = {}  # model class -> why the structural token finder could not decide (its last try)
+
+
+def token_snippet(model: nn.Module, blocks: str = "YOUR_BLOCKS") -> str:
+    """The one registration that names a model's token site (docs/getting-started.md, 'Register a layout ...')."""
+    t = type(model).__name__
+    return (f"condattn.conditioning.token_layout('{t.lower()}')(lambda name, m: condattn.conditioning.TokenSite("
+            f"'{t.lower()}', m.{blocks}[0], '{blocks}.0', None, '', 0, list(m.{blocks}.named_children())) "
+            f"if type(m) is {t} else None)")
+
+
 def require_tokens(model: nn.Module, method: str) -> TokenSite:
     """The token site of `model`, or a refusal naming the fix (a token_layout registration)."""
     site = find_tokens(model)
     if site is None:
+        why = TOKENS_WHY.get(type(model), "")
         raise ValueError(
-            f"{method}: cannot locate the first transformer block of {type(model).__name__} (known token layouts: "
-            f"{', '.join(TOKEN_LAYOUTS)}; nothing was changed); register one with condattn.conditioning."
-            "token_layout, returning a TokenSite(first_block=..., embed=..., blocks=...) (docs/getting-started.md, "
-            "'Register a layout for your own model')")
+            f"{method}: cannot locate the first transformer block of {type(model).__name__}"
+            f"{' (' + why + ')' if why else ''}; nothing was changed. Name it in one line: {token_snippet(model)} "
+            "(docs/getting-started.md, 'Register a layout for your own model')")
     return site
