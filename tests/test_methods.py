@@ -41,6 +41,11 @@ REFUSED = {
 # LayerNorm(1) of its input, i.e. the norm's bias (0 at init), so its q and k are constant over the positions and only
 # W_V acts (mimetic_init sets W_Q, W_K; this site has no W_O)
 NO_EFFECT = {("mimetic_init", "csatv2_spatial")}
+# mimetic_init refuses a model whose layers cannot take the VO half (no W_O found by structure, or W_O after BatchNorm
+# or of another width), unless mimetic_missing_vo=accept (tests/test_output_projection.py)
+REFUSED.update({("mimetic_init", n): "cannot take the VO half" for n in (
+    "maxxvit_conv", "halo_conv", "bottleneck_conv", "pwise_conv", "csatv2_spatial", "conv_structural", "levit_bn",
+    "efficientformer_v2_bn", "efficientvit_msra_bn")})
 # (method, family) -> sites listed as skipped (channel-softmax attention; MHA cross-attention over other widths;
 # GCViT's global attention, which has no W_Q: its queries are the stage's global query tokens)
 SKIPPED = {("qk_norm", "xcit"): 2, ("qk_norm", "davit"): 2, ("mimetic_init", "xcit"): 2,

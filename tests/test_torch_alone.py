@@ -37,10 +37,10 @@ pytestmark = pytest.mark.compat  # (scripts/compat.py)
 BLOCKED = ("timm", "transformers", "safetensors", "tokenizers", "huggingface_hub", "numpy", "hydra", "omegaconf",
            "accelerate", "wandb", "datasets", "torchvision", "matplotlib", "pandas", "scipy", "sklearn", "yaml")
 OPTIONAL = ("timm", "transformers")  # what the layouts import (the in-process check blocks these)
-NO_TOKEN_LAYOUT = "cannot locate the first transformer block"  # CET needs a token layout of one's own here
-# (method, model) -> the words of its one-line refusal; every other pair patches and trains
+# (method, model) -> the words of its one-line refusal; every other pair patches and trains (CET finds its token site
+# by structure: layouts/structural_tokens.py)
 REFUSES = {
-    **{(m, name): NO_TOKEN_LAYOUT for m in ("embedded", "spectral+embedded") for name in HOME_MADE},
+    **{(m, "nanogpt"): "refused on the causal decoder" for m in ("embedded", "spectral+embedded")},
     ("ns_attention", "nanogpt"): "is causal self-attention",  # (its class says is_causal, as transformers' do)
     ("ns_attention", "torch_encoder"): "applies encoder.layers.0.self_attn.out_proj inside its own forward",
     ("qk_norm", "torch_encoder"): "MultiheadAttention reads its projection weight itself",
@@ -71,7 +71,7 @@ def outcome(method: str, name: str, steps: int = 0) -> dict:
         loss = loss_fn(model, batch)
         loss.backward()
         losses.append(float(loss))
-        layers = {e.module.partition("#")[0] for e in report.entries}
+        layers = {e.module.partition("#")[0].removesuffix(" input") for e in report.entries}  # (CET: "<block> input")
         no_grad = sorted(n for n in layers if not any(p.grad is not None and p.grad.abs().sum() > 0
                                                       for p in model.get_submodule(n).parameters()))
         no_grad += [n for n, p in model.named_parameters() if p.grad is not None and not p.grad.isfinite().all()]

@@ -75,6 +75,9 @@ def plain_load_line(node: Mapping[str, Any], model_class: str = "ModelClass") ->
         return (f"{head} {spec.label or spec.name}, which set the weights once: its effect is kept in the loaded "
                 f"weights and nothing is lost ({loader} loads it the same way)")
     names = " and ".join(p.label or p.name for p in dropped)
+    if all(p.plain_load for p in dropped):  # (qk_clip: nothing in the outputs, only what training would have done)
+        return (f"{head} {names}; a plain from_pretrained builds the model without it: "
+                f"{'; '.join(p.plain_load for p in dropped)}; load it with {loader}")
     what = "its added weights are dropped and " if any(p.adds_keys for p in dropped) else "the weights load, but "
     also = f" ({'; '.join(kept)} is kept in the weights)" if kept else ""
     return (f"{head} {names}; a plain from_pretrained builds the model without it: {what}the outputs differ from "

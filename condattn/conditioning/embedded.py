@@ -229,6 +229,9 @@ class EmbeddedTokens:
         DaViT's channels-first (B, C, H, W): TokenSite.channels_first)."""
         prefix = self.site.num_prefix_tokens if self.position == "after_pos_embed" else 0
         skip = prefix if self.tokens == "patches_only" else 0
+        if self.site.sequence_first:  # (N, B, D): each sample's token matrix is x[:, b]
+            return corrected_tokens(x.transpose(0, 1), self.padding_mask, skip, False, self.site.first_block_name,
+                                    **self.solver_opts).transpose(0, 1)
         return corrected_tokens(x, self.padding_mask, skip, self.site.channels_first, self.site.first_block_name,
                                 **self.solver_opts)
 

@@ -29,9 +29,10 @@ class Undo:
             self.fn = None
 
 
-def plan_attention(method: str):
+def plan_attention(method: str, heads=lambda spec: True):
+    """The plan of a method on attention sites; `heads(spec)`: whether these options need each layer's head count."""
     def plan(model: nn.Module, spec, partial: bool = False):
-        sites, warnings = require_attention(model, method, partial)
+        sites, warnings = require_attention(model, method, partial, heads=heads(spec))
         if not any(s.group is not None for s in sites):  # a kind selector set on a model whose sites have no kinds
             for key, value in spec.set_kind_options().items():
                 raise ValueError(f"{method}: {key}={list(value)} selects attention kinds, but the attention sites of "
@@ -48,7 +49,11 @@ def plan_tokens(model: nn.Module, spec, partial: bool = False):
     """(the token site, whether the model is a causal decoder). Refused on a causal decoder unless
     causal_leak=accept."""
     site = require_tokens(model, "embedded")
-    causal = any(getattr(m, "is_causal", False) is True for m in model.modules())
+    for key, other in (("position", "before_pos_embed"), ("tokens", "patches_only")):
+        if spec[key] == other and key in site.unknown:
+            raise ValueError(f"embedded: {key}={other} cannot be read on {type(model).__name__}: "
+                             f"{site.unknown[key]}; nothing was changed")
+    causal = site.causal or any(getattr(m, "is_causal", False) is True for m in model.modules())
     if causal and spec["causal_leak"] != "accept":
         raise ValueError(f"embedded: refused on the causal decoder {type(model).__name__}: {CAUSAL_WHY} "
                          "(conditioning.causal_leak=accept applies it anyway, and the report says so)")
@@ -157,6 +162,7 @@ def apply_embedded(model: nn.Module, spec, report: PatchReport, partial: bool = 
     handles = hook.attach()
     where = site.first_block_name + " input" if opts["position"] == "after_pos_embed" else site.embed_name
     detail = f"prefix_tokens={site.num_prefix_tokens}" + (" scale=norm" if opts["scale"] == "norm" else "")
+    detail += f"; {site.found}" if site.found else ""
     if opts["position"] == "before_pos_embed" and site.no_pos_embed:
         report.notes.append("position=before_pos_embed is the same X as after_pos_embed here: " + site.no_pos_embed)
     if not causal:  # (the option acts only on a causal decoder)

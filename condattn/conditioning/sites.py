@@ -92,6 +92,26 @@ def shift_of(p: Projection):
     return getattr(p.linear, "_condattn_shifts", {}).get(p.param)
 
 
+def is_conv1d(m: nn.Module) -> bool:
+    """transformers' `Conv1D` (GPT-2): a Linear whose weight is stored (in, out)."""
+    return type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers")
+
+
+@dataclass
+class OutputProjection:
+    """An attention layer's output projection W_O: the module applied to the heads' merged output."""
+
+    module: nn.Module  # the Linear (or Conv1D) computing W_O
+    name: str = ""  # its dotted name in the model ('' in a layout: filled in where it is found)
+    transposed: bool = False  # Conv1D: weight stored (in, out)
+    called: bool = True  # False: the attention module reads its weight itself (nn.MultiheadAttention's out_proj)
+    how: str = "named by its layout"  # how it was found (traced.py), for the report
+
+    def weight(self) -> torch.Tensor:
+        """The stored parameter (torch layout (out, in) unless transposed)."""
+        return self.module.weight
+
+
 @dataclass
 class AttentionSite:
     name: str
@@ -115,6 +135,14 @@ class AttentionSite:
     # stage's global query tokens). `proj` then lacks them: methods act on the roles it holds or skip the site with
     # that reason, diagnostics of a missing role are absent with it (never NaN)
     missing: dict[str, str] = field(default_factory=dict)
+    # the output projection W_O where the layout names it; None: found by a traced call when a method needs it
+    # (methods/common.output_projection)
+    out: OutputProjection | None = None
+    out_why: str = ""  # why no W_O was found (set with out=None once it was looked for)
+    # how the head count was found where the module names none (traced.find_heads), or why none was: then
+    # num_heads is 1 and head_dim the whole width, and methods that need heads refuse the site with this reason
+    heads_found: str = ""
+    heads_unknown: str = ""
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -182,6 +210,16 @@ class TokenSite:
     # why position=before_pos_embed is not a separate reading here (no absolute positions are added to the tokens
     # before the first block, so it hooks the same X); empty where it is (ViT, XCiT, BERT, GPT-2, crammed BERT)
     no_pos_embed: str = ""
+    # the mask owner's mask is True at padding (torch's src_key_padding_mask), not at real tokens
+    mask_marks_padding: bool = False
+    # blocks receive (N, B, D) (nn.TransformerEncoder built without batch_first): X is read as (B, N, D)
+    sequence_first: bool = False
+    # the blocks' attention masks later keys (a decoder that says so only in its kernel call, found by a trace)
+    causal: bool = False
+    # {option: why it cannot be read here} for a site found by structure ("position": no token embedding known
+    # before positions; "tokens": no prefix count known): CET refuses those options' other values with why
+    unknown: dict[str, str] = field(default_factory=dict)
+    found: str = ""  # how the site was found, where a structural finder found it (the report entry's detail)
 
 
 AttentionFinder = Callable[[str, nn.Module], "AttentionSite | None"]
@@ -449,10 +487,27 @@ def verified(sites: list[AttentionSite]) -> tuple[list[AttentionSite], list[Atte
     return kept, refused
 
 
-def require_attention(model: nn.Module, method: str, partial: bool = False) -> tuple[list[AttentionSite], list[str]]:
+def require_heads(sites: list[AttentionSite], method: str, model: nn.Module) -> None:
+    """Refuse, in one line, a method that needs each layer's head count where some site's is unknown."""
+    unknown = [s for s in sites if s.heads_unknown]
+    if unknown:
+        s = unknown[0]
+        raise ValueError(f"{method}: {len(unknown)} of {len(sites)} attention layers of {type(model).__name__} have no "
+                         f"head count, which {method} needs (e.g. {s.name or '<model>'}, "
+                         f"{type(s.module).__name__}: {s.heads_unknown}); nothing was changed. Give the module a "
+                         f"`num_heads` attribute, or register a layout naming it (docs/getting-started.md, 'Register "
+                         "a layout for your own model')")
+
+
+def require_attention(model: nn.Module, method: str, partial: bool = False,
+                      heads: bool = True) -> tuple[list[AttentionSite], list[str]]:
     """The attention sites of `model`, or a refusal that names every unmatched attention class, why, and the
-    `attention_layout(...)` registration for it. `partial=True` accepts unmatched layers (returned as warnings)."""
+    `attention_layout(...)` registration for it. `partial=True` accepts unmatched layers (returned as warnings).
+    `heads=False`: the method needs no head count (SCA's λI over whole weights), so a site whose head count could
+    not be found is kept; otherwise such a site refuses the call (require_heads)."""
     sites, refused = verified(find_attention(model))
+    if heads:
+        require_heads(sites, method, model)
     missing = unmatched_attention(model, sites)
     missing += [(s.name, s.module) for s in refused if not any(n == s.name for n, _ in missing)]
     if sites and (not missing or partial):
@@ -483,13 +538,24 @@ def require_attention(model: nn.Module, method: str, partial: bool = False) -> t
     raise ValueError("\n".join(lines))
 
 
+TOKENS_WHY: dict[type, str] = {}  # model class -> why the structural token finder could not decide (its last try)
+
+
+def token_snippet(model: nn.Module, blocks: str = "YOUR_BLOCKS") -> str:
+    """The one registration that names a model's token site (docs/getting-started.md, 'Register a layout ...')."""
+    t = type(model).__name__
+    return (f"condattn.conditioning.token_layout('{t.lower()}')(lambda name, m: condattn.conditioning.TokenSite("
+            f"'{t.lower()}', m.{blocks}[0], '{blocks}.0', None, '', 0, list(m.{blocks}.named_children())) "
+            f"if type(m) is {t} else None)")
+
+
 def require_tokens(model: nn.Module, method: str) -> TokenSite:
     """The token site of `model`, or a refusal naming the fix (a token_layout registration)."""
     site = find_tokens(model)
     if site is None:
+        why = TOKENS_WHY.get(type(model), "")
         raise ValueError(
-            f"{method}: cannot locate the first transformer block of {type(model).__name__} (known token layouts: "
-            f"{', '.join(TOKEN_LAYOUTS)}; nothing was changed); register one with condattn.conditioning."
-            "token_layout, returning a TokenSite(first_block=..., embed=..., blocks=...) (docs/getting-started.md, "
-            "'Register a layout for your own model')")
+            f"{method}: cannot locate the first transformer block of {type(model).__name__}"
+            f"{' (' + why + ')' if why else ''}; nothing was changed. Name it in one line: {token_snippet(model)} "
+            "(docs/getting-started.md, 'Register a layout for your own model')")
     return site

@@ -81,6 +81,9 @@ class MethodSpec:
     # called after every optimizer step with the handles its apply returned (qk_clip rescales W_Q / W_K there): the
     # trainer calls condattn.after_optimizer_step(model), which calls it; None: nothing to do between steps
     after_step: Callable[[list], None] | None = None
+    # what a plain load (without condattn's loader) of its checkpoint loses, in words, where that is not "the outputs
+    # differ" (qk_clip: the clip lives in the weights, only the clip in further training is lost); '' for the default
+    plain_load: str = ""
     # methods it cannot be combined with, each with why (composite(...) refuses such a union in one line)
     conflicts: Mapping[str, str] = field(default_factory=dict)
     # --- what the papers say of it (the tables, reach and findings read these; nothing else lists method names)
@@ -440,7 +443,9 @@ register_method(MethodSpec(
         "detr_attention": subset(DETR_ATTENTION, "conditioning.detr_attention=[encoder,decoder_cross] "
                                                  "(conditioning=none turns SCA off)"),
     },
-    plan=plan_attention("spectral"), apply=apply_spectral, per_layer=True,
+    # λI over whole weights needs no head count; the same λI in every head (identity=per_head) does
+    plan=plan_attention("spectral", heads=lambda spec: spec["identity"] == "per_head"), apply=apply_spectral,
+    per_layer=True,
     init_only=spectral_once, short="SCA", claim="SCA", paper_key="sca", paper_baseline_key="sca_baseline",
     sources=("spectral.py",), bench_arms={"SCA": {}},
     diagnostics_claimed={"kappa_wq/mean": "lower", "kappa_wk/mean": "lower", "kappa_wv/mean": "lower",

@@ -53,7 +53,8 @@ def key_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
 def call_mask(site, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The padding mask (B, N) bool of one call of `site.mask_owner` (TokenSite), from its declared argument."""
     name, idx = site.mask_arg
-    return key_mask(kwargs.get(name, args[idx] if len(args) > idx else None))
+    mask = key_mask(kwargs.get(name, args[idx] if len(args) > idx else None))
+    return ~mask if mask is not None and getattr(site, "mask_marks_padding", False) else mask
 
 
 def track_model_mask(site, setter) -> list:

@@ -181,10 +181,11 @@ class _Probe:
                 last = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
         return f"the probe inputs did not run ({last})"
 
-    def _once(self, args: tuple, kwargs: dict, nudge: tuple[Projection, torch.Tensor] | None = None
-              ) -> tuple[dict[int, torch.Tensor], list[torch.Tensor]]:
+    def _once(self, args: tuple, kwargs: dict, nudge: tuple[Projection, torch.Tensor] | None = None,
+              cap: _Capture | None = None) -> tuple[dict[int, torch.Tensor], list[torch.Tensor]]:
         """One forward: every projection's output and the module's logits; `nudge` (projection, rows) adds a fixed
-        perturbation to those output rows first."""
+        perturbation to those output rows first (times a third element where given); `cap` (a _Capture of the
+        caller's) sees the call."""
         outputs: dict[int, torch.Tensor] = {}
 
         def keep(key: int) -> Callable:
@@ -194,13 +195,14 @@ class _Probe:
                     idx, dim = nudge[1].to(out.device), 1 if conv else -1
                     shape = out.index_select(dim, idx).shape
                     noise = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(out)
-                    out = out.index_add(dim, idx, noise * out.abs().mean())
+                    scale = nudge[2] if len(nudge) > 2 else 1.0  # (traced.py: twice the nudge, for linearity)
+                    out = out.index_add(dim, idx, noise * out.abs().mean() * scale)
                 outputs.setdefault(key, out.detach())
                 return out
             return hook
 
         handles = [m.register_forward_hook(keep(key)) for key, m in self.linears.items() if m is not self.copy]
-        cap = _Capture()
+        cap = _Capture() if cap is None else cap
         try:
             with torch.no_grad(), cap:
                 self.copy(*args, **kwargs)

@@ -50,6 +50,7 @@ from . import (
                                                         hf_vit,
                                                         refused,
                                                         structural,
+                                                        structural_tokens,
                                                         swin,
                                                         timm_beit,
                                                         timm_bn,
@@ -65,6 +66,6 @@ from . import (
 FAMILIES = {m.__name__.rpartition(".")[2]: m for m in (timm_vit, swin, xcit, davit, hf_encoder, gpt2, detr,
                                                         crammed_bert, timm_eva, timm_beit, hf_vit, hf_llama,
                                                         torch_mha, timm_conv, timm_bn, timm_efficientvit_msra,
-                                                        timm_gcvit, refused, structural)}
+                                                        timm_gcvit, refused, structural, structural_tokens)}
 
 __all__ = ["FAMILIES"]

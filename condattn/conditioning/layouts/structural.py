@@ -9,7 +9,10 @@ many heads it has:
   under grouped-query attention), or interleaved per head [q_h; k_h; v_h] for `query_key_value` (GPT-NeoX, BLOOM)
   and for modules with `key_dim` / `val_dim` (timm TinyViT, EfficientFormer: per-head split [key, key, val]);
   Falcon's `query_key_value` follows its config (multi-query: [Q; k; v]; new architecture: per k/v group);
-- the head count from the module (num_heads, num_attention_heads, n_head, n_heads, heads, ...) or its `config`.
+- the head count from the module (num_heads, num_attention_heads, n_head, n_heads, heads, ...) or its `config`; where
+  neither names one, by recomputation (traced.find_heads: the divisor of W_Q's width whose attention reproduces the
+  module's). Where none or several do, the site is kept with `heads_unknown` saying why: SCA (λI over whole weights)
+  and softcap patch it, the methods that need heads refuse it in one line.
 
 Structure cannot tell a fused [Q; K; V] from a per-head interleave of equal widths: the names above decide, and a
 module whose forward differs needs a named layout (`attention_layout`). A projection may be a pointwise
@@ -143,7 +146,7 @@ def _match(m: nn.Module) -> tuple[int, int, dict] | str | None:
             return why or None
         lins.append(lin)
     if not heads:
-        return f"no head count on the module ({', '.join(HEADS)}) or its config"
+        return _unnamed_heads(m, kind, lins)
     if kind == "fused":
         res = _fused(m, group[0], lins[0], heads, kv)
         if isinstance(res, str):
@@ -165,6 +168,47 @@ def _match(m: nn.Module) -> tuple[int, int, dict] | str | None:
     return heads, head_dim, proj
 
 
+def _unnamed_heads(m: nn.Module, kind: str, lins: list) -> tuple[int, int, dict, str] | str:
+    """A module that names no head count: its split read with one head (a fused projection only as block-stacked
+    [Q; K; V], where the split does not depend on the head count), then the head count found by recomputation
+    (traced.find_heads). (heads, head_dim, projections, how) — heads 1 and the reason in `how` when none is found."""
+    if kind == "fused":
+        out = out_features(lins[0])
+        if out % 3:
+            return f"no head count on the module ({', '.join(HEADS)}) or its config, and its fused projection does " \
+                   f"not split into three equal [Q; K; V] blocks ({out} outputs)"
+        proj = _rows(lins[0], (out // 3,) * 3)
+    elif kind == "sep":
+        proj = separate(tuple(lins))
+    else:
+        two, one = (lins[1], lins[0]) if kind == "q_kv" else (lins[0], lins[1])
+        half = out_features(two) // 2
+        pair = {"k": Projection(two, slice(0, half)), "v": Projection(two, slice(half, 2 * half))} if kind == "q_kv" \
+            else {"q": Projection(two, slice(0, half)), "k": Projection(two, slice(half, 2 * half))}
+        proj = {**pair, ("q" if kind == "q_kv" else "v"): Projection(one, slice(0, out_features(one)))}
+        proj = {r: proj[r] for r in ROLES}
+    width = proj["q"].out_features
+    probe = AttentionSite("", m, "structural", 1, width, proj)
+    heads, how = _find_heads(probe)
+    if heads is None:
+        return 1, width, proj, how
+    return heads, width // heads, proj, how
+
+
+_HEADS_CACHE: dict[tuple, tuple[int | None, str]] = {}
+
+
+def _find_heads(site: AttentionSite) -> tuple[int | None, str]:
+    """traced.find_heads, once per class and parameter shapes (the answer is a fact of the structure)."""
+    from ..traced import find_heads  # (imports verify.py, which imports the sites this module registers into)
+
+    ints = tuple(sorted((k, v) for k, v in vars(site.module).items() if type(v) is int))  # (a head count in `h`)
+    key = (type(site.module), tuple((n, tuple(p.shape)) for n, p in site.module.named_parameters()), ints)
+    if key not in _HEADS_CACHE:
+        _HEADS_CACHE[key] = find_heads(site)
+    return _HEADS_CACHE[key]
+
+
 @attention_layout("structural", priority=-100)
 def structural(name: str, m: nn.Module) -> AttentionSite | None:
     """Any module whose children hold W_Q, W_K, W_V under common names, with a head count (module docstring)."""
@@ -176,11 +220,14 @@ def structural(name: str, m: nn.Module) -> AttentionSite | None:
     if isinstance(res, str):
         UNSUPPORTED_WHY[type(m)] = res
         return None
-    heads, head_dim, proj = res
+    heads, head_dim, proj, how = res if len(res) == 4 else (*res, "")
     reads = getattr(m, "q_bias", None) is not None or getattr(m, "v_bias", None) is not None  # F.linear(x, qkv.weight)
     proj = {r: Projection(p.linear, p.cols, transposed=type(p.linear).__name__ == "Conv1D", called=not reads)
             for r, p in proj.items()}
     if hasattr(m, "temperature") and hasattr(m, "qkv"):  # cross-covariance attention (XCiT-like, EdgeNeXt)
         return AttentionSite(name, m, "structural", heads, head_dim, proj, attends_over="channels",
                              form=CROSS_COVARIANCE)
-    return AttentionSite(name, m, "structural", heads, head_dim, proj)
+    found = how if how and "found by recomputation" in how else ""
+    unknown = how if how and not found else ""
+    return AttentionSite(name, m, "structural", heads, head_dim, proj, note=found, heads_found=found,
+                         heads_unknown=unknown)

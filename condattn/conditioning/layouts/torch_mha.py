@@ -7,9 +7,12 @@ projection (sites.Projection) of the module itself, so SCA folds W + λI into th
 the module's forward; a rectangular W_K / W_V gets the rectangular identity. The hooks SCA registers also turn off
 nn.TransformerEncoderLayer's fused inference path (which would read the weights without calling this module).
 
-No token layout: nn.TransformerEncoder is sequence-first by default and takes a padding mask with True marking
-padding, so where X is and which rows are real depends on the user's model; CET on such a model needs the user's
-own token layout (docs/getting-started.md, "Register a layout for your own model").
+Token layout `torch_encoder`: in an nn.TransformerEncoder X is the input of `layers[0]`, read per sample: (B, N, D)
+with batch_first=True, (N, B, D) without (TokenSite.sequence_first). Its `src_key_padding_mask` (True at padding,
+third positional) gives the padded rows, which CET leaves out. Positions, if any, are added by the caller before the
+encoder, so position=before_pos_embed cannot be read here, and there are no prefix tokens it could know of
+(tokens=patches_only is refused too). A causal mask passed at the call (`mask=`, `is_causal=True`) cannot be seen
+when CET is applied: CET on such an encoder is the causal leak of a decoder.
 
 Expected PatchReport counts: one torch_mha attention site per nn.MultiheadAttention.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..sites import ROLES, AttentionSite, Projection, attention_layout
+from ..sites import ROLES, AttentionSite, OutputProjection, Projection, TokenSite, attention_layout, join, token_layout
 
 
 @attention_layout("torch_mha")
@@ -32,4 +35,21 @@ def torch_mha(name: str, m: nn.Module) -> AttentionSite | None:
                 for i, r in enumerate(ROLES)}
     else:
         proj = {r: Projection(m, slice(0, e), param=f"{r}_proj_weight", called=False) for r in ROLES}
-    return AttentionSite(name, m, "torch_mha", m.num_heads, m.head_dim, proj)
+    out = OutputProjection(m.out_proj, f"{name}.out_proj" if name else "out_proj", called=False,
+                           how="read inside F.multi_head_attention_forward, never as a module call")
+    return AttentionSite(name, m, "torch_mha", m.num_heads, m.head_dim, proj, out=out)
+
+
+@token_layout("torch_encoder")
+def torch_encoder(name: str, m: nn.Module) -> TokenSite | None:
+    """torch `nn.TransformerEncoder`: X is the input of `layers.0` (module docstring)."""
+    if not isinstance(m, nn.TransformerEncoder) or len(m.layers) == 0:
+        return None
+    first = m.layers[0]
+    seq_first = not getattr(getattr(first, "self_attn", None), "batch_first", True)
+    outside = "the caller adds positions (if any) before the encoder"
+    return TokenSite("torch_encoder", first, join(name, "layers.0"), None, "", 0,
+                     [(join(name, f"layers.{i}"), b) for i, b in enumerate(m.layers)], mask_owner=m,
+                     mask_arg=("src_key_padding_mask", 2), mask_marks_padding=True, sequence_first=seq_first,
+                     unknown={"position": f"{outside}, so the tokens before positions are not the encoder's to read",
+                              "tokens": "nn.TransformerEncoder knows of no prefix (class) tokens"})

@@ -15,7 +15,9 @@ Two ways in, chosen per site:
   attention module as `condattn_gate`.
 The gate is initialised as W_Q is drawn (weights N(0, std(W_Q)²), bias 0), as Qwen3-Next's gate rows are rows of its
 q_proj; σ(0) = ½ halves the attention output at init. Adds parameters (new state_dict keys). Refused where the layer
-has a gate already, has no W_Q or no W_O that is called as a module, or projects with 1×1 convolutions.
+has a gate already, has no W_Q, projects with 1×1 convolutions, or has no W_O that is called as a module (W_O is
+found by structure, methods/common.output_projection: the last Linear the forward applies to the attention's output,
+whatever its name).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch.fx._symbolic_trace import is_fx_tracing
 from ..report import PatchEntry, PatchReport
 from ..sites import AttentionSite, as_matrix, require_attention, stored_weight
 from ..spec import MethodSpec, choice, register_method
-from .common import Undo, _is_conv1d, output_projection
+from .common import Undo, _is_conv1d, output_and_why
 
 GATES = ("elementwise", "headwise")
 
@@ -124,9 +126,11 @@ def _why_not(model: nn.Module, site: AttentionSite, gate: str):
     p = site.proj["q"]
     if not (isinstance(p.linear, nn.Linear) or _is_conv1d(p.linear)) or not p.called:
         return None, "its W_Q is not a Linear called as a module (a 1×1 convolution, or a weight read directly)"
-    out = output_projection(model, site)
-    if out is None or not out.called:
-        return None, "no W_O called as a module (the gate multiplies W_O's input)"
+    out, why = output_and_why(model, site)
+    if out is None:
+        return None, f"{why} (the gate multiplies W_O's input)"
+    if not out.called:
+        return None, f"its W_O {out.name} is {out.how} (the gate multiplies W_O's input, so it needs a module call)"
     return out, ""
 
 
@@ -158,8 +162,8 @@ def _patch(model, site, gate: str, report: PatchReport, handles: list) -> int:
     link = GateLink(g, site.num_heads, gate == "headwise")
     handles += _attach(site.proj["q"].linear, link, GateInput, link.keep)
     handles += _attach(out.module, link, GatedOutput, link.pre_hook)
-    report.entries.append(PatchEntry(site.name, kind, f"{gate} gate on the input of {out.name}: Linear → {width}, "
-                                                      "sigmoid, from W_Q's input"))
+    report.entries.append(PatchEntry(site.name, kind, f"{gate} gate on the input of {out.name} (W_O, {out.how}): "
+                                                      f"Linear → {width}, sigmoid, from W_Q's input"))
     return sum(p.numel() for p in g.parameters())
 
 

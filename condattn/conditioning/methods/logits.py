@@ -7,6 +7,8 @@ added inside it: at a patched layer the fused call is replaced by the explicit c
     softmax([cap·tanh(q kᵀ·scale / cap) + mask, sink]) V      (cap and sink where the rule sets them)
 
 with the kernel's own arguments (mask, is_causal, scale, enable_gqa, dropout_p), and every PatchReport entry says so.
+A query whose mask hides every key (a padded row) gets probabilities 0 and output 0, as the kernel's own safe softmax
+gives it; a finite mask (transformers' eager masks hold the dtype's minimum) is added as it is, as the kernel does.
 qk_clip only reads the largest logit of each head (an extra q kᵀ under no_grad) and keeps the fused kernel.
 
 Two ways in, chosen per layer:
@@ -104,7 +106,10 @@ def explicit_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
         col = sinks.to(logits.dtype).view(-1, 1, 1).expand_as(logits[..., :1])
         logits = torch.cat([logits, col], dim=-1)
         logits = logits - logits.amax(dim=-1, keepdim=True).detach()
-    probs = torch.softmax(logits.float(), dim=-1).to(v.dtype)
+    # a query that may see no key (a left-padded row under a causal mask): probabilities 0, as the fused kernel's safe
+    # softmax gives them (never the NaN of a softmax over -inf alone, which spreads through later layers and backward)
+    dead = torch.isneginf(logits).all(-1, keepdim=True)
+    probs = torch.softmax(logits.float().masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0).to(v.dtype)
     if probe is not None:
         _probe(probe, probs, bias, sinks is not None)
     if sinks is not None:
@@ -139,6 +144,7 @@ class LogitsRule:
         self.max_logits: torch.Tensor | None = None
         self.calls = 0
         self.probe = None
+        self.on_seen = None  # called after each recorded training forward (qk_clip's check that it is applied)
 
     @property
     def changes(self) -> bool:
@@ -171,6 +177,8 @@ class LogitsRule:
     @torch.no_grad()
     def _seen(self, heads: torch.Tensor) -> None:
         self.max_logits = heads if self.max_logits is None else torch.maximum(self.max_logits, heads)
+        if self.on_seen is not None:
+            self.on_seen()
 
 
 class SdpaMode(TorchFunctionMode):
@@ -365,10 +373,11 @@ def refuse_if_none(plan: list[tuple[AttentionSite, str, str]], method: str, mode
 
 
 def patchable(model: nn.Module, report, method: str, partial: bool = False,
-              extra=None) -> list[tuple[AttentionSite, str, str]]:
+              extra=None, heads: bool = True) -> list[tuple[AttentionSite, str, str]]:
     """The logit methods' common start: the model's attention sites, planned (`plan_sites`); the ones that cannot take
-    `method` recorded as skipped in `report`, none at all refused in one line; (site, route, detail) of the rest."""
-    sites, warnings = require_attention(model, method, partial)
+    `method` recorded as skipped in `report`, none at all refused in one line; (site, route, detail) of the rest.
+    `heads=False`: the method needs no head count (softcap acts on whatever the kernel call receives)."""
+    sites, warnings = require_attention(model, method, partial, heads=heads)
     report.warnings += warnings
     plan = plan_sites(sites, method, extra)
     refuse_if_none(plan, method, model)

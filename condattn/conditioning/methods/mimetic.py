@@ -11,7 +11,10 @@ for every head and every product:
 - over all heads: W_V W_O ≈ α₂ Z − β₂ I (W_V of D × H·d, W_O of H·d × D), W_V = U Σ^½, W_O = Σ^½ Vᵀ (the paper
   treats value and projection as full rank); under grouped-query attention each kv head's share of W_O is split
   evenly among the query heads that read it.
-W_O is found structurally (methods/common.py); a site without one gets QK only, and the report says so. Biases
+W_O is found by structure (methods/common.output_projection: the layout's, or the last Linear the forward applies to
+the attention's output, whatever its name). A layer whose W_O is not found, or whose W_V / W_O widths differ from
+D, refuses the whole call with why, unless `mimetic_missing_vo=accept`: then such a layer gets its QK half alone, its
+report entry says "qk", and the report's note counts the layers whose VO was left as built. Biases
 are left as built. Sites whose softmax runs over channels (XCiT's XCA, DaViT's channel attention) are skipped:
 W_Q W_Kᵀ ≈ I means something else there; so are sites without a W_Q (GCViT's global attention: its queries are the
 stage's global query tokens), where there is no W_Q W_Kᵀ to set.
@@ -24,12 +27,13 @@ from torch import nn
 
 from ..report import PatchEntry, PatchReport
 from ..sites import AttentionSite, as_matrix, require_attention, stored_weight
-from ..spec import MethodSpec, finite_number, register_method
-from .common import head_rows, not_token_softmax, output_projection
+from ..spec import MethodSpec, choice, finite_number, register_method
+from .common import head_rows, not_token_softmax, output_and_why
 
 # Paper defaults: QK α₁ = β₁ = 0.7, VO α₂ = β₂ = 0.4. These are the values of a public timm fork implementing the
 # method; the paper's own values could not be read in the sources searched here, so the fork's are used.
 DEFAULTS = {"qk_alpha": 0.7, "qk_beta": 0.7, "vo_alpha": 0.4, "vo_beta": 0.4}
+MISSING_VO = ("refuse", "accept")  # a layer whose VO half cannot be set: refuse the call, or set its QK half alone
 
 
 def _target(n: int, alpha: float, beta: float, g: torch.Generator | None) -> torch.Tensor:
@@ -60,6 +64,23 @@ def _d_in(p) -> int:
     return w.shape[0] if p.transposed else w.shape[1]
 
 
+def _vo_why(out, pv, dim: int) -> str:
+    """Why W_V W_O cannot be set ('' when it can)."""
+    if out is None:
+        return "no output projection W_O found"
+    w_o = out.weight()
+    d_out = w_o.shape[1] if out.transposed else w_o.shape[0]
+    if d_out != dim or _d_in(pv) != dim:
+        return f"W_O {out.name} maps to {d_out}, W_V reads {_d_in(pv)}, not the width {dim}"
+    return ""
+
+
+def vo_why(model: nn.Module, site: AttentionSite) -> str:
+    """Why this site's VO half cannot be set ('' when it can)."""
+    out, why = output_and_why(model, site)
+    return why or _vo_why(out, site.proj["v"], _d_in(site.proj["q"]))
+
+
 @torch.no_grad()
 def mimetic_site(model: nn.Module, site: AttentionSite, qk: tuple[float, float], vo: tuple[float, float],
                  g: torch.Generator | None = None) -> str:
@@ -79,13 +100,11 @@ def mimetic_site(model: nn.Module, site: AttentionSite, qk: tuple[float, float],
                 wq = t @ wk @ torch.linalg.inv(wk.T @ wk)
             _set_rows(pq, q_rows[h], wq.T)
         _set_rows(pk, kr, wk.T)
-    out = output_projection(model, site)
-    if out is None:
-        return "qk (no output projection W_O found: VO left as built)"
+    out, why = output_and_why(model, site)
+    why = why or _vo_why(out, pv, dim)
+    if why:
+        return f"qk ({why}: VO left as built)"
     w_o = out.weight()
-    d_out = w_o.shape[1] if out.transposed else w_o.shape[0]
-    if d_out != dim or _d_in(pv) != dim:
-        return f"qk (W_O maps to {d_out}, W_V reads {_d_in(pv)}, not the width {dim}: VO left as built)"
     v_rows = head_rows(pv, d)
     a, b = _factors(_target(dim, vo[0], -vo[1], g), len(v_rows) * d)  # W_V = a, W_O = bᵀ (paper layout)
     o = torch.empty(dim, site.num_heads * d, dtype=torch.float32)  # torch layout (D, H·d) of W_O
@@ -97,17 +116,30 @@ def mimetic_site(model: nn.Module, site: AttentionSite, qk: tuple[float, float],
     return "qk+vo"
 
 
+def _skip_why(site: AttentionSite) -> str:
+    reason = not_token_softmax(site) or site.lacks("q", "k", "v") or site.heads_unknown  # (GCViT global: no W_Q)
+    if not reason and _d_in(site.proj["k"]) != _d_in(site.proj["q"]):
+        reason = (f"keys read width {_d_in(site.proj['k'])}, queries {_d_in(site.proj['q'])}: W_Q W_Kᵀ ≈ I "
+                  "needs one width")
+    return reason
+
+
 def apply_mimetic(model: nn.Module, report: PatchReport, qk_alpha: float = 0.7, qk_beta: float = 0.7,
                   vo_alpha: float = 0.4, vo_beta: float = 0.4, generator: torch.Generator | None = None,
-                  partial: bool = False) -> list:
-    """Mimetic initialisation of every token-softmax attention site of `model`, once; attaches nothing."""
+                  partial: bool = False, missing_vo: str = "refuse") -> list:
+    """Mimetic initialisation of every token-softmax attention site of `model`, once; attaches nothing. A layer
+    whose VO half cannot be set refuses the call (nothing changed) unless `missing_vo="accept"`."""
     sites, warnings = require_attention(model, "mimetic_init", partial)
     report.warnings += warnings
-    for site in sites:
-        reason = not_token_softmax(site) or site.lacks("q", "k", "v")  # (GCViT's global attention: no W_Q)
-        if not reason and _d_in(site.proj["k"]) != _d_in(site.proj["q"]):
-            reason = (f"keys read width {_d_in(site.proj['k'])}, queries {_d_in(site.proj['q'])}: W_Q W_Kᵀ ≈ I "
-                      "needs one width")
+    todo = [(s, _skip_why(s)) for s in sites]
+    half = {s.name: vo_why(model, s) for s, why in todo if not why}
+    half = {k: v for k, v in half.items() if v}
+    if half and missing_vo != "accept":
+        name, why = next(iter(half.items()))
+        raise ValueError(f"mimetic_init: {len(half)} attention layers of {type(model).__name__} cannot take the VO "
+                         f"half (e.g. {name}: {why}); nothing was changed. conditioning.mimetic_missing_vo=accept "
+                         "sets their QK half alone, and the report says so")
+    for site, reason in todo:
         if reason:
             report.skipped.append(PatchEntry(site.name, f"mimetic_init:{site.layout}", reason))
             continue
@@ -116,17 +148,28 @@ def apply_mimetic(model: nn.Module, report: PatchReport, qk_alpha: float = 0.7, 
     if not report.entries:
         raise ValueError(f"mimetic_init: no attention layer of {type(model).__name__} has token-softmax logits "
                          f"({report.skipped[0].detail})")
-    report.notes.append("mimetic_init: W_Q, W_K (per head) and W_V, W_O set once so that W_Q W_Kᵀ ≈ α₁Z + β₁I and "
-                        "W_V W_O ≈ α₂Z − β₂I; plain weights trained from here (remove_conditioning cannot undo it)")
+    full = sum(e.detail == "qk+vo" for e in report.entries)
+    qk_only = len(report.entries) - full
+    what = "W_Q, W_K (per head) set once so that W_Q W_Kᵀ ≈ α₁Z + β₁I"
+    if full:
+        what += f", and W_V, W_O so that W_V W_O ≈ α₂Z − β₂I, in {full} layers"
+    if qk_only:
+        what += (f"; in {qk_only} layers only W_Q, W_K (VO left as built: mimetic_missing_vo=accept; each entry says "
+                 "why)")
+    report.notes.append(f"mimetic_init: {what}; plain weights trained from here (remove_conditioning cannot undo it)")
     return []
 
 
 def _apply(model: nn.Module, spec, report: PatchReport, partial: bool = False) -> list:
-    return apply_mimetic(model, report, **{k: spec[k] for k in DEFAULTS}, partial=partial)
+    return apply_mimetic(model, report, **{k: spec[k] for k in DEFAULTS}, partial=partial,
+                         missing_vo=spec["mimetic_missing_vo"])
 
 
-register_method(MethodSpec("mimetic_init", dict(DEFAULTS), label="mimetic_init (mimetic initialisation)",
-                           validators={k: finite_number(0) for k in DEFAULTS}, apply=_apply, per_layer=True,
+register_method(MethodSpec("mimetic_init", {**DEFAULTS, "mimetic_missing_vo": "refuse"},
+                           label="mimetic_init (mimetic initialisation)",
+                           validators={**{k: finite_number(0) for k in DEFAULTS},
+                                       "mimetic_missing_vo": choice(MISSING_VO)},
+                           permissions=frozenset({"mimetic_missing_vo"}), apply=_apply, per_layer=True,
                            init_only=True, short="mimetic init", rival=True,
                            # the conditioned-init paper ran it as its control: its numbers, no claimed effect
                            claim="mimetic init (as the conditioned-init paper ran it)", paper_key="ci_mimetic",

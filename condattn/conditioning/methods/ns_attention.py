@@ -24,7 +24,7 @@ from ..report import PatchEntry, PatchReport
 from ..sites import find_tokens, require_attention
 from ..spec import MethodSpec, integer, register_method
 from ..tokens import track_model_mask
-from .common import is_causal, output_projection
+from .common import is_causal, output_and_why
 
 MUON = (3.4445, -4.7750, 2.0315)
 
@@ -80,17 +80,20 @@ def apply_ns_attention(model: nn.Module, report: PatchReport, ns_steps: int = 1,
     token_site = find_tokens(model)
     hooks, handles = [], []
     for site in sites:
-        out = output_projection(model, site)
-        if out is None or not out.called:
-            why = "no output projection W_O found" if out is None else \
-                f"{type(site.module).__name__} applies {out.name} inside its own forward, never as a module call"
+        out, why = output_and_why(model, site)
+        if site.heads_unknown:
+            out, why = None, site.heads_unknown
+        elif out is not None and not out.called:
+            out, why = None, f"{type(site.module).__name__} applies {out.name} inside its own forward, {out.how}"
+        if out is None:
             report.skipped.append(PatchEntry(site.name, f"ns_attention:{site.layout}", why))
             continue
         hook = HeadNS(site.num_heads, ns_steps, ns_coefficients, masked=site.masked_queries)
         handles.append(out.module.register_forward_pre_hook(hook))
         hooks.append(hook)
         report.entries.append(PatchEntry(site.name, f"ns_attention:{site.layout}",
-                                         f"before {out.name} heads={site.num_heads}x{site.head_dim}"))
+                                         f"before {out.name} (W_O, {out.how}) "
+                                         f"heads={site.num_heads}x{site.head_dim}"))
     if not report.entries:
         raise ValueError(f"ns_attention: no attention layer of {type(model).__name__} has a W_O whose input a hook "
                          f"can see ({report.skipped[0].detail})")

@@ -310,7 +310,7 @@ def apply_sigma_reparam(model: nn.Module, report: PatchReport, scope: str = "att
         raise ValueError(f"sigma_reparam: scope={scope!r} is invalid; choose one of {list(SCOPES)}")
     if partition not in PARTITIONS:
         raise ValueError(f"sigma_reparam: partition={partition!r} is invalid; choose one of {list(PARTITIONS)}")
-    sites, warnings = require_attention(model, "sigma_reparam", partial)
+    sites, warnings = require_attention(model, "sigma_reparam", partial, heads=False)  # (one σ per weight matrix)
     report.warnings += warnings
     reparams = _attention_reparams(sites, partition, report)
     if scope == "all_linear":

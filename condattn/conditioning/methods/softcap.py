@@ -21,7 +21,7 @@ GEMMA2_CAP = 50.0  # transformers Gemma2Config.attn_logit_softcapping
 def apply_softcap(model: nn.Module, report: PatchReport, cap: float = GEMMA2_CAP, partial: bool = False) -> list:
     """cap·tanh(logits / cap) at every attention layer that can take it; returns the handles that undo it."""
     handles: list = []
-    for site, how, words in patchable(model, report, "softcap", partial):
+    for site, how, words in patchable(model, report, "softcap", partial, heads=False):
         rule_of(site, how, handles).cap = float(cap)
         report.entries.append(PatchEntry(site.name, f"softcap:{site.layout}",
                                          f"{words}: explicit softmax({cap:g}·tanh(q·kᵀ·scale/{cap:g}) + mask)·V"))
