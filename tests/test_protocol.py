@@ -82,6 +82,26 @@ def test_lr_pick_by_mean_over_selection_seeds_ties_nearest_unit_and_waits_for_ev
     assert p.at_bound and p.as_dict()["means"][0.5] == pytest.approx(0.9)
 
 
+def test_an_lr_tie_names_its_tie_break():
+    from condattn.reporting.protocol import lr_text, pick_marks
+    from condattn.table.lr_grid import TIE_LOWER, TIE_NEAREST
+    from condattn.table.result import pick_of
+
+    # conditioned init on vit_hard: ×0.5 and ×1 both score 0.731 (mean of the selection seeds): ×1 is nearer ×1
+    p = lr_pick({0.5: 0.731, 1.0: 0.731, 2.0: 0.70}, 1.0)
+    assert p.best(True) == 1.0 and p.tie_break() == ((0.5,), TIE_NEAREST)
+    # ×1/2 and ×2 tie, both one log2 step from ×1: the lower lr
+    q = lr_pick({0.5: 0.80, 1.0: 0.70, 2.0: 0.80, 4.0: 0.6}, 0.5)
+    assert q.best(True) == 0.5 and q.tie_break() == ((2.0,), TIE_LOWER)
+    assert lr_pick({0.5: 0.70, 1.0: 0.731, 2.0: 0.70}, 1.0).tie_break() == ((), "")  # no tie
+    assert lr_pick({0.5: 0.1, 1.0: 0.1}, 1.0).tie_break() == ((), "")  # a flat grid is marked flat instead
+    plan = type("P", (), {"picks": {"k": p}})()
+    pick = pick_of(plan, "k")
+    assert (pick.tied, pick.tie_break) == ((0.5,), "nearest ×1")
+    assert "tied with ×0.5, picked: nearest ×1" in lr_text(pick)
+    assert any("tied with ×0.5" in m and "nearest ×1" in m for m in pick_marks(pick))
+
+
 def test_lr_pick_a_flat_grid_grows_each_way_to_the_bound_then_is_marked_flat():
     chance = {100: 0.1, 101: 0.1}
     p = LrPick("r", "val_acc", 1e-3, {m: 1e-3 * m for m in (0.5, 1.0, 2.0)}, [100, 101], (0.125, 8.0),

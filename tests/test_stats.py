@@ -115,14 +115,35 @@ def test_seeds_for_a_paper_sized_effect_use_the_baselines_spread_at_the_correcte
     r = reach("vit_base", base, 0.595, [("SCA", sca)], Scale(), alpha=0.05 / 3)
     (row,) = r.rows
     assert row.here == pytest.approx(3.23 / 19.3, rel=1e-3)
-    # n = ⌈2 (z_{1−α/2} + z_{0.8})² sd² / effect²⌉ at α = 0.05/3: z = 2.394 + 0.842 = 3.236; 2·(3.236·0.3795/0.1674)²
+    # the normal approximation ⌈2 (z_{1−α/2} + z_{0.8})² sd² / effect²⌉ at α = 0.05/3: z = 2.394 + 0.842 = 3.236,
+    # 2·(3.236·0.3795/0.1674)² → 108; the t distribution's (df = 2n − 2) quantiles are larger: the smallest n with
+    # (t_{1−α/2,2n−2} + t_{0.8,2n−2}) · sd · √(2/n) ≤ effect is 110
     z = NormalDist().inv_cdf(1 - 0.05 / 6) + NormalDist().inv_cdf(0.8)
     assert z == pytest.approx(3.236, abs=1e-3)
-    assert row.seeds == math.ceil(2 * (z * sd / row.here) ** 2) == 108
+    assert math.ceil(2 * (z * sd / row.here) ** 2) == 108
+    assert row.seeds == 110
+    assert mde(sd, 110, alpha=0.05 / 3) <= row.here < mde(sd, 109, alpha=0.05 / 3)
     assert (r.sd, r.alpha) == (pytest.approx(sd), pytest.approx(0.05 / 3))  # the result says both
     # the old rule (pooled with the broken row, α 0.05) asked for about 2,000 seeds
     assert seeds_needed(row.here, pooled_sd(base, broken)) > 1500
     assert seeds_needed(10.0, 0.1) == 2 and seeds_needed(0.0, 1.0) is None
+
+
+def test_seeds_needed_come_from_the_t_distribution_not_the_normal_approximation():
+    # vit_hard's baseline (σ 0.928, α 0.05/3) and a 1.7-point effect (CET's claimed 5.1 % relative fall at 33.1 %
+    # error): z says ⌈2·(3.236·0.928/1.7)²⌉ = 7; with t at df = 2n − 2 the MDE at n = 7 is
+    # (t_{0.99167,12} + t_{0.8,12})·0.928·√(2/7) = (2.779 + 0.873)·0.496 = 1.81 > 1.7, at n = 8 it is 1.66 ≤ 1.7
+    sd, effect, alpha = 0.928, 1.7, 0.05 / 3
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(0.8)
+    assert math.ceil(2 * (z * sd / effect) ** 2) == 7
+    t7 = (stats.t.ppf(1 - alpha / 2, 12) + stats.t.ppf(0.8, 12)) * sd * math.sqrt(2 / 7)
+    t8 = (stats.t.ppf(1 - alpha / 2, 14) + stats.t.ppf(0.8, 14)) * sd * math.sqrt(2 / 8)
+    assert t7 == pytest.approx(1.81, abs=0.01) and t8 == pytest.approx(1.66, abs=0.01)
+    assert seeds_needed(effect, sd, alpha) == 8
+    # at large n t and z agree (the search starts at z's count and ends within a seed or two of it)
+    assert seeds_needed(0.1, 1.0) - math.ceil(2 * ((NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)) / 0.1)
+                                             ** 2) in (0, 1, 2)
+    assert seeds_needed(1.0, 0.0) == 2
 
 
 def test_speaks_to_reads_the_outcome_against_the_claims_size():
@@ -204,16 +225,39 @@ def test_a_weak_pick_is_judged_by_the_standard_error_of_the_selection_means():
 
 def test_the_noise_floor_tests_the_baseline_against_itself_on_a_split_of_its_seeds():
     same = {s: 96.0 + 0.1 * (s % 5) for s in range(10)}  # seeds 0-4 and 5-9 hold the same values
-    nf = noise_floor(same, m=3)
+    nf = noise_floor(same, [0.5, 0.7])
     assert (nf.seeds_a, nf.seeds_b) == ((0, 1, 2, 3, 4), (5, 6, 7, 8, 9))
     assert nf.diff == pytest.approx(0.0) and nf.p == pytest.approx(1.0) and nf.outcome == Outcome.NONE
     assert nf.splits == math.comb(9, 4) == 126  # every split into two halves once
+    assert nf.m == 3  # the split and the family's 2 primary arms
     shifted = {s: v + (5.0 if s >= 5 else 0.0) for s, v in same.items()}
-    nf = noise_floor(shifted, m=3)
+    nf = noise_floor(shifted, [None, 1.0])  # arms without a test count as p = 1
     p = welch_p([shifted[s] for s in range(5)], [shifted[s] for s in range(5, 10)])
-    assert nf.p_adj == pytest.approx(min(1.0, 3 * p))  # Holm for one test among 3 declared (the others p = 1)
+    assert nf.p_adj == pytest.approx(min(1.0, 3 * p))  # Holm's first step among 3
     assert nf.outcome == Outcome.BETTER and nf.called_different >= 1 and 0 < nf.rate <= 1
-    assert noise_floor({0: 1.0, 1: 2.0, 2: 3.0}, m=1) is None
+    assert noise_floor({0: 1.0, 1: 2.0, 2: 3.0}) is None
+
+
+def test_the_noise_floors_rate_is_counted_under_holm_with_the_familys_own_p():
+    # a split whose Welch p is 0.02 in a family of 2 real arms: p × m (m = 3 with the split) = 0.06 calls it the same;
+    # Holm with the real arms' own p (1e-6 and 1e-5, both far below) judges the split at the last step, 0.02 · 1 < 0.05
+    base = {s: 96.0 + 0.1 * (s % 5) for s in range(10)}
+    nf = noise_floor(base, [1e-6, 1e-5])
+    rate_holm = nf.called_different
+    # recompute by hand: every split's Welch p, then Holm over [p, 1e-6, 1e-5] versus p × 3
+    seeds = sorted(base)
+    import itertools
+    holm_calls = pm_calls = 0
+    for first in itertools.combinations(seeds[1:], 4):
+        left = {0, *first}
+        p = welch_p([base[s] for s in left], [base[s] for s in seeds if s not in left])
+        holm_calls += holm([p, 1e-6, 1e-5])[0] < 0.05
+        pm_calls += min(1.0, 3 * p) < 0.05
+    assert rate_holm == holm_calls and holm_calls > pm_calls  # the real arms' small p lower the split's step
+    # with the arms at p = 1 the two counts agree (Holm's first step is p × m)
+    assert noise_floor(base, [1.0, 1.0]).called_different == pm_calls
+    # a constructed split p of 0.02: Holm with the real arms far below calls it; p × 3 does not
+    assert holm([0.02, 1e-6, 1e-5])[0] == pytest.approx(0.02) and min(1.0, 3 * 0.02) > 0.05
 
 
 def test_project_holm_uses_the_unrounded_p():

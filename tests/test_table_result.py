@@ -55,8 +55,14 @@ def test_the_result_holds_each_family_as_numbers_and_enums(tmp_path):
     # lead of 0.01 over ×2 is above σ √(1/2 + 1/2) (σ pooled: grid 0 over 3 df, runs at the pick s = 0.0031 over 3 df)
     assert fam.baseline.pick.mark == Mark.NONE and sca.pick.mark == Mark.NONE
     assert fam.baseline.pick.lead == pytest.approx(0.01) and fam.baseline.pick.df == 6
-    # the noise floor: seeds 0-1 against 2-3 (a split of the reported seeds), one primary arm (m = 1)
-    assert (fam.noise.seeds_a, fam.noise.seeds_b, fam.noise.m, fam.noise.splits) == ((0, 1), (2, 3), 1, 3)
+    # the noise floor: seeds 0-1 against 2-3 (a split of the reported seeds), one more arm beside the one primary
+    # arm (Holm over m = 2, SCA with its own p)
+    assert (fam.noise.seeds_a, fam.noise.seeds_b, fam.noise.m, fam.noise.splits) == ((0, 1), (2, 3), 2, 3)
+    # the metric each arm's values are: table 1 reports final_test_acc at small (its metric_at), whatever the
+    # experiment's heading metric (final_val_acc) says; the CSV/JSON rows name it
+    from condattn.reporting.tables import arm_fields
+    assert sca.metric == fam.baseline.metric == "final_test_acc"
+    assert arm_fields(result, fam, sca)["metric"] == "final_test_acc"
     assert fam.noise.diff == pytest.approx(0.2)
     assert fam.reach.sd == pytest.approx(fam.baseline.at1.std) and fam.reach.alpha == pytest.approx(0.05)
     doc = json.loads(json.dumps(result.as_json()))
@@ -132,3 +138,16 @@ def test_the_length_check_decides_convergence_and_each_verdicts_basis(tmp_path):
     # the baseline still gains a point at 2×: every verdict at a budget
     result, _, _ = table_result(_table(tmp_path / "c", at2={"none": 0.01, "spectral": 0.01}))
     assert result.families[0].state == State.LEARNING and result.families[0].arms[0].basis == Basis.BUDGET
+
+
+def test_a_family_without_a_claim_of_its_own_is_judged_against_the_tables_smallest_claim():
+    from condattn.stats import Claim, Scale
+    from condattn.table.result import _margin
+
+    claims = [("SCA", Claim("SCA", 80.7, 81.7)), ("CET", Claim("CET", 80.3, 81.3))]  # 5.18 % and 5.08 % relative
+    base = [68.0, 69.5]  # a QK-norm baseline at 68.75 %: 31.25 % error
+    margin, label, rel, own = _margin(None, claims, base, Scale())
+    assert (label, own) == ("CET", False) and rel == pytest.approx(1.0 / 19.7)
+    assert margin == pytest.approx(31.25 / 19.7)  # CET's relative fall at this baseline: 1.59 points
+    assert _margin(None, [], base, Scale()) == (None, "", None, True)  # a table without any claim: not judged
+    assert _margin(None, claims, [68.0], Scale())[0] is None  # one seed: no mean to apply it at

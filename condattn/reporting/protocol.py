@@ -19,8 +19,13 @@ def lr_text(pick: Pick | None) -> str:
         return f"{pick.base_lr:.0e} (grid unfinished)"
     marks = ["flat"] if pick.flat else [
         *(["bound binding"] if pick.mark == Mark.BINDING else ["bound"] if pick.at_bound else []),
-        *(["weak pick"] if pick.mark == Mark.WEAK else [])]
+        *(["weak pick"] if pick.mark == Mark.WEAK else []), *([tie_text(pick)] if pick.tied else [])]
     return f"×{pick.multiplier:g} ({pick.lr:.0e}{''.join(f', {m}' for m in marks)})"
+
+
+def tie_text(pick: Pick) -> str:
+    """"tied with ×0.5, picked: nearest ×1" for a pick whose mean score another multiplier equals exactly."""
+    return f"tied with {', '.join(f'×{m:g}' for m in pick.tied)}, picked: {pick.tie_break}"
 
 
 def pick_marks(pick: Pick | None) -> list[str]:
@@ -34,6 +39,9 @@ def pick_marks(pick: Pick | None) -> list[str]:
     if pick.mark == Mark.WEAK:
         out.append(f"weak lr pick (its lead {pick.lead:.3g} over its neighbour is under the standard error "
                    f"{pick.se:.3g} of the selection means)")
+    if pick.tied:
+        out.append(f"lr pick tied with {', '.join(f'×{m:g}' for m in pick.tied)} (the same mean validation score); "
+                   f"the tie-break picked ×{pick.multiplier:g}: {pick.tie_break}")
     return out
 
 
@@ -159,21 +167,24 @@ FOOTER = ("Protocol: each row's peak lr is picked by the mean validation score o
           "never a test score; each seed's grid scores are in the CSV) over a log2 grid of multiples of the row's "
           "optim.lr, grown one step while the pick sits at an edge, up to the declared bound ('bound': the pick sits "
           "there, so the row's best lr may lie beyond it); a grid on which every lr scores the same grows one step "
-          "each way, up to the bound, and if it stays so the pick is the lr nearest ×1, marked 'flat'; the baseline "
-          "follows the same rule. Then every reported seed runs at the pick. Tests per row against its task's "
+          "each way, up to the bound, and if it stays so the pick is the lr nearest ×1, marked 'flat'; a tie on the "
+          "mean score goes to the lr nearest ×1, then to the lower lr, and the pick names it ('tied with'); the "
+          "baseline follows the same rule. Then every reported seed runs at the pick. Tests per row against its task's "
           "baseline: Welch's p, adjusted by Holm over the task's primary rows (declared in the experiment file before "
           "running) or as a Benjamini–Hochberg q over its exploratory rows, and an exact permutation p; the verdict is "
           "'better' or 'worse' only when the adjusted p < 0.05, else 'no difference detected' with the MDE at the "
           f"corrected α. {MDE_FORMULA}, s the baseline's std over its seeds (at 2× steps, 5 seeds a side: the pooled "
           "std of both arms), n seeds per arm. Reach: the MDE as a relative fall in error (100 − accuracy; for a loss, "
           "in the loss above 0) at our baseline, beside each paper's claimed relative fall against its own baseline; "
-          "a paper-sized effect here is the claim's relative fall at our baseline, and its seeds per arm n = "
-          "⌈2(z_{1−α/2} + z_{0.8})² σ² / effect²⌉ at the baseline's σ and the family's corrected α. Convergence: the "
-          "baseline's paired gain at 2× its steps, an equivalence test against the smallest paper-sized effect here "
-          "(converged when the one-sided 95 % upper bound is under it), with its power; a verdict is 'at "
+          "a paper-sized effect here is the claim's relative fall at our baseline, and its seeds per arm the smallest "
+          "n with (t_{1−α/2,2n−2} + t_{0.8,2n−2}) · σ · √(2/n) ≤ effect, at the baseline's σ and the family's "
+          "corrected α. Convergence: the baseline's paired gain at 2× its steps, an equivalence test against the "
+          "smallest paper-sized effect here (a family without a paper's number: the table's smallest claim at its "
+          "baseline) (converged when the one-sided 95 % upper bound is under it), with its power; a verdict is 'at "
           "convergence' only when the baseline converged and the row's Δ moved from 1× to 2× by less than its MDE, "
           "else 'at a budget'. Noise floor: the baseline against itself on two halves of its reported seeds (no new "
-          "runs), through the same test and Holm correction. 'weak pick': the pick leads its better neighbour by less "
+          "runs), through the same test and correction: the split is one more arm of the family, Holm over it and "
+          "the primary arms with their own p. 'weak pick': the pick leads its better neighbour by less "
           "than the standard error of the difference of the two selection means (σ pooled over the grid's selection "
           "seeds and the reported runs at the pick); 'bound binding': the pick sits at the bound and still beats its "
           "inner neighbour. Steps to target: the first evaluated step at which a run's validation metric reaches the "
@@ -182,4 +193,4 @@ FOOTER = ("Protocol: each row's peak lr is picked by the mean validation score o
 
 
 __all__ = ["FOOTER", "family_notes", "grid_text", "length_text", "lr_text", "pick_marks", "plateau_text",
-           "protocol_rows", "target_text", "verdict_line", "verdict_text"]
+           "protocol_rows", "target_text", "tie_text", "verdict_line", "verdict_text"]

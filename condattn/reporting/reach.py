@@ -62,8 +62,10 @@ def convergence_text(f: Family, unit: str = "points", digits: int = 2) -> str:
             f"{c.n} seeds at 1×)")
     if c.margin is None:
         return said + "; no paper's number sets a margin to judge it against: convergence not judged."
-    small = f.reach.smallest if f.reach is not None else None
-    why = (f"{small.label}'s claimed {_pct(small.claim.relative)} relative fall at this baseline" if small else "")
+    rel = f"{_pct(f.margin_relative)} " if f.margin_relative is not None else ""
+    why = (f"{f.margin_claim}'s claimed {rel}relative fall at this baseline" if f.margin_own else
+           f"no row of this family has a paper's number: the table's smallest claim, {f.margin_claim}'s {rel}"
+           "relative fall, at this baseline")
     state = {State.CONVERGED: "converged (its upper bound is under the margin)",
              State.LEARNING: "still learning (its lower bound is above 0)",
              State.UNDETERMINED: "not shown converged (the interval holds both 0 and the margin)"}[c.state]
@@ -88,9 +90,10 @@ def noise_text(f: Family, digits: int = 2) -> str:
         return f"Noise floor ({f.name}): fewer than 4 baseline seeds: no A/A test."
     return (f"Noise floor ({f.name}): the baseline against itself on a split of its reported seeds (no new runs), "
             f"seeds {list(n.seeds_a)} against {list(n.seeds_b)}: Δ {n.diff:+.{digits}f} [{n.low:+.{digits}f}, "
-            f"{n.high:+.{digits}f}], Holm p {n.p_adj:.3g} as one more arm of a family of {n.m}: {n.outcome.value}; "
-            f"over all {n.splits} splits of its seeds into two halves the protocol calls it different from itself "
-            f"{n.called_different} time{'' if n.called_different == 1 else 's'} ({100 * n.rate:.1f} %).")
+            f"{n.high:+.{digits}f}], Holm p {n.p_adj:.3g} as one more arm beside the family's {n.m - 1} primary "
+            f"arm{'' if n.m == 2 else 's'} (Holm over {n.m}, each arm with its own p): {n.outcome.value}; over all "
+            f"{n.splits} splits of its seeds into two halves the protocol, so corrected, calls it different from "
+            f"itself {n.called_different} time{'' if n.called_different == 1 else 's'} ({100 * n.rate:.1f} %).")
 
 
 def _can_cannot(f: Family) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:

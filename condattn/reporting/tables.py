@@ -147,7 +147,8 @@ def arm_fields(result: TableResult, f: Family, a: Arm) -> dict:
     claim = a.claim
     return {
         "table": result.table, "scale": result.scale, "row": a.row, "method": a.method, "label": a.label,
-        "hypothesis": a.hypothesis, "metric": result.metric, "n": a.at1.n, "mean": a.at1.mean, "std": a.at1.std,
+        "hypothesis": a.hypothesis, "metric": a.metric or result.metric, "n": a.at1.n, "mean": a.at1.mean,
+        "std": a.at1.std,
         "values": list(a.at1.values), "seeds": list(a.at1.seeds), "missing_seeds": list(a.at1.missing),
         "paper_claim": claim.who if claim else "", "paper_value": claim.value if claim else None,
         "paper_baseline": claim.baseline if claim else None, "rival": a.rival,
@@ -165,6 +166,7 @@ def arm_fields(result: TableResult, f: Family, a: Arm) -> dict:
         "lr_weak_pick": bool(pick and pick.mark.value == "weak pick"),
         "lr_pick_lead": pick.lead if pick else None, "lr_pick_se": pick.se if pick else None,
         "lr_selection_seeds": pick.selection_seeds if pick else 0,
+        "lr_tied": list(pick.tied) if pick else [], "lr_tie_break": pick.tie_break if pick else "",
         "n_2x": v2.n if v2 else None, "values_2x": list(v2.values) if v2 else [],
         "diff_2x": t2.diff if t2 else None, "diff_2x_ci95_low": t2.low if t2 else None,
         "diff_2x_ci95_high": t2.high if t2 else None, "p_adjusted_2x": t2.p_adj if t2 else None,

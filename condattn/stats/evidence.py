@@ -72,13 +72,19 @@ class Claim:
 
 
 def seeds_needed(effect: float, sd: float, alpha: float = ALPHA, power: float = 0.8) -> int | None:
-    """Seeds per arm for a two-sided two-sample test at level `alpha` to detect `effect` with this power (normal
-    approximation): n = ⌈2 · (z_{1−α/2} + z_{power})² · sd² / effect²⌉. At least 2; None when the effect is not
-    positive."""
+    """Seeds per arm for a two-sided two-sample t-test at level `alpha` to detect `effect` with this power: the
+    smallest n (at least 2) with (t_{1−α/2, 2n−2} + t_{power, 2n−2}) · sd · √(2/n) ≤ effect, the MDE's own formula
+    (core.mde). The normal approximation ⌈2 (z_{1−α/2} + z_{power})² sd² / effect²⌉ is where the search starts: t's
+    quantiles are larger, so it undercounts (by 1-2 seeds at small n). None when the effect is not positive."""
     if effect <= 0 or not math.isfinite(effect):
         return None
+    if sd == 0:
+        return 2
     z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
-    return max(2, math.ceil(2 * (z * sd / effect) ** 2))
+    n = max(2, math.ceil(2 * (z * sd / effect) ** 2))
+    while (mde(sd, n, alpha, power) or math.inf) > effect:
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)
@@ -328,8 +334,10 @@ def pick_strength(scores: Mapping[float, Sequence[float | None]], pick: float, h
 @dataclass(frozen=True)
 class NoiseFloor:
     """The baseline against itself: its reported seeds split in two disjoint halves (`seeds_a` the lower seeds),
-    tested as one more primary arm of a family of `m` (Welch, Holm); and over every split of the seeds into two halves
-    (`splits`), how many the protocol calls different (`called_different`)."""
+    tested as one more primary arm of its family (Welch, then Holm over the family's arms with their own p and this
+    split: `m` tests in all); and over every split of the seeds into two halves (`splits`), how many the protocol
+    calls different (`called_different`) under that same Holm step-down, the split one more arm beside the real ones
+    (not p × m: an arm with a small p of its own lowers the step the split is judged at)."""
 
     seeds_a: tuple[int, ...]
     seeds_b: tuple[int, ...]
@@ -349,24 +357,33 @@ class NoiseFloor:
         return self.called_different / self.splits if self.splits else 0.0
 
 
-def noise_floor(base: Mapping[int, float], m: int, higher_is_better: bool = True) -> NoiseFloor | None:
-    """The A/A test of a family's baseline on a split of its reported seeds (no new runs); None under 4 seeds."""
+def noise_floor(base: Mapping[int, float], others: Sequence[float | None] = (), higher_is_better: bool = True
+                ) -> NoiseFloor | None:
+    """The A/A test of a family's baseline on a split of its reported seeds (no new runs); None under 4 seeds.
+    `others`: the raw p of each of the family's primary arms (None: declared, not tested, p = 1 as `verdicts` counts
+    it); the split joins them as one more arm under Holm, as a real arm would."""
     seeds = sorted(base)
     if len(seeds) < 4:
         return None
     half = len(seeds) // 2
     a, b = seeds[:half], seeds[half:2 * half]
-    others = [(i, [], "primary") for i in range(1, max(m, 1))]  # the family's other declared arms, p = 1
-    t = verdicts([base[s] for s in a], [(0, [base[s] for s in b], "primary"), *others], higher_is_better)[0]
+    rest = [1.0 if p is None else float(p) for p in others]
+    m = len(rest) + 1
+    blank = [(i, [], "primary") for i in range(1, m)]  # the family's size for the split's MDE at α/m
+    t = verdicts([base[s] for s in a], [(0, [base[s] for s in b], "primary"), *blank], higher_is_better)[0]
+    p0 = t.p if t.p is not None else 1.0
+    p_adj = holm([p0, *rest])[0]
+    outcome = Outcome.NONE if p_adj is None or p_adj >= ALPHA else \
+        (Outcome.BETTER if (t.ci.diff > 0) == higher_is_better else Outcome.WORSE)
     called, total = 0, 0
     pool = seeds[:2 * half]
     for first in itertools.combinations(pool[1:], half - 1):  # each split once: the lowest seed in the first half
         left = {pool[0], *first}
         p = welch_p([base[s] for s in left], [base[s] for s in pool if s not in left])
         total += 1
-        called += p is not None and min(1.0, max(m, 1) * p) < ALPHA
-    return NoiseFloor(tuple(a), tuple(b), t.ci.diff, t.ci.low, t.ci.high, t.p, t.p_adj, t.outcome, t.mde_corrected,
-                      max(m, 1), total, called)
+        called += p is not None and (holm([p, *rest])[0] or 1.0) < ALPHA
+    return NoiseFloor(tuple(a), tuple(b), t.ci.diff, t.ci.low, t.ci.high, p0, float(p_adj or 1.0), outcome,
+                      t.mde_corrected, m, total, called)
 
 
 @dataclass(frozen=True)

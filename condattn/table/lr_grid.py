@@ -14,6 +14,9 @@ from .cells import Part
 from .compose import Composer, named, reseeded
 from .store import Records
 
+TIE_NEAREST = "nearest ×1"  # a tie on the grid's mean score goes to the multiplier nearest ×1 (in log2 steps)
+TIE_LOWER = "the lower lr"  # then, between two as near ×1 (×1/2 and ×2), to the lower lr
+
 
 def lr_grid(exp: Experiment, scale: str) -> list[float]:
     """The scale's starting `lr_grid` (validated when the file was parsed): log2-spaced multipliers of each row's
@@ -82,14 +85,28 @@ class LrPick:
         return math.nan if any(math.isnan(v) for v in vals) else statistics.fmean(vals)  # type: ignore[arg-type]
 
     def best(self, higher_is_better: bool) -> float | None:
-        """The multiplier with the best finite mean score (a tie goes to the one nearest ×1), once every run of the
-        grid has ended; None before."""
+        """The multiplier with the best finite mean score, once every run of the grid has ended; None before. A tie
+        (the same mean, exactly) goes to the multiplier nearest ×1 in log2 steps, and between two as near (×1/2 and
+        ×2) to the lower lr: `tie_break` names which rule decided."""
         means = {m: self.mean(m) for m in self.lrs}
         if any(v is None for v in means.values()):
             return None
         done = [m for m, v in means.items() if v is not None and math.isfinite(v)]
         sign = 1.0 if higher_is_better else -1.0
-        return max(done, key=lambda m: (sign * means[m], -abs(math.log(m))), default=None)  # type: ignore[operator]
+        return max(done, key=lambda m: (sign * means[m], -abs(math.log(m)), -m), default=None)  # type: ignore[operator]
+
+    def tie_break(self) -> tuple[tuple[float, ...], str]:
+        """The multipliers whose mean equals the pick's exactly, and the rule that chose among them: "nearest ×1",
+        or "the lower lr" when one of them is as near ×1 as the pick; ((), "") without a tie, a pick, or on a flat
+        grid (a flat grid is its own mark)."""
+        if self.pick is None or self.flat():
+            return (), ""
+        at = self.mean(self.pick)
+        tied = tuple(sorted(m for m in self.lrs if m != self.pick and self.mean(m) == at))
+        if not tied:
+            return (), ""
+        near = any(math.isclose(abs(math.log(m)), abs(math.log(self.pick))) for m in tied)
+        return tied, TIE_LOWER if near else TIE_NEAREST
 
     def next_step(self, best: float) -> float | None:
         """The multiplier one log2 step beyond `best` when it is an edge of the grid and the bound allows, else

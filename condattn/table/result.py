@@ -119,6 +119,8 @@ class Pick:
     selection_seeds: int
     scores: tuple[tuple[float, tuple[tuple[int, float | None], ...]], ...]
     means: tuple[tuple[float, float | None], ...]
+    tied: tuple[float, ...] = ()  # other multipliers whose mean equals the pick's exactly (not on a flat grid)
+    tie_break: str = ""  # the rule that chose among them (lr_grid.TIE_NEAREST / TIE_LOWER)
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,7 @@ class Arm:
     steps: tuple[int | None, ...]
     commits: tuple[str, ...]
     step0: tuple[Step0, ...] = ()  # the step-0 diagnostics, means over the runs that recorded them (table/step0.py)
+    metric: str = ""  # the summary key its values are (the row's own at this scale: final_test_acc, test_loss, …)
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,11 @@ class Family:
     heuristic: bool | None
     plateau: float | None
     plateau_total: int
+    # what set the convergence margin: the claim (its label and relative effect), and whether it is one of this
+    # family's own rows (False: no row of the family has a paper's number; the table's smallest claim is borrowed)
+    margin_claim: str = ""
+    margin_relative: float | None = None
+    margin_own: bool = True
 
     @property
     def converged(self) -> bool | None:
@@ -313,8 +321,9 @@ def pick_of(plan: Plan, key: str, cell: TableCell | None = None, higher: bool = 
     at_pick = [float(s["metrics"][p.key]) for s in sums if s["metrics"].get(p.key) is not None]
     st = pick_strength({m: list(by.values()) for m, by in p.scores.items()}, p.pick, higher, p.at_bound, at_pick)
     mark = Mark.FLAT if flat else st.mark if st.mark != Mark.NONE or not p.at_bound else Mark.BOUND
+    tied, rule = p.tie_break()
     return Pick(p.key, p.base_lr, float(p.pick), float(p.lrs[p.pick]), p.at_bound, flat, mark, st.lead, st.se,
-                st.sigma, st.df, n_sel, scores, means)
+                st.sigma, st.df, n_sel, scores, means, tuple(float(m) for m in tied), rule)
 
 
 def _floor(entry: Mapping | None, base: list[float], mult: float, higher: bool) -> FloorCheck | None:
@@ -330,12 +339,14 @@ def _floor(entry: Mapping | None, base: list[float], mult: float, higher: bool) 
 
 @dataclass
 class _Ctx:
-    """What one family's build reads: the plan, its cells at 1× and 2×, the cached floors."""
+    """What one family's build reads: the plan, its cells at 1× and 2×, the cached floors, and the table's claims
+    (`_table_claims`: the convergence margin of a family without a claim of its own)."""
 
     plan: Plan
     cells: dict
     long: dict
     floors: Mapping
+    claims: Sequence[tuple[str, Claim]] = ()
 
 
 def _arm(ctx: _Ctx, rm: tuple[str, str], hyp: str, t: Verdict | None, t2: Verdict | None, trend: Trend | None,
@@ -350,7 +361,7 @@ def _arm(ctx: _Ctx, rm: tuple[str, str], hyp: str, t: Verdict | None, t2: Verdic
     return Arm(row, method, label, reading, hyp, _values(cell), _values(ctx.long.get(rm)), _test(t), _test(t2), trend,
                basis, pick_of(plan, exp.pick_key(row, method), cell, higher), paper_claim(exp, row, method),
                spec.rival, med, last, tuple(steps), tuple(sorted({s.get("commit", "") for s in cell.summaries})),
-               step0(cell.summaries))
+               step0(cell.summaries), exp.row_metric(plan.scale, row))
 
 
 def _tests(ctx: _Ctx, members: list, hyp: dict, higher: bool, untested: bool) -> tuple[dict, dict]:
@@ -383,7 +394,8 @@ def _family(ctx: _Ctx, name: str, members: list[tuple[str, str]]) -> Family:
         if mde_ is not None and len(base.values) >= 2 and not untested else None
     check = (bool(exp.at(scale).length_check) or base_rm in ctx.long) and not untested
     one, two = base.by_seed(), ctx.long[base_rm].by_seed() if base_rm in ctx.long else {}
-    conv = convergence(one, two, r.smallest.here if r is not None and r.smallest else None, higher) if two else None
+    margin, m_label, m_rel, m_own = _margin(r, ctx.claims, base.values, sc)
+    conv = convergence(one, two, margin, higher) if two else None
     state = (conv.state if conv is not None else State.NOT_JUDGED) if check else None
     target = baseline_target(base.summaries, exp.curve.get("key", "acc"), exp.multiplier, higher)
     arms = []
@@ -398,11 +410,46 @@ def _family(ctx: _Ctx, name: str, members: list[tuple[str, str]]) -> Family:
     to_final = steps_to(base.summaries, target.final, exp.curve.get("key", "acc"), exp.multiplier, higher)[2]
     entry, metric = ctx.floors.get(name) or ctx.floors.get(base_rm[0]), exp.row_metric(scale, base_rm[0])
     mismatch = str(entry.get("metric")) if entry and entry.get("metric") not in (None, metric) else ""
+    # the A/A split joins the family's primary arms, each with its own raw p (an arm without a test counts as p = 1)
+    noise = noise_floor(one, [tests[rm].p if rm in tests else None for rm in primary], higher) \
+        if not untested else None
     return Family(name, higher, untested, _arm(ctx, base_rm, "baseline", None, None, None, Basis.NO_CHECK, target),
                   tuple(arms), mde_, alpha, r, tuple((row.label, k) for row, k in speaks_to(r, words)) if r else (),
-                  conv, check, noise_floor(one, len(primary), higher) if not untested else None,
-                  None if mismatch else _floor(entry, base.values, exp.multiplier, higher), mismatch, target,
-                  heuristic_holds(target), plateau_step(to_final, total), total)
+                  conv, check, noise, None if mismatch else _floor(entry, base.values, exp.multiplier, higher),
+                  mismatch, target, heuristic_holds(target), plateau_step(to_final, total), total, m_label, m_rel,
+                  m_own)
+
+
+def _margin(r: Reach | None, claims: Sequence[tuple[str, Claim]], base: Sequence[float],
+            sc: Scale) -> tuple[float | None, str, float | None, bool]:
+    """The convergence margin of a family: the paper-sized effect here of its smallest claim; for a family whose rows
+    have no paper's number (a QK-norm baseline's family), the table's smallest claimed relative effect applied to this
+    baseline (the effect the table tests), so that a baseline with runs at 2× is always judged. (margin, the claim's
+    label, its relative effect, whether the claim is the family's own); (None, "", None, True) without a claim or
+    without 2 baseline values."""
+    if r is not None and r.smallest is not None:
+        return r.smallest.here, r.smallest.label, r.smallest.claim.relative, True
+    if len(base) < 2 or not claims:
+        return None, "", None, True
+    label, claim = min(claims, key=lambda lc: lc[1].relative)
+    mean = sum(base) / len(base)
+    if sc.room(mean) <= 0:
+        return None, "", None, True
+    return sc.absolute(claim.relative, mean), label, claim.relative, False
+
+
+def _table_claims(exp: Experiment, scale: str) -> list[tuple[str, Claim]]:
+    """Every claimed effect of the table's primary rows (each paper beside its own baseline), by its label."""
+    out = []
+    for members in exp.families(scale).values():
+        for row, method in members[1:]:
+            hyp = exp.hypothesis(row) if exp.rows[row].method is not None else "primary"
+            c = paper_claim(exp, row, method)
+            if hyp == "primary" and c is not None and c.effect:
+                claim = Claim(c.who, c.baseline, c.value, scale_of(exp, row))
+                if claim.effect > 0:
+                    out.append((method_spec(method).table_label, claim))
+    return out
 
 
 def table_result(plan: Plan, floors: Mapping | None = None, cells: dict | None = None,
@@ -413,7 +460,7 @@ def table_result(plan: Plan, floors: Mapping | None = None, cells: dict | None =
     exp, scale = plan.exp, plan.scale
     cells = collect(plan) if cells is None else cells
     long = longer(plan, cells)
-    ctx = _Ctx(plan, cells, long, floors or {})
+    ctx = _Ctx(plan, cells, long, floors or {}, _table_claims(exp, scale))
     fams = tuple(_family(ctx, name, members) for name, members in exp.families(scale).items()
                  if members and all(rm in cells for rm in members))
     result = TableResult(exp.table, scale, plan.output_stem, exp.row_metric(scale), exp.multiplier,
