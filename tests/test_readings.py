@@ -358,10 +358,11 @@ def test_table9_renderer_from_run_summaries(tmp_path):
     from condattn.reporting.readings import write_table
 
     exp = experiment_raw("table9_readings")
-    assert {spec["task"] for spec in exp["rows"].values()} == {"vit", "listops", "vit_hard", "vit_hard_qkn"}
+    tasks = {spec["task"] for spec in exp["rows"].values()}
+    assert tasks == {"vit", "listops", "vit_hard", "vit_hard_qkn", "vit_noaug"}
     # the committed small scale trains the ViT tasks and says why ListOps waits; rendered here with vit and listops
     small_rows = exp["scales"]["small"]["rows"]
-    assert all(r.startswith("vit_") for r in small_rows) and len(small_rows) == 15 + 17
+    assert all(r.startswith("vit_") for r in small_rows) and len(small_rows) == 15 + 17 + 13
     exp["rows"] = {r: spec for r, spec in exp["rows"].items() if spec["task"] in ("vit", "listops")}
     readings = {r.split("_", 1)[1] for r in exp["rows"]}
     assert len(readings) == 15

@@ -56,14 +56,13 @@ class ImageClassification(Dataset):
         return {"pixel_values": self.transform(img), "labels": torch.tensor(int(label), dtype=torch.long)}
 
 
-class ShiftedImages(Dataset):
-    """Training split for `task.augment.shift_px` > 0: each image goes through the evaluation transform once
-    (cached tensors) and every draw translates it by a random integer offset in [-k, k] per axis, filling with the
-    value black takes after normalisation. It stands in for a small RandomResizedCrop at the small scale, where a
-    per-sample PIL crop costs a third of a ViT step; the shifted pixels are those of the evaluation geometry."""
+class CachedImages(Dataset):
+    """Training split for `task.augment.enabled=false`: each image goes through the evaluation transform once (cached
+    tensors, the same the validation and test splits see) and is served as it is, every draw: no augmentation, no
+    per-sample transform and no random draw."""
 
-    def __init__(self, items: Sequence, transform: Callable, num_classes: int, shift_px: int, fill: torch.Tensor):
-        self.num_classes, self.k, self.fill = num_classes, int(shift_px), fill.view(-1, 1, 1)
+    def __init__(self, items: Sequence, transform: Callable, num_classes: int):
+        self.num_classes = num_classes
         self.items = items  # the raw split (the floors fit their classical models on its pixels)
         pairs = [items[i] for i in range(len(items))]
         self.x = torch.stack([transform(img) for img, _ in pairs])
@@ -71,6 +70,20 @@ class ShiftedImages(Dataset):
 
     def __len__(self) -> int:
         return len(self.y)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"pixel_values": self.x[i], "labels": self.y[i]}
+
+
+class ShiftedImages(CachedImages):
+    """Training split for `task.augment.shift_px` > 0: each image goes through the evaluation transform once
+    (cached tensors) and every draw translates it by a random integer offset in [-k, k] per axis, filling with the
+    value black takes after normalisation. It stands in for a small RandomResizedCrop at the small scale, where a
+    per-sample PIL crop costs a third of a ViT step; the shifted pixels are those of the evaluation geometry."""
+
+    def __init__(self, items: Sequence, transform: Callable, num_classes: int, shift_px: int, fill: torch.Tensor):
+        super().__init__(items, transform, num_classes)
+        self.k, self.fill = int(shift_px), fill.view(-1, 1, 1)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         k, x = self.k, self.x[i]
@@ -435,6 +448,34 @@ def _check_shift(d: Any, aug: Any, shift: int, n_train: int) -> None:
                          "stand-ins; use shift_px=0 (timm's crop) for this dataset")
 
 
+def augment_enabled(aug: Any) -> bool:
+    """`task.augment.enabled` (absent: true, what every run before the key had; engine/identity.py IMPLIED)."""
+    value = aug.get("enabled", True) if aug is not None else True
+    if not isinstance(value, bool):
+        raise ValueError(f"task.augment.enabled={value!r} must be true or false")
+    return value
+
+
+def _no_augment_note(d: Any, aug: Any, cfg: Any) -> str:
+    """The data info's train_transform under task.augment.enabled=false, naming the recipe's augmentation keys it
+    leaves unapplied; refuses mixup / CutMix (a batch augmentation the task would still apply) and repeated
+    augmentation (copies of an image that no longer differ)."""
+    mix = cfg.task.get("mixup")
+    if mix is not None and (float(mix.get("mixup_alpha", 0) or 0) > 0 or float(mix.get("cutmix_alpha", 0) or 0) > 0) \
+            and float(mix.get("prob", 1.0) or 0) > 0:
+        raise ValueError(f"task.augment.enabled=false but task.mixup is on (mixup_alpha={mix.get('mixup_alpha')}, "
+                         f"cutmix_alpha={mix.get('cutmix_alpha')}, prob={mix.get('prob')}): set "
+                         "task.mixup.mixup_alpha=0 task.mixup.cutmix_alpha=0, or task.augment.enabled=true")
+    if int(cfg.task.get("repeated_aug", 1) or 1) > 1:
+        raise ValueError(f"task.augment.enabled=false but task.repeated_aug={cfg.task.repeated_aug}: repeated copies "
+                         "of an image are identical without augmentation; set task.repeated_aug=1")
+    inert = [f"{k}={aug.get(k)}" for k in ("shift_px", "auto_augment", "re_prob", "color_jitter")
+             if aug.get(k) not in (None, 0, 0.0, False, "")]
+    inert += [f"data.hflip={d.hflip}"] if float(d.get("hflip", 0) or 0) > 0 else []
+    note = "eval transform ({}) once, cached; no augmentation (task.augment.enabled=false)"
+    return note + (f"; not applied: {', '.join(inert)}" if inert else "")
+
+
 @register_dataset("images", check=_data_check)
 def build_image_bundle(cfg: Any) -> DataBundle:
     """DataBundle for `data.builder: images` (ImageNet or its offline stand-ins; see configs/data/)."""
@@ -452,7 +493,14 @@ def build_image_bundle(cfg: Any) -> DataBundle:
     n_cls = int(d.num_classes)
     splits = {s: ImageClassification(items[s], train_tf if s == "train" else eval_tf, n_cls) for s in items}
     shift = int(aug.get("shift_px", 0) or 0)
-    if shift > 0:  # cached tensors + integer shifts instead of timm's per-sample train transform
+    if not augment_enabled(aug):  # cached evaluation tensors, served as they are: no transform per sample
+        note = _no_augment_note(d, aug, cfg)
+        if len(items["train"]) * 3 * int(d.img_size) ** 2 * 4 > SHIFT_CACHE_LIMIT:
+            raise ValueError("task.augment.enabled=false caches the training images as float32 tensors, over "
+                             f"{SHIFT_CACHE_LIMIT / 2**30:.0f} GiB here: it is for the small stand-ins")
+        splits["train"] = CachedImages(items["train"], eval_tf, n_cls)
+        train_tf = note.format(repr(eval_tf))
+    elif shift > 0:  # cached tensors + integer shifts instead of timm's per-sample train transform
         _check_shift(d, aug, shift, len(items["train"]))
         black = (torch.zeros(3) - torch.tensor(tuple(d.mean))) / torch.tensor(tuple(d.std))
         splits["train"] = ShiftedImages(items["train"], eval_tf, n_cls, shift, black)

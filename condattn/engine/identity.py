@@ -37,6 +37,15 @@ NOT_SCIENCE = (
 )
 
 
+# Science keys added after runs were recorded without them, each with the value every run before it had: at that value
+# the key is left out of the science config (so no recorded run's hash, twin or name moves), and a config that lacks
+# it is read as having it (so a run recorded before the key answers only for cells at that value, never for one that
+# turns it off).
+IMPLIED = {
+    "task.augment.enabled": True,  # data/images.py: False trains on the cached evaluation tensors, no augmentation
+}
+
+
 def _container(cfg: Any) -> dict:
     if isinstance(cfg, DictConfig):
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
@@ -50,6 +59,14 @@ def _drop(d: dict, dotted: str) -> None:
         if not isinstance(d, dict):
             return
     d.pop(last, None)
+
+
+def _get(d: dict, dotted: str) -> Any:
+    for p in dotted.split("."):
+        if not isinstance(d, dict) or p not in d:
+            return None
+        d = d[p]
+    return d
 
 
 def is_science_key(key: str) -> bool:
@@ -66,6 +83,9 @@ def science_config(cfg: Any) -> dict:
     d = _container(cfg)
     for key in NOT_SCIENCE:
         _drop(d, key)
+    for key, implied in IMPLIED.items():
+        if _get(d, key) == implied:
+            _drop(d, key)
     try:
         d["conditioning"] = conditioning_spec(d.get("conditioning") or {}).identity()
     except (TypeError, ValueError):  # bad options: the preflight names them; keep what was given
@@ -99,6 +119,9 @@ def differing_keys(recorded: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """(key, recorded value, current value) of the science keys set in both configs that differ. A key only one of them
     has (a run from a version of the code that had no such key) is not counted."""
     a, b = _flat(science_config(recorded)), _flat(science_config(current))
+    for key, implied in IMPLIED.items():  # left out at its implied value, so absent means that value
+        a.setdefault(key, implied)
+        b.setdefault(key, implied)
     return [(k, a[k], b[k]) for k in sorted(a.keys() & b.keys()) if a[k] != b[k]]
 
 
