@@ -72,8 +72,9 @@ def test_muon_refuses_an_unknown_lr_adjustment():
 
 @pytest.mark.slow
 def test_a_smoke_cell_trains_with_muon(tmp_path):
-    """Table 4's Image baseline smoke cell with optim=muon, through the trainer: it finishes, and its science
-    config (the run identity's hash) differs from the AdamW cell's."""
+    """Table 4's Image baseline smoke cell with optim=muon, through the trainer (6 of its 60 steps, with an
+    evaluation, a checkpoint and the test pass: the pipeline, not the number): it finishes, and its science config
+    (the run identity's hash) differs from the AdamW cell's."""
     from condattn.config import compose_cell
     from condattn.engine.identity import config_hash, science_config
     from condattn.engine.trainer import train
@@ -82,10 +83,11 @@ def test_a_smoke_cell_trains_with_muon(tmp_path):
 
     exp = load(REPO / "experiments" / "table4_lra.yaml")
     (name, overrides), = [c for c in cells(exp, "smoke", [0], [], only_rows=["image"]) if "_none_" in c[0]]
-    extra = ["logger=none", f"paths.runs={tmp_path / 'runs'}", f"paths.cache={tmp_path / 'cache'}"]
+    extra = ["logger=none", f"paths.runs={tmp_path / 'runs'}", f"paths.cache={tmp_path / 'cache'}", "task.steps=6",
+             "task.eval_every=6", "impl.checkpoint_every=3", "optim.warmup_steps=1"]
     cfg = compose_cell([*overrides, "optim=muon", *extra])
     assert cfg.optim.name == "muon" and cfg.optim.lr == compose_cell([*overrides, *extra]).optim.lr
     s = train(cfg)
-    assert 0.0 <= s["metrics"]["test_acc"] <= 1.0
+    assert s["status"] == "finished" and s["steps"] == 6 and 0.0 <= s["metrics"]["test_acc"] <= 1.0
     adamw = compose_cell([*overrides, *extra])
     assert config_hash(science_config(cfg)) != config_hash(science_config(adamw))
