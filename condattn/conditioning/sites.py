@@ -283,13 +283,16 @@ def layer_of(site_name: str) -> str:
 
 
 def find_tokens(model: nn.Module) -> TokenSite | None:
-    """The outermost sub-model whose first-block input a registered layout recognises."""
-    finders = _ordered(TOKEN_LAYOUTS, "token")
-    for name, module in model.named_modules():
-        for finder in finders:
-            site = finder(name, module)
-            if site is not None:
-                return site
+    """The outermost sub-model whose first-block input a registered layout recognises; the fallbacks (negative
+    priority: layouts/structural_tokens.py) only where no other layout recognises any sub-model."""
+    names = sorted(TOKEN_LAYOUTS, key=lambda n: (-PRIORITY[("token", n)], n))
+    for fallback in (False, True):
+        finders = [TOKEN_LAYOUTS[n] for n in names if (PRIORITY[("token", n)] < 0) == fallback]
+        for name, module in model.named_modules():
+            for finder in finders:
+                site = finder(name, module)
+                if site is not None:
+                    return site
     return None
 
 

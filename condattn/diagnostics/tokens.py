@@ -36,6 +36,8 @@ class TokenProbe:
         self._handles: list = []
 
     def _kappas(self, x: torch.Tensor, channels_first: bool = False, masked: bool = True) -> list[float]:
+        if getattr(self.site, "sequence_first", False) and x.dim() == 3:  # (N, B, D): nn.TransformerEncoder
+            x = x.transpose(0, 1)
         x = as_tokens(x.detach(), channels_first)
         keep = rows_kept(self.mask, x.shape[0], x.shape[1], x.device) if masked else None
         return batch_condition_numbers(x, keep).tolist()
