@@ -165,6 +165,32 @@ def find_output(model: nn.Module, site: AttentionSite) -> tuple[OutputProjection
         if not site.out.name:
             site.out.name = _name(site.module, site.out.module, site.name)
         return site.out, ""
+    key = _key(site)
+    if key in _OUT_CACHE:  # (a fact of the structure: once per class and shape, as verify.py probes)
+        rel, transposed, called, how, why = _OUT_CACHE[key]
+        if rel is None:
+            return None, why
+        full = f"{site.name}.{rel}" if site.name else rel
+        return OutputProjection(site.module.get_submodule(rel), full, transposed, called, how), ""
+    out, why = _traced_output(model, site)
+    inside = {id(m): n for n, m in site.module.named_modules() if n}
+    if out is None or id(out.module) in inside:
+        rel = None if out is None else inside[id(out.module)]
+        _OUT_CACHE[key] = (rel, False if out is None else out.transposed, False if out is None else out.called,
+                           "" if out is None else out.how, why)
+    return out, why
+
+
+_OUT_CACHE: dict[tuple, tuple] = {}
+
+
+def _key(site: AttentionSite) -> tuple:
+    ints = tuple(sorted((k, v) for k, v in vars(site.module).items() if type(v) in (int, bool)))
+    return (type(site.module), tuple((n, tuple(p.shape), p.dtype) for n, p in site.module.named_parameters()),
+            site.num_heads, site.head_dim, tuple(sorted(site.proj)), ints)
+
+
+def _traced_output(model: nn.Module, site: AttentionSite) -> tuple[OutputProjection | None, str]:
     width = site.num_heads * site.role_head_dim("v") if "v" in site.proj else site.num_heads * site.head_dim
     trace, why = _trace(site) if "v" in site.proj else (None, "no W_V")
     if trace is None:
@@ -281,8 +307,13 @@ def _matches(calls: list[_Call], outputs, logits, proj, heads: int, trace: Trace
 def traced_causal(site: AttentionSite) -> bool:
     """Whether the module's own forward masks later keys (an SDPA call with is_causal=True, or a causal mask written
     out), read from a traced call; False where it cannot be traced."""
-    trace, _ = _trace(site)
-    if trace is None:
-        return False
-    trace.calls()
-    return trace.causal
+    key = _key(site)
+    if key not in _CAUSAL_CACHE:
+        trace, _ = _trace(site)
+        if trace is not None:
+            trace.calls()
+        _CAUSAL_CACHE[key] = trace is not None and trace.causal
+    return _CAUSAL_CACHE[key]
+
+
+_CAUSAL_CACHE: dict[tuple, bool] = {}
