@@ -162,8 +162,8 @@ def _patch(model, site, gate: str, report: PatchReport, handles: list) -> int:
     link = GateLink(g, site.num_heads, gate == "headwise")
     handles += _attach(site.proj["q"].linear, link, GateInput, link.keep)
     handles += _attach(out.module, link, GatedOutput, link.pre_hook)
-    report.entries.append(PatchEntry(site.name, kind, f"{gate} gate on the input of {out.name} (W_O, {out.how}): "
-                                                      f"Linear → {width}, sigmoid, from W_Q's input"))
+    report.entries.append(PatchEntry(site.name, kind, f"{gate} gate on the input of {out.name}: Linear → {width}, "
+                                                      f"sigmoid, from W_Q's input; W_O {out.how}"))
     return sum(p.numel() for p in g.parameters())
 
 
