@@ -312,6 +312,50 @@ class UserMHAModel(torch.nn.Module):
         return h + self.cross(h, k, v, need_weights=False)[0]
 
 
+class UserViT(torch.nn.Module):
+    """A user's ViT written from scratch: patch embedding, class token, position embedding, 2 pre-norm blocks whose
+    attention is separate q/k/v and `out` Linears with the head count in `self.h` (no layout names any of it: the
+    structural layouts find the sites, W_O and heads, and CET's token site, the input of `blocks.0`)."""
+
+    class Attention(torch.nn.Module):
+        def __init__(self, dim: int, h: int):
+            super().__init__()
+            self.h = h
+            self.q, self.k, self.v, self.out = (torch.nn.Linear(dim, dim) for _ in range(4))
+
+        def forward(self, x):
+            b, n, d = x.shape
+            q, k, v = (f(x).view(b, n, self.h, -1).transpose(1, 2) for f in (self.q, self.k, self.v))
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            return self.out(y.transpose(1, 2).reshape(b, n, d))
+
+    class Block(torch.nn.Module):
+        def __init__(self, dim: int):
+            super().__init__()
+            self.n1, self.attn, self.n2 = torch.nn.LayerNorm(dim), UserViT.Attention(dim, 2), torch.nn.LayerNorm(dim)
+            lin = torch.nn.Linear
+            self.mlp = torch.nn.Sequential(lin(dim, 2 * dim), torch.nn.GELU(), lin(2 * dim, dim))
+
+        def forward(self, x):
+            x = x + self.attn(self.n1(x))
+            return x + self.mlp(self.n2(x))
+
+    def __init__(self, dim: int = 32):
+        super().__init__()
+        self.patch = torch.nn.Conv2d(3, dim, 8, 8)
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, dim))
+        self.pos = torch.nn.Parameter(torch.randn(1, 17, dim) * 0.1)
+        self.blocks = torch.nn.ModuleList(UserViT.Block(dim) for _ in range(2))
+        self.head = torch.nn.Linear(dim, 10)
+
+    def forward(self, x):
+        t = self.patch(x).flatten(2).transpose(1, 2)
+        t = torch.cat([self.cls.expand(t.shape[0], -1, -1), t], 1) + self.pos
+        for blk in self.blocks:
+            t = blk(t)
+        return self.head(t[:, 0])
+
+
 def _mha_inputs() -> dict:
     g = torch.Generator().manual_seed(3)
     return {"x": torch.randn(3, 10, 32, generator=g), "k": torch.randn(3, 5, 16, generator=g),
@@ -357,7 +401,8 @@ CASES = {
     "hf_vit": Case(_seeded(_hf_vit), _images, _pixels, {"hf_vit": 2}, "hf_vit"),
     "llama": Case(_seeded(_llama), lambda: _tokens(61), _lm_logits, {"hf_llama": 2}, "hf_llama", keep=_mask,
                   causal=True),
-    "torch_mha": Case(_seeded(UserMHAModel), _mha_inputs, _kw, {"torch_mha": 2 + 1}, None),
+    "torch_mha": Case(_seeded(UserMHAModel), _mha_inputs, _kw, {"torch_mha": 2 + 1}, "torch_encoder"),
+    "user_vit": Case(_seeded(UserViT), _images, _kw, {"structural": 2}, "structural_tokens"),
     "roberta_structural": Case(_seeded(_roberta), lambda: _tokens(100, n=16, low=3), _hidden, {"structural": 2}, None),
     "gpt_neox_structural": Case(_seeded(_gpt_neox), lambda: _tokens(61), _hidden, {"structural": 2}, None),
     # 1×1-conv projections (layouts/timm_conv.py; structural for stacked ones)

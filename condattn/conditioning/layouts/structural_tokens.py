@@ -9,9 +9,10 @@ CET's position=before_pos_embed and tokens=patches_only are refused on it, with 
 enters the SVD, and the report entry says so). A causal decoder that says so only in its kernel call
 (`is_causal=True` in F.scaled_dot_product_attention) is read from a traced call of its first attention layer.
 
-Only the model itself (the outermost module) is matched; not a timm model (its prefix tokens are its layout's to
-say), nor a model whose attention is transformers' (its padding mask is passed as attention_mask, which only a named
-token layout reads): those refuse, with why.
+Only the model itself (the outermost module) is matched; not a timm model or one built of timm's attention modules
+(their inputs and prefix tokens are a layout's to say), not attention over channels-first maps (1×1 convolutions),
+nor a model whose attention is transformers' (its padding mask is passed as attention_mask, which only a named token
+layout reads): those refuse, with why.
 """
 
 from __future__ import annotations
@@ -54,6 +55,14 @@ def structural_tokens(name: str, m: nn.Module) -> TokenSite | None:
     sites = find_attention(m)
     if not sites:
         TOKENS_WHY[type(m)] = "no attention layer was found in it"
+        return None
+    if of_library(sites[0].module, "timm"):  # (maps or tokens, class tokens: timm's modules' conventions vary)
+        TOKENS_WHY[type(m)] = (f"its attention layers are timm's {type(sites[0].module).__name__}, whose inputs (token "
+                               "sequences or channels-first maps) and prefix tokens only a named token layout knows")
+        return None
+    if isinstance(sites[0].proj["q" if "q" in sites[0].proj else "k"].linear, nn.modules.conv._ConvNd):
+        TOKENS_WHY[type(m)] = ("its attention projects channels-first maps with 1×1 convolutions: which axis holds "
+                               "the tokens is a named token layout's to say")
         return None
     if of_library(sites[0].module, "transformers"):  # (its padding mask is passed as attention_mask, its way)
         TOKENS_WHY[type(m)] = (f"its attention layers are transformers' {type(sites[0].module).__name__}, and no "
