@@ -123,6 +123,29 @@ def test_w_o_is_the_linear_applied_to_the_attention_output_whatever_its_name(cls
         assert out.module is model[i].attn.get_submodule(W_O[cls])
 
 
+def test_a_registered_layout_names_w_o_and_the_methods_use_it():
+    """A layout of one's own names W_O in the site (AttentionSite.out), as docs/getting-started.md says: the gate
+    multiplies that module's input even where the trace would find another."""
+    from condattn.conditioning import AttentionSite, OutputProjection, attention_layout, separate
+    from condattn.conditioning.sites import ATTENTION_LAYOUTS, PRIORITY
+
+    @attention_layout("test_named_w_o", priority=5)
+    def named(name, m):
+        if type(m) is not Mixer:
+            return None
+        return AttentionSite(name, m, "test_named_w_o", m.nh, DIM // m.nh, separate((m.q, m.k, m.v)),
+                             out=OutputProjection(m.mix))
+
+    try:
+        model = build(Mixer)
+        rep = condattn.apply_conditioning(model, "gated_attention")
+        assert all(e.detail.split(" on the input of ")[1].startswith(f"{i}.attn.mix:") and "named by its layout"
+                   in e.detail for i, e in enumerate(rep.entries))
+    finally:
+        ATTENTION_LAYOUTS.pop("test_named_w_o")
+        PRIORITY.pop(("attention", "test_named_w_o"))
+
+
 def test_a_layout_names_its_w_o_in_the_site():
     mha = nn.TransformerEncoder(nn.TransformerEncoderLayer(DIM, 4, batch_first=True), 1, enable_nested_tensor=False)
     site = find_attention(mha)[0]

@@ -20,7 +20,7 @@ def output_projection(model: nn.Module, site: AttentionSite) -> OutputProjection
 
 def output_and_why(model: nn.Module, site: AttentionSite) -> tuple[OutputProjection | None, str]:
     """(the site's W_O, '') or (None, why none was found)."""
-    if site.out is None and not site.out_why:
+    if (site.out is None and not site.out_why) or (site.out is not None and not site.out.name):
         site.out, site.out_why = find_output(model, site)
     return site.out, site.out_why
 
