@@ -215,9 +215,11 @@ def test_a_head_count_no_divisor_reproduces_keeps_sca_and_refuses_the_methods_th
     site = find_attention(model)[0]
     assert site.heads_unknown.startswith("no head count on the module, and no head count reproduces its attention")
     before = model(X)
-    rep = condattn.apply_conditioning(model, "spectral")  # λI on the whole D × D weights: no heads needed
-    assert rep.layers("spectral") == 2 and not torch.allclose(model(X), before)
-    condattn.remove_conditioning(model)
+    for method in ("spectral", "softcap"):  # λI on the whole D × D weights, a cap on whatever the kernel receives
+        rep = condattn.apply_conditioning(model, method, **({"softcap_cap": 0.1} if method == "softcap" else {}))
+        assert rep.layers(method) == 2 and not torch.allclose(model(X), before)
+        condattn.remove_conditioning(model)
+        assert torch.equal(model(X), before)
     for method in ("mimetic_init", "qk_clip", "attention_sink", "ns_attention"):
         with pytest.raises(ValueError, match=f"{method}: 2 of 2 attention layers of Sequential have no head count"):
             condattn.apply_conditioning(model, method)
