@@ -5,7 +5,8 @@ own_model:tiny_llama` (tests/test_attention_truth.py) and for the method library
 - separate_qkv: q_proj / k_proj / v_proj Linears, `num_heads`, an `o_proj` (a pre-norm encoder over embeddings);
 - fused_qkv: one `qkv` Linear [Q; K; V] and `proj`, as in timm's ViT but a class of one's own;
 - nanogpt: nanoGPT's `CausalSelfAttention` (`c_attn` Linear [Q; K; V], `c_proj`, `n_head`, `is_causal`);
-- torch_encoder: the README's nn.TransformerEncoder (nn.MultiheadAttention inside) over embeddings.
+- torch_encoder: the README's nn.TransformerEncoder (nn.MultiheadAttention inside) over embeddings;
+- meta_style: Meta's `wq/wk/wv/wo`, the head count in `self.h`, causal only in its SDPA call.
 """
 
 import torch
@@ -56,6 +57,22 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class MetaAttention(nn.Module):
+    """Meta-style (`wq/wk/wv/wo`), the head count in `self.h`, which no finder knows (found by recomputation), and
+    causal only in its kernel call (read from a traced call)."""
+
+    def __init__(self, dim: int, n_heads: int):
+        super().__init__()
+        self.h = n_heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (w(x).view(b, n, self.h, d // self.h).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, n, d))
 
 
 class Block(nn.Module):
@@ -130,7 +147,12 @@ def torch_encoder():
     return _own(EncoderLM)
 
 
-HOME_MADE = {"separate_qkv": separate_qkv, "fused_qkv": fused_qkv, "nanogpt": nanogpt, "torch_encoder": torch_encoder}
+def meta_style():
+    return _own(lambda: TinyLM(MetaAttention))
+
+
+HOME_MADE = {"separate_qkv": separate_qkv, "fused_qkv": fused_qkv, "nanogpt": nanogpt, "torch_encoder": torch_encoder,
+             "meta_style": meta_style}
 
 
 def tiny_llama():

@@ -40,7 +40,9 @@ OPTIONAL = ("timm", "transformers")  # what the layouts import (the in-process c
 # (method, model) -> the words of its one-line refusal; every other pair patches and trains (CET finds its token site
 # by structure: layouts/structural_tokens.py)
 REFUSES = {
-    **{(m, "nanogpt"): "refused on the causal decoder" for m in ("embedded", "spectral+embedded")},
+    **{(m, d): "refused on the causal decoder" for m in ("embedded", "spectral+embedded")
+       for d in ("nanogpt", "meta_style")},
+    ("ns_attention", "meta_style"): "is causal self-attention",  # (read from its SDPA call's is_causal=True)
     ("ns_attention", "nanogpt"): "is causal self-attention",  # (its class says is_causal, as transformers' do)
     ("ns_attention", "torch_encoder"): "applies encoder.layers.0.self_attn.out_proj inside its own forward",
     ("qk_norm", "torch_encoder"): "MultiheadAttention reads its projection weight itself",
