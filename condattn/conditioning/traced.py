@@ -125,8 +125,10 @@ def _normed(module: nn.Module, name: str) -> bool:
 def _trace(site: AttentionSite) -> tuple[Trace | None, str]:
     if site.lacks("q", "k", "v"):
         return None, site.lacks("q", "k", "v")
-    if not all(p.called for p in site.proj.values()) or any(p.linear.weight.is_meta for p in site.proj.values()):
-        return None, "the module reads its projection weights itself, or is on the meta device"
+    if any(p.linear.weight.is_meta for p in site.proj.values()):
+        return None, "on the meta device, no values to run"
+    if not all(p.called for p in site.proj.values()):
+        return None, "the module reads its projection weights itself"
     trace = Trace(site)
     why = trace.run()
     return (None, why) if why else (trace, "")
