@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .sites import AttentionSite, OutputProjection, Projection, is_conv1d
+from .sites import AttentionSite, OutputProjection, Projection, is_conv1d, stored_weight
 from .verify import TOL, _Capture, _heads, _module_logits, _Probe
 
 # child names that usually hold W_O (a hint for a forward the probe cannot run; the trace decides where it can)
@@ -125,7 +125,7 @@ def _normed(module: nn.Module, name: str) -> bool:
 def _trace(site: AttentionSite) -> tuple[Trace | None, str]:
     if site.lacks("q", "k", "v"):
         return None, site.lacks("q", "k", "v")
-    if any(p.linear.weight.is_meta for p in site.proj.values()):
+    if any(stored_weight(p).is_meta for p in site.proj.values()):
         return None, "on the meta device, no values to run"
     if not all(p.called for p in site.proj.values()):
         return None, "the module reads its projection weights itself"
