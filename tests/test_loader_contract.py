@@ -235,3 +235,30 @@ def test_a_checkpoint_without_the_methods_weights(tmp_path, transformers_log, fa
             assert abs(float(got[k].std() / ref[k].std()) - 1) < 0.25, k
         else:
             assert torch.equal(got[k], ref[k]), k
+
+
+@pytest.mark.parametrize(("family", "method"), [("vit", "gated_attention"), ("bert", "sigma_reparam"),
+                                                ("llama", "attention_sink"), ("bert", "spectral")])
+def test_a_plain_load_says_what_it_loses(tmp_path, family, method):
+    """The plain load's one line says what this checkpoint loses: the method's weights it left unloaded (counted,
+    one named) and the forward without the method; transformers' return is unchanged."""
+    torch.manual_seed(0)
+    model = _head_class(family)(_config(family))
+    plain_keys = set(model.state_dict())
+    condattn.apply_conditioning(model, method)
+    added = set(model.state_dict()) - plain_keys
+    model.save_pretrained(tmp_path)
+    cls = type(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plain = cls.from_pretrained(tmp_path)
+        _, info = cls.from_pretrained(tmp_path, output_loading_info=True)
+    lines = [str(w.message) for w in caught if type(w.message).__name__ == "PlainLoadWarning"]
+    assert len(lines) == 2 and lines[0] == lines[1] and "\n" not in lines[0], lines
+    assert isinstance(plain, cls) and set(info["unexpected_keys"]) == added
+    assert "the forward runs without it" in lines[0]
+    assert f"condattn.conditioning.from_pretrained({cls.__name__}, path)" in lines[0]
+    if added:
+        assert f"this checkpoint's {len(added)}, e.g. {sorted(added)[0]}, are left unloaded" in lines[0]
+    else:
+        assert "every weight loads" in lines[0]
