@@ -262,3 +262,25 @@ def test_a_plain_load_says_what_it_loses(tmp_path, family, method):
         assert f"this checkpoint's {len(added)}, e.g. {sorted(added)[0]}, are left unloaded" in lines[0]
     else:
         assert "every weight loads" in lines[0]
+
+
+def test_an_auto_class_loads_the_class_it_resolves_to(tmp_path):
+    """`from_pretrained(AutoModelForImageClassification, path)`: transformers resolves the class, and the model it
+    builds is the one conditioned before its weights load."""
+    model, _ = _conditioned("vit", "qk_norm")
+    model.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = from_pretrained(tf.AutoModelForImageClassification, tmp_path)
+    assert type(loaded) is tf.ViTForImageClassification
+    assert condattn.conditioning_report(loaded).method == "qk_norm"
+    _equal_state(loaded, model)
+
+
+def test_a_config_given_with_a_state_dict_and_no_path(tmp_path):
+    """transformers' `from_pretrained(None, config=..., state_dict=...)` (its test_from_pretrained_no_checkpoint): the
+    config given records the method, and the state dict's method weights load."""
+    model, _ = _conditioned("bert", "sigma_reparam")
+    loaded = from_pretrained(type(model), None, config=model.config, state_dict=model.state_dict())
+    assert condattn.conditioning_report(loaded).method == "sigma_reparam"
+    _equal_state(loaded, model)
