@@ -291,3 +291,22 @@ def test_a_config_given_with_a_state_dict_and_no_path(tmp_path):
     loaded = from_pretrained(type(model), None, config=model.config, state_dict=model.state_dict())
     assert condattn.conditioning_report(loaded).method == "sigma_reparam"
     _equal_state(loaded, model)
+
+
+def test_a_class_that_loads_its_own_way_is_refused_in_one_line(tmp_path):
+    """A class whose from_pretrained never reaches transformers' own (so the model is built without the loader
+    seeing it) is refused, naming the class and the way around, not returned without its method."""
+    from safetensors.torch import load_file
+
+    class OwnLoad(tf.BertModel):
+        @classmethod
+        def from_pretrained(cls, path, output_loading_info=False, **kwargs):
+            model = cls(tf.BertConfig.from_pretrained(path))
+            model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+            return (model, {"missing_keys": []}) if output_loading_info else model
+
+    model = tf.BertModel(_config("bert"))
+    condattn.apply_conditioning(model, "qk_norm")
+    model.save_pretrained(tmp_path)
+    with pytest.raises(RuntimeError, match="OwnLoad was built without .*apply_conditioning, then load_state_dict"):
+        from_pretrained(OwnLoad, tmp_path)

@@ -139,9 +139,12 @@ def watch(modeling_utils) -> None:
             build.cls = cls
         if LOADING_ITSELF.get():
             return original(cls, *args, **kwargs)
-        model, info = original(cls, *args, **{**kwargs, "output_loading_info": True})
-        warn_if_dropped(model, info)
-        return (model, info) if kwargs.get("output_loading_info") else model
+        out = original(cls, *args, **{**kwargs, "output_loading_info": True})
+        if not (isinstance(out, tuple) and len(out) == 2):  # (a class whose from_pretrained returns the model only)
+            warn_if_dropped(out)
+            return out
+        warn_if_dropped(*out)
+        return out if kwargs.get("output_loading_info") else out[0]
 
     @functools.wraps(original_post_init)
     def post_init(self, *args, **kwargs):
