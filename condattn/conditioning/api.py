@@ -184,12 +184,14 @@ def from_pretrained(model_class, pretrained_model_name_or_path: str | Path | Non
     finally:
         BUILDING.reset(tokens[1])
         LOADING_ITSELF.reset(tokens[0])
-    if build.model is None:  # (a class whose __init__ skips post_init: nothing was conditioned while building)
+    if build.model is None:  # (nothing was conditioned while building: see the error below)
         build.node = dict(getattr(getattr(model, "config", None), CONFIG_KEY, None) or {})
         if build.node and any(not method_spec(p).once(build.node) for p in _parts(build.node["method"])):
-            raise RuntimeError(f"condattn from_pretrained: transformers built {type(model).__name__} without calling "
-                               "PreTrainedModel.post_init, so the recorded conditioning "
-                               f"({build.node['method']}) could not be applied before its weights loaded")
+            raise RuntimeError(
+                f"condattn from_pretrained: {type(model).__name__} was built without PreTrainedModel.from_pretrained "
+                "calling its PreTrainedModel.post_init (the class overrides one of them), so the recorded "
+                f"{build.node['method']} could not be applied before its weights loaded; load it with a transformers "
+                "class that keeps them, or build the model, apply_conditioning, then load_state_dict")
     missing = sorted(build.added & set(info.get("missing_keys", ())))
     if missing:
         method, where = build.node["method"], pretrained_model_name_or_path

@@ -29,7 +29,7 @@ import importlib.abc
 import json
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,9 +58,10 @@ class PlainLoadWarning(UserWarning):
     """A plain transformers `from_pretrained` of a checkpoint saved from a conditioned model."""
 
 
-def plain_load_line(node: Mapping[str, Any], model_class: str = "ModelClass") -> str:
+def plain_load_line(node: Mapping[str, Any], model_class: str = "ModelClass", lost: Sequence[str] = ()) -> str:
     """The one line for a plain load of a checkpoint whose config records `node` (the method and its options):
-    which method is dropped (MethodSpec: what attaches, what adds keys) or kept in the weights (init-only)."""
+    which method is dropped (MethodSpec: what attaches, what adds keys) or kept in the weights (init-only), and what
+    the load lost: `lost`, the checkpoint's weights the method added that the load left unloaded (model names)."""
     method, values = node.get("method"), {k: v for k, v in node.items() if k != "method"}
     loader = f"condattn.conditioning.from_pretrained({model_class}, path)"
     head = "condattn: this checkpoint was saved from a model conditioned with"
@@ -78,17 +79,45 @@ def plain_load_line(node: Mapping[str, Any], model_class: str = "ModelClass") ->
     if all(p.plain_load for p in dropped):  # (qk_clip: nothing in the outputs, only what training would have done)
         return (f"{head} {names}; a plain from_pretrained builds the model without it: "
                 f"{'; '.join(p.plain_load for p in dropped)}; load it with {loader}")
-    what = "its added weights are dropped and " if any(p.adds_keys for p in dropped) else "the weights load, but "
+    if lost:
+        what = (f"its added weights are dropped (this checkpoint's {len(lost)}, e.g. {sorted(lost)[0]}, are left "
+                "unloaded: transformers' unexpected keys), the forward runs without it, and ")
+    elif any(p.adds_keys for p in dropped):
+        what = "its added weights are dropped, the forward runs without it, and "
+    else:
+        what = "every weight loads, but the forward runs without it, and "
     also = f" ({'; '.join(kept)} is kept in the weights)" if kept else ""
     return (f"{head} {names}; a plain from_pretrained builds the model without it: {what}the outputs differ from "
             f"the conditioned model's{also}; load it with {loader}")
 
 
-def warn_if_dropped(model: nn.Module) -> None:
-    """After a plain load: one PlainLoadWarning when `model`'s config records a conditioning it does not carry."""
+def _added_keys(model: nn.Module, node: Mapping[str, Any]) -> set[str]:
+    """The state_dict keys the conditioning `node` adds to a model of `model`'s class (a copy built on the meta
+    device, conditioned as condattn's loader conditions it); empty where that cannot be built."""
+    import copy
+
+    import torch
+
+    from .api import condition_as_recorded
+
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            probe = type(model)(copy.deepcopy(model.config))
+            return condition_as_recorded(probe, dict(node))
+    except Exception:  # noqa: BLE001  (the line then says what it can without the count)
+        return set()
+
+
+def warn_if_dropped(model: nn.Module, info: Mapping[str, Any] | None = None) -> None:
+    """After a plain load: one PlainLoadWarning when `model`'s config records a conditioning it does not carry;
+    `info`, transformers' loading info, gives the weights of the method the load left unloaded."""
     node = getattr(getattr(model, "config", None), CONFIG_KEY, None)
-    if isinstance(node, Mapping) and getattr(model, "_condattn", None) is None:
-        warnings.warn(plain_load_line(node, type(model).__name__), PlainLoadWarning, stacklevel=3)
+    if not isinstance(node, Mapping) or getattr(model, "_condattn", None) is not None:
+        return
+    unloaded = set((info or {}).get("unexpected_keys", ()))
+    lost = sorted(unloaded & _added_keys(model, node)) if unloaded else []
+    warnings.warn(plain_load_line(node, type(model).__name__, lost), PlainLoadWarning, stacklevel=3)
 
 
 def watch(modeling_utils) -> None:
@@ -108,10 +137,14 @@ def watch(modeling_utils) -> None:
         build = BUILDING.get()
         if build is not None and build.cls is None:
             build.cls = cls
-        out = original(cls, *args, **kwargs)
-        if not LOADING_ITSELF.get():
-            warn_if_dropped(out[0] if isinstance(out, tuple) else out)
-        return out
+        if LOADING_ITSELF.get():
+            return original(cls, *args, **kwargs)
+        out = original(cls, *args, **{**kwargs, "output_loading_info": True})
+        if not (isinstance(out, tuple) and len(out) == 2):  # (a class whose from_pretrained returns the model only)
+            warn_if_dropped(out)
+            return out
+        warn_if_dropped(*out)
+        return out if kwargs.get("output_loading_info") else out[0]
 
     @functools.wraps(original_post_init)
     def post_init(self, *args, **kwargs):

@@ -115,7 +115,10 @@ class SigmaReparam:
     def reset(self) -> None:
         """γ and v as at application, from the current weight (after a model's own re-initialisation of it). A γ or v
         that transformers' from_pretrained loaded (flagged `_is_hf_initialized`, as its own init functions read it) is
-        kept: its initialisation reaches only the weights a checkpoint lacked."""
+        kept: its initialisation reaches only the weights a checkpoint lacked. Nothing while W is still on the meta
+        device (transformers 4 initialises missing weights before it loads W): there is no σ(W) to take yet."""
+        if self.holder._parameters[self.param].is_meta:
+            return
         for suffix, rows in self.blocks:
             gamma = getattr(self.holder, f"sigma_gamma{suffix}")
             if not getattr(gamma, "_is_hf_initialized", False):
