@@ -51,7 +51,8 @@ EMBEDDED_DEFAULTS: dict[str, Any] = dict(EMBEDDED_OPTIONS)
 class _State:
     report: PatchReport
     values: dict[str, Any] = field(default_factory=dict)  # every option of the method (a plain dict: picklable)
-    handles: list = field(default_factory=list)
+    handles: list = field(default_factory=list)  # what the method attached (hooks, swapped modules)
+    config: Any = None  # the undo of own_config: not an attachment (an init-only method stays scriptable)
 
 
 def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none", *, partial: bool = False,
@@ -88,7 +89,7 @@ def apply_conditioning(model: nn.Module, method: str | ConditioningSpec = "none"
     state = _State(report, dict(spec.values))
     plans = {ms.name: ms.plan(model, spec, partial) for ms in parts if ms.plan is not None}
     if spec.method != "none":  # the method is written into the model's own copy of its config (removal undoes it)
-        state.handles += [h for h in [own_config(model)] if h is not None]
+        state.config = own_config(model)
     with _atomic(state):
         for ms in parts:
             if ms.apply is not None:
@@ -119,6 +120,8 @@ def _atomic(state: _State):
     except BaseException:
         for h in reversed(state.handles):
             h.remove()
+        if state.config is not None:
+            state.config.remove()
         raise
 
 
@@ -137,6 +140,8 @@ def remove_conditioning(model: nn.Module) -> None:
     forget(model)  # (from the model's own copy of its config; the handles then give back the config it was built with)
     for h in reversed(state.handles):
         h.remove()
+    if state.config is not None:
+        state.config.remove()
     model._condattn = None
     model.__dict__.pop("__prepare_scriptable__", None)
 
