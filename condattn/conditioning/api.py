@@ -24,6 +24,7 @@ from .checkpoint import (
     forget,
     own_config,
     record,
+    set_conditioner,
 )
 from .report import PatchReport
 from .spec import (
@@ -236,6 +237,9 @@ def condition_as_recorded(model: nn.Module, node: dict[str, Any]) -> set[str]:
     apply_conditioning(model, method_of_parts(parts), **{k: v for k, v in node.items() if k in opts})
     record(model, method, node)  # (the config keeps what was saved)
     return set(model.state_dict()) - before
+
+
+set_conditioner(condition_as_recorded)
 
 
 def _initialise_missing(model: nn.Module, build: Build, missing: set[str]) -> None:

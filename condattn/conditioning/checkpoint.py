@@ -29,7 +29,7 @@ import importlib.abc
 import json
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +91,20 @@ def plain_load_line(node: Mapping[str, Any], model_class: str = "ModelClass", lo
             f"the conditioned model's{also}; load it with {loader}")
 
 
+def _no_conditioner(model: nn.Module, node: dict[str, Any]) -> set[str]:
+    raise RuntimeError("condattn.conditioning.api was not imported: import condattn.conditioning")
+
+
+# How a model is conditioned as its config records (api.condition_as_recorded), handed down by api.py when it is
+# imported: this module sits below the API and never imports it (tests/test_architecture.py: no import cycle).
+_conditioner: Callable[[nn.Module, dict[str, Any]], set[str]] = _no_conditioner
+
+
+def set_conditioner(fn: Callable[[nn.Module, dict[str, Any]], set[str]]) -> None:
+    global _conditioner
+    _conditioner = fn
+
+
 def _added_keys(model: nn.Module, node: Mapping[str, Any]) -> set[str]:
     """The state_dict keys the conditioning `node` adds to a model of `model`'s class (a copy built on the meta
     device, conditioned as condattn's loader conditions it); empty where that cannot be built."""
@@ -98,13 +112,11 @@ def _added_keys(model: nn.Module, node: Mapping[str, Any]) -> set[str]:
 
     import torch
 
-    from .api import condition_as_recorded
-
     try:
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             probe = type(model)(copy.deepcopy(model.config))
-            return condition_as_recorded(probe, dict(node))
+            return _conditioner(probe, dict(node))
     except Exception:  # noqa: BLE001  (the line then says what it can without the count)
         return set()
 
@@ -152,10 +164,8 @@ def watch(modeling_utils) -> None:
         build = BUILDING.get()
         if build is not None and build.model is None and type(self) is build.cls:
             build.model = self
-            from .api import condition_as_recorded
-
             build.node = dict(getattr(getattr(self, "config", None), CONFIG_KEY, None) or {})
-            build.added = condition_as_recorded(self, build.node)
+            build.added = _conditioner(self, build.node)
         return out
 
     from_pretrained._condattn_watch = True
