@@ -65,16 +65,18 @@ def track_model_mask(site, setter) -> list:
     if site is None or site.mask_owner is None:
         return []
     name, idx = site.mask_arg
-    return [site.mask_owner.register_forward_pre_hook(MaskCapture(name, idx, setter), with_kwargs=True)]
+    capture = MaskCapture(name, idx, setter, getattr(site, "mask_marks_padding", False))
+    return [site.mask_owner.register_forward_pre_hook(capture, with_kwargs=True)]
 
 
 class MaskCapture:
     """The forward pre-hook of track_model_mask: a class, not a closure, so a model carrying it deep-copies and
     pickles (the copy's hook acts on the copy's setter)."""
 
-    def __init__(self, name: str, idx: int, setter):
-        self.name, self.idx, self.setter = name, idx, setter
+    def __init__(self, name: str, idx: int, setter, marks_padding: bool = False):
+        self.name, self.idx, self.setter, self.marks_padding = name, idx, setter, marks_padding
 
     def __call__(self, module, args, kwargs):
-        m = kwargs.get(self.name, args[self.idx] if len(args) > self.idx else None)
-        self.setter(None if m is None else key_mask(m))  # a call without a mask: every token is real (no stale mask)
+        m = key_mask(kwargs.get(self.name, args[self.idx] if len(args) > self.idx else None))
+        # a call without a mask: every token is real (no stale mask); torch's src_key_padding_mask marks padding
+        self.setter(~m if m is not None and self.marks_padding else m)
