@@ -89,6 +89,9 @@ def commit_notes(p: Provenance) -> str:
     notes = [f"{n} runs from {state}" for state, n in p.commit_states]
     notes += [f"{n} runs recorded as {rec}, a commit that never landed, whose code fingerprint is {real}'s"
               for rec, real, n in p.aliased]
+    if p.other_code_runs:  # engine/provenance.other_code: the rule STALE=1 applies
+        notes.append(f"{p.other_code_runs} of the {p.code_checked} runs trained for it made by code other than the "
+                     "code it was rendered with, which STALE=1 retrains")
     return f" ({'; '.join(notes)})" if notes else ""
 
 
