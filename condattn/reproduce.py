@@ -39,7 +39,7 @@ from .table.kept import NOTHING, Restored, restore_kept, with_kept  # noqa: F401
 from .table.length import length_check
 from .table.lr_grid import LrPick, selection_key  # noqa: F401
 from .table.plan import Plan, plan, problem_report, refusal
-from .table.report import keep_finished, report
+from .table.report import keep_finished, kept_line, report
 
 # --------------------------------------------------------------------------------------------- checks and launch
 
@@ -290,11 +290,14 @@ def _write_table(p: Plan, planner: Planner, kept: Restored, failed: list[str], f
     committed table stays as it is until --force (one line, exit 1)."""
     if (blocked := blocked_cells(kept)) and not planner.opts.force:
         if n := keep_finished(p):  # the evidence of the runs there are is kept all the same
-            print(f"[reproduce] kept the records of {n} finished runs")
+            print(kept_line(p, n))
         print(f"[reproduce] the table is not written: {len(blocked)} cell(s) have an unreadable committed record and "
               "no finished run here (said above); the committed table stays as it is")
         return 1
-    return report(planner.full() if planner.opts.only_rows else p, failed, force=force)
+    from .reporting.tables import renderer_for  # the views, handed to the table wing from here (never imported there)
+
+    q = planner.full() if planner.opts.only_rows else p
+    return report(q, failed, renderer_for(q.exp), force=force)
 
 
 def _submit(p: Plan, planner: Planner, t: Todo, kept: Restored) -> int:
