@@ -198,3 +198,8 @@ def test_one_rule_for_same_code_the_planners_stale_check_and_the_tables_code_lin
     text = code_line(table, rows)
     assert "2 of the 4 runs it trained" in text and "vit: old (conditioning, task; 1 runs shown)" in text
     assert "vit: current" not in text.split("made by other code")[-1] and "vit: shown (" not in text
+    # every reading made by other code: one clause naming the parts, not every reading again
+    stale = {k: c for k, c in cells.items() if k[0] in ("old", "unrecorded")}
+    text = code_line(table_provenance(plan, stale, done=[sums["old"], sums["unrecorded"]]),
+                     [r for r in rows if r["row"] in ("old", "unrecorded")])
+    assert "2 of the 2 runs it trained" in text and "every reading's runs shown were (conditioning, engine, " in text

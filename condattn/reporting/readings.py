@@ -174,8 +174,14 @@ def current_text(prov: Provenance, cells: list[tuple[str, CellCode]]) -> str:
         return (f"Against the code this table was rendered with, {rule}: every one of the {prov.code_checked} runs it "
                 "trained (selection, reported and length runs) is current; STALE=1 retrains none.")
     other = [f"{name} ({', '.join(cc.other)}; {cc.other_runs} runs shown)" for name, cc in cells if cc.other_runs]
-    said = f"readings whose runs shown were made by other code: {'; '.join(other)}" if other else \
-        "no run shown is among them (they are selection or length runs)"
+    parts = sorted({p for _, cc in cells for p in cc.other})
+    if other and len(other) == len(cells):  # every reading: one clause, not the whole table again
+        said = (f"every reading's runs shown were ({', '.join(parts)} differ; `make code-equivalence SINCE=<their "
+                "commit>` records whether this code computes the same)")
+    elif other:
+        said = f"readings whose runs shown were made by other code: {'; '.join(other)}"
+    else:
+        said = "no run shown is among them (they are selection or length runs)"
     return (f"Against the code this table was rendered with, {rule}: {prov.other_code_runs} of the "
             f"{prov.code_checked} runs it trained (selection, reported and length runs) were made by other code, "
             f"and STALE=1 retrains exactly these; {said}. Every other run is current.")
