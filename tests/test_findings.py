@@ -285,8 +285,8 @@ def test_findings_print_each_methods_regime_line_from_the_typed_result():
     rows = findings.regime_rows([f])
     assert rows[-2] == ("| conditioned init | primary | vit_hard: better (+2.33 [+1.13, +3.52]) | no converged family "
                         "yet | 0.81× [0.70, 0.93] | **no converged family yet** |")
-    assert findings.regime_summary([f]) == ("conditioned init: better at a budget, no converged family yet, 0.81× "
-                                           "[0.70, 0.93] steps → no converged family yet")
+    assert findings.regime_summary([f]) == ("conditioned init: better at a budget, no converged family yet, speed "
+                                           "0.81× [0.70, 0.93] → no converged family yet")
     conv = RegimeLine(*[*line.__dict__.values()][:10], "vit_conv", Outcome.NONE, 0.1, 1.2, Basis.CONVERGENCE,
                       line.speed, Word.SPEEDS)
     f.regime = conv

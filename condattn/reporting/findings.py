@@ -234,7 +234,7 @@ def _speed_text(r: RegimeLine) -> str:
     if sp is None:
         return "–"
     if sp.ratio is None:
-        return "its median run never reaches it"
+        return "its median run never reaches the baseline's final level"
 
     def x(v: float | None) -> str:
         return "unbounded" if v is None else f"{v:.2f}"
@@ -276,11 +276,11 @@ def regime_rows(fs: list[Finding]) -> list[str]:
 
 
 def regime_summary(fs: list[Finding]) -> str:
-    """The README's clause of one table's regime lines: 'SCA: worse at a budget, 1.2× steps → hurts; …'."""
+    """The README's clause of one table's regime lines: 'SCA: worse at a budget, …, speed 1.2× [1.1, 1.4] → hurts'."""
     said = []
     for r in (f.regime for f in fs if f.regime is not None and f.hypothesis == "primary"):
         conv = "no converged family yet" if r.convergence is None else f"{r.convergence.value} at convergence"
-        said.append(f"{r.label}: {r.budget.value} at a budget, {conv}, {_speed_text(r)} steps → {r.word.value}")
+        said.append(f"{r.label}: {r.budget.value} at a budget, {conv}, speed {_speed_text(r)} → {r.word.value}")
     return "; ".join(said)
 
 
