@@ -175,7 +175,7 @@ def current_text(prov: Provenance, cells: list[tuple[str, CellCode]]) -> str:
                 "trained (selection, reported and length runs) is current; STALE=1 retrains none.")
     other = [f"{name} ({', '.join(cc.other)}; {cc.other_runs} runs shown)" for name, cc in cells if cc.other_runs]
     parts = sorted({p for _, cc in cells for p in cc.other})
-    if other and len(other) == len(cells):  # every reading: one clause, not the whole table again
+    if other and len(other) == sum(bool(cc.codes) for _, cc in cells):  # every reading with runs: one clause
         said = (f"every reading's runs shown were ({', '.join(parts)} differ; `make code-equivalence SINCE=<their "
                 "commit>` records whether this code computes the same)")
     elif other:
