@@ -184,7 +184,8 @@ def current_text(prov: Provenance, cells: list[tuple[str, CellCode]]) -> str:
         said = "no run shown is among them (they are selection or length runs)"
     return (f"Against the code this table was rendered with, {rule}: {prov.other_code_runs} of the "
             f"{prov.code_checked} runs it trained (selection, reported and length runs) were made by other code, "
-            f"and STALE=1 retrains exactly these; {said}. Every other run is current.")
+            f"and STALE=1 retrains exactly these; {said}."
+            + (" Every other run is current." if prov.other_code_runs < prov.code_checked else ""))
 
 
 def cost_line(exp: Experiment, scale: str, rows: list[dict], prov: Provenance) -> str:
