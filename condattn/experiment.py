@@ -418,8 +418,9 @@ def parse(raw: Any, path: str = "<experiment>") -> Experiment:
 
 
 def _regimes(where: str, node: Any, families: set[str]) -> dict[str, FamilyRegime]:
-    """`regimes:` typed and checked: each key a family of the experiment, each regime one of REGIMES, a convergence
-    family naming a family declared `budget` (and a budget family naming none)."""
+    """`regimes:` typed and checked: each regime one of REGIMES, a convergence family naming a family declared
+    `budget` (and a budget family naming none). A declared family that is not among the rows (a copy of the file with
+    rows left out) has no regime line and is dropped."""
     if node is None:
         return {}
     if not isinstance(node, Mapping):
@@ -428,8 +429,6 @@ def _regimes(where: str, node: Any, families: set[str]) -> dict[str, FamilyRegim
     out = {}
     for fam, spec in node.items():
         d = _check_keys(f"{where}.{fam}", spec, _names(FamilyRegime))
-        if fam not in families:
-            raise ExperimentError(f"{where}: {fam!r} is not a family of the experiment ({', '.join(sorted(families))})")
         if d.get("regime") not in REGIMES:
             raise ExperimentError(f"{where}.{fam}.regime: {d.get('regime')!r}; use one of {', '.join(REGIMES)}")
         out[str(fam)] = FamilyRegime(str(d["regime"]), None if d.get("budget") is None else str(d["budget"]))
@@ -441,7 +440,7 @@ def _regimes(where: str, node: Any, families: set[str]) -> dict[str, FamilyRegim
         if r.regime == "convergence" and (r.budget not in out or out[r.budget].regime != "budget"):
             raise ExperimentError(f"{where}.{fam}.budget: {r.budget!r}; a convergence family names the family declared "
                                   f"`regime: budget` it pairs with ({budgets})")
-    return out
+    return {fam: r for fam, r in out.items() if fam in families}
 
 
 def load(path: str | Path) -> Experiment:

@@ -221,7 +221,7 @@ def table_findings(csv_path: Path, scale: str) -> list[Finding]:
                 list(f.baseline.at1.values), t.diff if t else None,
                 fmt_ci(t.diff, t.low, t.high, digits) if t and not f.untested else "–",
                 None if f.untested or t is None else t.p_adj, t.correction if t else "",
-                "not tested" if f.untested or t is None else test_word(t), limits,
+                "not tested" if f.untested or t is None or t.outcome == Outcome.UNTESTED else test_word(t), limits,
                 None if f.untested or t is None else t.p, speaks, noise,
                 t.outcome if t and not f.untested else Outcome.UNTESTED, t.mde_printed if t else None, short,
                 regimes.get((a.row, a.method))))
