@@ -296,8 +296,10 @@ def _write_table(p: Plan, planner: Planner, kept: Restored, failed: list[str], f
         return 1
     from .reporting.tables import renderer_for  # the views, handed to the table wing from here (never imported there)
 
-    q = planner.full() if planner.opts.only_rows else p
-    return report(q, failed, renderer_for(q.exp), force=force)
+    def render(plan: Plan):  # the experiment's own renderer (`renderer: module:function`), else the generic one
+        return renderer_for(plan.exp)(plan)
+
+    return report(planner.full() if planner.opts.only_rows else p, failed, render, force=force)
 
 
 def _submit(p: Plan, planner: Planner, t: Todo, kept: Restored) -> int:
