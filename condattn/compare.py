@@ -37,6 +37,7 @@ from pathlib import Path
 from .reporting.fmt import fmt_ci, fmt_p, verdict_text
 from .runs import SEED_VARIANT, RunRecord
 from .stats import diff_ci, mean_std, verdicts
+from .table.store import exploratory_root
 
 
 @dataclass
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metric", help="summary.json metrics key (default: test_acc when every run has it, else val_acc)")
     p.add_argument("--runs-root", default=None, help="where prefixes are looked up (default: $CONDATTN_RUNS or runs)")
     p.add_argument("--curve", default="val:acc", help="split:key of the metrics.jsonl rows to plot (default val:acc)")
-    p.add_argument("--out", help="figure path (default results/compare/<groups>.png)")
+    p.add_argument("--out", help="figure path (default results/exploratory/compare/<groups>.png: git ignores it)")
     p.add_argument("--level", type=float, default=0.95, help="confidence level of the difference interval")
     args = p.parse_args(argv)
 
@@ -410,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[compare] warning: {w}", file=sys.stderr)
     split, _, key = args.curve.partition(":")
     digest = hashlib.sha1("\n".join(args.groups).encode()).hexdigest()[:8]
-    out = Path(args.out) if args.out else Path("results") / "compare" / f"compare_{digest}.png"
+    out = Path(args.out) if args.out else exploratory_root("results") / "compare" / f"compare_{digest}.png"
     for task, task_groups in tables:
         if len(tables) > 1:
             print(f"### task {task}\n")

@@ -12,7 +12,7 @@ same function of the same batch). `--jacobian` adds κ(J) of the first attention
 attention formula (condattn.diagnostics.jacobian_kappa: token softmax, XCiT's cross-covariance attention, ...).
 
 Prints a table ("baseline → conditioned" per cell) under a provenance header, and writes
-`<out>/<model>_<method>_<scale>.{png,json}` (default out: `<paths.results>/diagnose`).
+`<out>/<model>_<method>_<scale>.{png,json}` (default out: `<paths.results>/exploratory/diagnose`, which git ignores).
 Model-specific code lives in the registries (models, tasks, conditioning layouts), not here.
 """
 
@@ -31,6 +31,7 @@ from .conditioning.forms import FORMS
 from .conditioning.spec import BASELINE
 from .diagnostics import layer_jacobian
 from .diagnostics.layer_jacobian import EXACT_MAX_ENTRIES
+from .table.store import exploratory_root
 
 DEFAULT_METHOD = "spectral"  # diagnosed when neither --method nor conditioning=... names one: the SCA paper's
 ARROW = " → "
@@ -73,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--method", help="conditioning method (default: the conditioning=... override, else "
                    f"{DEFAULT_METHOD})")
     p.add_argument("--batch", type=int, default=4, help="validation samples measured (default 4)")
-    p.add_argument("--out", help="output directory (default: <paths.results>/diagnose)")
+    p.add_argument("--out", help="output directory (default: <paths.results>/exploratory/diagnose, ignored by git)")
     p.add_argument("--jacobian", action="store_true", help="also κ(J) of the first attention layer's head 0")
     p.add_argument(
         "--jacobian-tokens", type=int, default=None, metavar="N",
@@ -258,7 +259,7 @@ def run(cfg, batch_size: int = 4, out: str | Path | None = None, jacobian: bool 
     if jacobian:
         lines += ["", *jacobian_lines(arms["baseline"]["jacobian"], arms["conditioned"]["jacobian"])]
 
-    out = Path(out) if out is not None else Path(cfg.paths.results) / "diagnose"
+    out = Path(out) if out is not None else exploratory_root(cfg.paths.results) / "diagnose"
     stem = f"{prov['model']}_{method}_{prov['scale']}"
     png, js = out / f"{stem}.png", out / f"{stem}.json"
     result = {"provenance": prov, "patch": report.to_dict(), **arms}

@@ -92,6 +92,22 @@ class Row:
     model: str | None = None  # table 6: the model in words
 
 
+REGIMES = ("budget", "convergence")
+
+
+@dataclass(frozen=True)
+class FamilyRegime:
+    """What a family's verdicts are about (`regimes: {<family>: {regime: …, budget: …}}`): `budget`, a family still
+    learning at 2× its steps (augmented, a short recipe: its verdicts are at a budget), or `convergence`, a family
+    whose baseline passes the convergence rule (no augmentation, few images: it plateaus), which names the `budget`
+    family it pairs with. Each method's regime line sets its verdict in the one beside its verdict in the other: an arm
+    pairs with the arm of the same row name after the family's (table 9: `vit_hard_cet` ↔ `<family>_cet`), or of the
+    same method where the rows are the families (table 1)."""
+
+    regime: str
+    budget: str | None = None
+
+
 @dataclass(frozen=True)
 class Pretrain:
     """Table 3's first stage: one pretraining run per method, its fine-tuning cells start from it."""
@@ -127,6 +143,7 @@ class Experiment:
     summary_stat: str = "mean"
     paper_digits: int = 1
     pretrain: Pretrain | None = None
+    regimes: Mapping[str, FamilyRegime] = field(default_factory=dict)  # {family: its regime} (FamilyRegime)
     path: str = ""
     free: Mapping[str, Any] = field(default_factory=dict)
 
@@ -386,6 +403,7 @@ def parse(raw: Any, path: str = "<experiment>") -> Experiment:
         if odd := [f for f in sc.family_seeds if f not in fams]:
             raise ExperimentError(f"{path}: scales.{name}.family_seeds names {odd[0]!r}, not a family of the "
                                   f"experiment ({', '.join(sorted(fams))})")
+    regimes = _regimes(f"{path}: regimes", d.get("regimes"), {_family(r, spec) for r, spec in rows.items()})
     pre = d.get("pretrain")
     pretrain = None
     if pre is not None:
@@ -393,9 +411,36 @@ def parse(raw: Any, path: str = "<experiment>") -> Experiment:
         pretrain = Pretrain(_tuple(f"{path}: pretrain.overrides", p.get("overrides")), int(p.get("seed", 0)),
                             _per_scale(f"{path}: pretrain.scales", p.get("scales")))
     curve = _check_keys(f"{path}: curve", d.get("curve"), ("split", "key"))
-    typed = {k: v for k, v in d.items() if k not in (*FREE, "rows", "scales", "methods", "pretrain", "curve")}
+    typed = {k: v for k, v in d.items()
+             if k not in (*FREE, "rows", "scales", "methods", "pretrain", "curve", "regimes")}
     return Experiment(**typed, methods=methods, rows=rows, scales=scales, pretrain=pretrain, curve=curve,
-                      path=path, free={k: d[k] for k in FREE if k in d})
+                      regimes=regimes, path=path, free={k: d[k] for k in FREE if k in d})
+
+
+def _regimes(where: str, node: Any, families: set[str]) -> dict[str, FamilyRegime]:
+    """`regimes:` typed and checked: each regime one of REGIMES, a convergence family naming a family declared
+    `budget` (and a budget family naming none). A declared family that is not among the rows (a copy of the file with
+    rows left out) has no regime line and is dropped."""
+    if node is None:
+        return {}
+    if not isinstance(node, Mapping):
+        raise ExperimentError(f"{where}: expected {{family: {{regime: budget|convergence, budget: <family>}}}}, got "
+                              f"{node!r:.80}")
+    out = {}
+    for fam, spec in node.items():
+        d = _check_keys(f"{where}.{fam}", spec, _names(FamilyRegime))
+        if d.get("regime") not in REGIMES:
+            raise ExperimentError(f"{where}.{fam}.regime: {d.get('regime')!r}; use one of {', '.join(REGIMES)}")
+        out[str(fam)] = FamilyRegime(str(d["regime"]), None if d.get("budget") is None else str(d["budget"]))
+    for fam, r in out.items():
+        if r.regime == "budget" and r.budget is not None:
+            raise ExperimentError(f"{where}.{fam}: a budget family pairs with none (budget: {r.budget!r}); the "
+                                  "convergence family names the budget family it pairs with")
+        budgets = ", ".join(f for f, x in out.items() if x.regime == "budget") or "none declared"
+        if r.regime == "convergence" and (r.budget not in out or out[r.budget].regime != "budget"):
+            raise ExperimentError(f"{where}.{fam}.budget: {r.budget!r}; a convergence family names the family declared "
+                                  f"`regime: budget` it pairs with ({budgets})")
+    return {fam: r for fam, r in out.items() if fam in families}
 
 
 def load(path: str | Path) -> Experiment:

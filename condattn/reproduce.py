@@ -39,7 +39,7 @@ from .table.kept import NOTHING, Restored, restore_kept, with_kept  # noqa: F401
 from .table.length import length_check
 from .table.lr_grid import LrPick, selection_key  # noqa: F401
 from .table.plan import Plan, plan, problem_report, refusal
-from .table.report import keep_finished, report
+from .table.report import keep_finished, kept_line, report
 
 # --------------------------------------------------------------------------------------------- checks and launch
 
@@ -137,6 +137,11 @@ def todo(p: Plan, opts: Options, specs: list[RunSpec], kept: Restored = NOTHING)
             print(f"[reproduce] {i}/{n} {c.name}: not trained, its committed record is unreadable (said above)")
             continue
         if c.name in kept.finished and not RunRecord(c.run_dir).finished:  # a dry run: read, not restored
+            # under --refresh-stale the kept record is judged as the restored run will be (the same rule)
+            if refresh and (why := _kept_other_code(p, c, files, same)):
+                print(f"[reproduce] {i}/{n} {c.name}: its kept record was {why}; would be retrained")
+                out.pending.append(c)
+                continue
             print(f"[reproduce] {i}/{n} {c.name}: finished (its kept record; restored by the real command), skipped")
             continue
         # a reused twin (a link) is only ever read: under --force, or when its run is no longer finished (the owner
@@ -156,7 +161,7 @@ def todo(p: Plan, opts: Options, specs: list[RunSpec], kept: Restored = NOTHING)
         if opts.force:
             out.pending.append(c)
             continue
-        if status == "finished" and refresh and (why := _other_code(c, code, same)):
+        if status == "finished" and refresh and (why := _other_code(c, files, same)):
             print(f"[reproduce] {i}/{n} {c.name}: {why}; {_refreshed(c.run_dir, opts.dry_run)}")
             out.pending.append(c)
             continue
@@ -211,12 +216,28 @@ def say_corrupt(kept: Restored, p: Plan, force: bool) -> None:
         print(f"[reproduce] {path}, the committed record of {name}, is unreadable ({u.why}); {then}", file=sys.stderr)
 
 
-def _other_code(c: RunSpec, code: dict, same: dict) -> str | None:
-    """Why the finished run of a cell (its own, or a twin it links to) no longer answers for it under --refresh-stale
-    (`identity.answers` with this code), or None."""
+def _other_code(c: RunSpec, files: dict, same: dict) -> str | None:
+    """Why the finished run of a cell (its own, or a twin it links to) no longer answers for it under --refresh-stale,
+    or None: a config that is not the cell's (`identity.answers`), else code other than this code
+    (`engine.provenance.other_code`: the one rule of "same code", which the tables' code line reads too)."""
     from .engine.identity import answers, recorded_config
+    from .engine.provenance import other_code
 
-    return answers(c.cfg, recorded_config(c.run_dir), code, (RunRecord(c.run_dir).summary or {}).get("code"), same)
+    if why := answers(c.cfg, recorded_config(c.run_dir)):
+        return why
+    stale = other_code((RunRecord(c.run_dir).summary or {}).get("code"), str(c.cfg.conditioning.method), files, same)
+    return f"made by other code ({', '.join(stale)} differ from this code's)" if stale else None
+
+
+def _kept_other_code(p: Plan, c: RunSpec, files: dict, same: dict) -> str | None:
+    """`_other_code` for a cell a dry run finds finished only by its kept record (its own or a twin's, not restored):
+    made by code other than this code (`engine.provenance.other_code`), or None."""
+    from .engine.provenance import other_code
+    from .table.store import Records
+
+    summary = Records(p.scale).of(c.name, c.cfg, c.run_dir).summary or {}
+    stale = other_code(summary.get("code"), str(c.cfg.conditioning.method), files, same)
+    return f"made by other code ({', '.join(stale)} differ from this code's)" if stale else None
 
 
 def _refreshed(run_dir: Path, dry_run: bool) -> str:
@@ -269,11 +290,16 @@ def _write_table(p: Plan, planner: Planner, kept: Restored, failed: list[str], f
     committed table stays as it is until --force (one line, exit 1)."""
     if (blocked := blocked_cells(kept)) and not planner.opts.force:
         if n := keep_finished(p):  # the evidence of the runs there are is kept all the same
-            print(f"[reproduce] kept the records of {n} finished runs")
+            print(kept_line(p, n))
         print(f"[reproduce] the table is not written: {len(blocked)} cell(s) have an unreadable committed record and "
               "no finished run here (said above); the committed table stays as it is")
         return 1
-    return report(planner.full() if planner.opts.only_rows else p, failed, force=force)
+    from .reporting.tables import renderer_for  # the views, handed to the table wing from here (never imported there)
+
+    def render(plan: Plan):  # the experiment's own renderer (`renderer: module:function`), else the generic one
+        return renderer_for(plan.exp)(plan)
+
+    return report(planner.full() if planner.opts.only_rows else p, failed, render, force=force)
 
 
 def _submit(p: Plan, planner: Planner, t: Todo, kept: Restored) -> int:

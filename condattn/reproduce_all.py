@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .engine.cost import measured_steps, recipe
+from .engine.cost import measured_steps, recipe, run_seconds
 from .experiment import load
 from .runs import RunId, RunRecord
 
@@ -29,11 +29,11 @@ def tables(scale: str, root: Path = EXPERIMENTS) -> list[Path]:
     return [f for f in files if scale in load(f).scales]
 
 
-def measured(dirs: list[Path]) -> dict[tuple[str, str, str], float]:
-    """Seconds per training step (wall time, evaluations included) by recipe, the median over the finished runs under
-    `dirs` (run roots and kept records), wherever they ran; (model, data, "*"): over every method, for a method not
-    measured yet (engine/cost.measured_steps)."""
-    return {k: v[0] for k, v in measured_steps(dirs).items()}
+def measured(dirs: list[Path]) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """(seconds per training step, a run's fixed seconds: its wall time outside the steps) by recipe, the medians over
+    the finished runs under `dirs` (run roots and kept records), wherever they ran; (model, data, "*"): over every
+    method, for a method not measured yet (engine/cost.measured_steps)."""
+    return {k: (v[0], v[1]) for k, v in measured_steps(dirs).items()}
 
 
 @dataclass
@@ -88,7 +88,7 @@ def project(p, step_s: dict, kept=None) -> Projection:
             return None
         model, data, method = recipe(cfg)
         s = step_s.get((model, data, method), step_s.get((model, data, "*")))
-        return None if s is None else s * factor * int(cfg.task.steps)
+        return None if s is None else run_seconds(s[0], s[1], factor * int(cfg.task.steps))
 
     twins = [TwinIndex(d) for d in {c.run_dir.parent for c in p.cells[:1]}]
     first: dict[tuple[str, str], object] = {}  # each (row, method)'s first planned cell config: recipe and steps

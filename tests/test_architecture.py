@@ -3,9 +3,10 @@
 Layers, top to bottom (a module may import its own layer and the layers below it, never one above):
 
 1. entry points: train, reproduce, compare, bench, diagnose, floors, medium_claim (+ its report and projection), the
-   table wing's commands (table.report: plan → result → views; table.equivalence) and `python -m condattn.reporting`
+   table wing's command table.equivalence and `python -m condattn.reporting`
 2. the views: reporting (Markdown, CSV, JSON, figures, findings, README block), formatting a TableResult
-3. the table wing: table (plan, run store, TableResult) and launch (composing and launching cells)
+3. the table wing: table (plan, run store, TableResult, and table.report, which writes a table with the renderer the
+   command hands it: nothing under condattn/table/ imports the views) and launch (composing and launching cells)
 4. the engine: engine (trainer and its parts, optimizer, preflight), config (Hydra composition), checks (values)
 5. the zoo: models, data, tasks
 6. leaves of the harness: runs (the run record), utils, stats (the statistics: pure functions on numbers)
@@ -28,7 +29,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "condattn"
 LAYERS: list[list[str]] = [
     ["condattn.train", "condattn.reproduce", "condattn.reproduce_all", "condattn.compare", "condattn.bench",
      "condattn.diagnose", "condattn.floors", "condattn.medium_claim", "condattn.medium_claim_report",
-     "condattn.medium_projection", "condattn.table.report", "condattn.table.equivalence",
+     "condattn.medium_projection", "condattn.table.equivalence",
      "condattn.reporting.__main__"],
     ["condattn.reporting"],
     ["condattn.table", "condattn.launch"],

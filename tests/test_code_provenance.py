@@ -110,9 +110,12 @@ def test_fingerprints_shown_to_compute_the_same_are_not_called_different_code(mo
     assert table_provenance._mixed([{"code": a}, {}], same) == ("conditioning", "engine", "unrecorded")
     # the view: a reading whose fingerprints differ only by a recorded equivalence is named as such, not as mixed
     cell = table_provenance.CellCode("r", "m", ("conditioning=aaa", "conditioning=bbb"), ())
-    prov = type("P", (), {"runs": 2, "code": (cell,), "commits": (("c1", 1), ("c2", 1))})()
+    prov = type("P", (), {"runs": 2, "code": (cell,), "commits": (("c1", 1), ("c2", 1)), "other_code_runs": 0,
+                          "code_checked": 2})()
     text = code_line(prov, [{"row": "r", "method": "m", "task": "vit", "reading": "gate"}])
-    assert "ran different code" not in text and "shown to compute the same" in text and text.endswith("vit: gate.")
+    assert "ran different code" not in text and "shown to compute the same" in text and "vit: gate." in text
+    assert text.endswith("every one of the 2 runs it trained (selection, reported and length runs) is current; "
+                         "STALE=1 retrains none.")
     monkeypatch.setattr(engine_provenance, "EQUIVALENCE", engine_provenance.EQUIVALENCE.parent / "absent.json")
     assert engine_provenance.equivalent_hashes() == {}
 
@@ -142,3 +145,61 @@ def test_refresh_stale_retrains_exactly_the_cells_made_by_other_code(tmp_path, c
     assert (runs / "table4_lra_listops_spectral_smoke_s0.stale-1" / "summary.json").exists()
     assert RunRecord(runs / "table4_lra_listops_spectral_smoke_s0").summary["code"] == \
         provenance.code_fingerprint("spectral")
+
+
+def test_one_rule_for_same_code_the_planners_stale_check_and_the_tables_code_line(tmp_path, monkeypatch):
+    """A run the table calls current is never 'would be retrained', and one it calls other code always is: both read
+    engine/provenance.other_code (the fingerprints and results/code_equivalence.json)."""
+    from types import SimpleNamespace
+
+    from helpers import experiment_raw, plan_of
+    from omegaconf import OmegaConf
+
+    from condattn.reporting.readings import code_line
+    from condattn.reproduce import _kept_other_code, _other_code
+    from condattn.table.observed import TableCell
+
+    now = provenance.code_fingerprint("none")
+    old = {**now, "conditioning": "0" * 10, "task": "1" * 10}  # an older commit's code
+    shown = {**now, "task": "2" * 10}  # other code, shown to compute the same as this code's
+    record = tmp_path / "code_equivalence.json"
+    record.write_text(json.dumps([{"method": "none", "cell": "c", "from_commit": "c1", "to_commit": "c2",
+                                   "from_code": shown, "to_code": now, "equal": True}]))
+    monkeypatch.setattr(provenance, "EQUIVALENCE", record)
+    codes = {"current": now, "old": old, "shown": shown, "unrecorded": None}
+    runs = tmp_path / "runs" / "small"
+    sums = {}
+    for name, code in codes.items():
+        rec = RunRecord(runs / name)
+        rec.dir.mkdir(parents=True)
+        rec.write_summary({"status": "finished", "run_dir": str(rec.dir), "metrics": {}, "steps": 1, "method": "none",
+                           "wall_time_s": 1.0, **({"code": code} if code else {})})
+        sums[name] = rec.summary
+    files, same = provenance.source_files(), provenance.equivalent_hashes()
+    plan = plan_of(experiment_raw("table9_readings"), "small", tmp_path / "runs", tmp_path / "results")
+    cells = {(name, "none"): TableCell(name, "none", [0], summaries=[s]) for name, s in sums.items()}
+    from condattn.table.provenance import provenance as table_provenance  # (`provenance` here: the engine's module)
+
+    table = table_provenance(plan, cells, done=list(sums.values()))
+    called = {cc.row: cc.other_runs == 0 for cc in table.code}
+    assert called == {"current": True, "old": False, "shown": True, "unrecorded": False}
+    assert (table.other_code_runs, table.code_checked) == (2, 4)
+    cfg = OmegaConf.create({"conditioning": {"method": "none"}})
+    for name in codes:
+        cell = SimpleNamespace(name=name, run_dir=runs / name, cfg=cfg)
+        retrained = _other_code(cell, files, same) is not None
+        assert retrained == (not called[name]), name  # the planner's STALE check, on the live run
+    # a dry run in a fresh clone judges the kept record the same way (nothing restored)
+    monkeypatch.setattr("condattn.table.store.Records.of", lambda self, name, cfg, run_dir: RunRecord(run_dir))
+    for name in codes:
+        cell = SimpleNamespace(name=name, run_dir=runs / name, cfg=cfg)
+        assert (_kept_other_code(plan, cell, files, same) is not None) == (not called[name]), name
+    rows = [{"row": n, "method": "none", "task": "vit", "reading": n} for n in codes]
+    text = code_line(table, rows)
+    assert "2 of the 4 runs it trained" in text and "vit: old (conditioning, task; 1 runs shown)" in text
+    assert "vit: current" not in text.split("made by other code")[-1] and "vit: shown (" not in text
+    # every reading made by other code: one clause naming the parts, not every reading again
+    stale = {k: c for k, c in cells.items() if k[0] in ("old", "unrecorded")}
+    text = code_line(table_provenance(plan, stale, done=[sums["old"], sums["unrecorded"]]),
+                     [r for r in rows if r["row"] in ("old", "unrecorded")])
+    assert "2 of the 2 runs it trained" in text and "every reading's runs shown were (conditioning, engine, " in text

@@ -94,8 +94,29 @@ def test_a_dry_run_projects_the_time_on_this_machine_from_runs_measured_on_its_k
     line = machine_projection([("x", cell), ("y", other)], [tmp_path])
     # the median of the two CPU runs' 1 s and 3 s per step (the CUDA run is not this kind of device) × 3600 steps
     assert line.startswith("[reproduce] on this machine (cpu, ") and "≈ 3.00 h for 1 of 2 cells" in line
-    assert "on cpu, which ran on 1 × cpu (here))" in line
+    assert "on cpu, which ran on 1 × cpu (here); " in line
     assert line.endswith("; 1 cell(s) of recipes no finished run on cpu has measured, not counted")
+
+
+def test_a_dry_run_counts_each_runs_fixed_cost_measured_from_its_records(tmp_path, monkeypatch):
+    """A run's wall time beyond its training clock (evaluations, checkpoints, diagnostics) is a fixed cost per run:
+    a projection of short runs (an override's smoke cells) counts it once per run, never as a share of each step."""
+    import torch
+
+    from condattn.engine.cost import machine_projection, measured_steps
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = {"model": {"name": "m"}, "data": {"name": "d"}, "conditioning": {"method": "none"}}
+    for name, wall, train in (("a", 100.0, 40.0), ("b", 120.0, 40.0), ("c", 110.0, 60.0)):  # 100 steps each
+        KeptRecord.of(tmp_path, name).write({"summary.json": {
+            "status": "finished", "metrics": {}, "steps": 100, "wall_time_s": wall, "train_time_s": train,
+            "config": config, "hardware": {"device_type": "cpu"}, "hardware_line": "1 × cpu (here)"}})
+    step, fixed, _ = measured_steps([tmp_path], "cpu")[("m", "d", "none")]
+    assert (step, fixed) == (pytest.approx(0.4), pytest.approx(60.0))  # medians of 0.4/0.4/0.6 s and 60/80/50 s
+    cell = OmegaConf.create({**config, "task": {"steps": 60}})
+    line = machine_projection([("x", cell), ("y", cell), ("z", cell)], [tmp_path])
+    # 3 runs × (60 s fixed + 60 steps × 0.4 s) = 252 s = 0.07 h; per step alone (1.1 s × 60 × 3) it would be 198 s
+    assert "≈ 0.07 h for 3 of 3 cells" in line and "fixed cost" in line
 
 
 def _committed_table4(tmp_path: Path) -> Path:

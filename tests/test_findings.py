@@ -269,3 +269,27 @@ def test_the_readme_clause_says_which_claims_a_family_speaks_to():
     ratio = rel / fam.reach.rows[0].claim.relative
     assert wide.endswith(f"speaks to {', '.join(labels[1:])}; not to {labels[0]} (MDE {ratio:.1f}× its claim)")
     assert speak_clause(replace(fam, untested=True)) == "" and speak_clause(replace(fam, reach=None)) == ""
+
+
+def test_findings_print_each_methods_regime_line_from_the_typed_result():
+    """The regime line (budget verdict, convergence verdict, speed, the word) is read off the result's RegimeLine;
+    findings.md prints it per reading, the README block per primary row."""
+    from condattn.stats import Basis, Outcome, Speed, Word
+    from condattn.table.result import RegimeLine
+
+    line = RegimeLine("vit_hard_cond_init", "conditioned_init", "conditioned init", "primary", "vit_hard",
+                      Outcome.BETTER, 2.33, 1.13, 3.52, 1.7, "", None, None, None, None,
+                      Speed(0.81, 0.7, 0.93, 1700, 2100, 10, 10), Word.NO_FAMILY)
+    f = findings.Finding("table1_imagenet", "vit_hard", "vit_hard", "conditioned_init", "conditioned init", "primary",
+                         "–", [1.0], [1.0], regime=line)
+    rows = findings.regime_rows([f])
+    assert rows[-2] == ("| conditioned init | primary | vit_hard: better (+2.33 [+1.13, +3.52]) | no converged family "
+                        "yet | 0.81× [0.70, 0.93] | **no converged family yet** |")
+    assert findings.regime_summary([f]) == ("conditioned init: better at a budget, no converged family yet, speed "
+                                           "0.81× [0.70, 0.93] → no converged family yet")
+    conv = RegimeLine(*[*line.__dict__.values()][:10], "vit_conv", Outcome.NONE, 0.1, 1.2, Basis.CONVERGENCE,
+                      line.speed, Word.SPEEDS)
+    f.regime = conv
+    assert "| vit_conv: no difference detected (+0.10) | 0.81× [0.70, 0.93] | **only speeds training up** |" in \
+        findings.regime_rows([f])[-2]
+    assert "only speeds training up" in findings.summary("small", [f])

@@ -22,9 +22,11 @@ from condattn.stats import (
     Outcome,
     Scale,
     Speaks,
+    Speed,
     State,
     Trend,
     Verdict,
+    Word,
     benjamini_hochberg,
     convergence,
     delta_trend,
@@ -37,8 +39,10 @@ from condattn.stats import (
     pooled_sd,
     project_holm,
     reach,
+    regime_word,
     seeds_needed,
     speaks_to,
+    speed_ratio,
     verdict_basis,
     verdicts,
     welch_p,
@@ -268,3 +272,37 @@ def test_project_holm_uses_the_unrounded_p():
     assert out[3].p_project is None
     flip = project_holm([("a", 1e-6, Outcome.WORSE), ("b", 0.03, Outcome.WORSE), ("c", 0.5, Outcome.NONE)])  # 0.03 · 2
     assert [t.flips for t in flip] == [False, True, False]
+
+
+def test_the_speed_ratio_is_median_steps_to_the_level_over_the_baselines_with_a_bootstrap_interval():
+    base = [400, 400, 350, 400, None]  # one baseline seed never reaches its own final mean: later than any
+    arm = [200, 250, 200, 150, 200]
+    sp = speed_ratio(base, arm)
+    assert (sp.median, sp.base_median, sp.ratio) == (200, 400, pytest.approx(0.5))
+    assert sp.low <= sp.ratio <= sp.high < 1 and (sp.n, sp.n_base) == (5, 5)
+    assert speed_ratio(base, arm) == sp  # seeded: the same interval every time
+    slow = speed_ratio(base, [None, None, None, 400, 350])  # the arm's median run never reaches it
+    assert slow.ratio is None and slow.high is None
+    assert speed_ratio([None, None, 400], arm) is None  # the baseline's median never does: no ratio
+    assert speed_ratio([], arm) is None
+
+
+def test_one_word_per_method_from_its_two_regimes_and_its_speed():
+    fast = Speed(0.6, 0.5, 0.7, 240, 400, 10, 10)
+    same = Speed(1.0, 0.8, 1.2, 400, 400, 10, 10)
+    B, N, W, U = Outcome.BETTER, Outcome.NONE, Outcome.WORSE, Outcome.UNTESTED
+    assert regime_word(B, None, False, fast) == Word.NO_FAMILY  # the converged family has no runs yet
+    assert regime_word(B, B, True, fast) == Word.HELPS
+    assert regime_word(N, B, True, same) == Word.HELPS
+    assert regime_word(B, W, True, fast) == Word.HURTS
+    assert regime_word(W, N, True, same) == Word.HURTS  # worse at a budget, no gain at convergence: it slows training
+    # better at a budget, no difference at convergence, fewer steps to the baseline's level: only speeds training up
+    assert regime_word(B, N, True, fast) == Word.SPEEDS
+    assert regime_word(B, N, True, Speed(0.9, 0.7, 1.1, 360, 400, 10, 10)) == Word.SPEEDS  # fewer steps (point)
+    assert regime_word(N, N, True, fast) == Word.SPEEDS  # its whole interval under 1
+    assert regime_word(B, N, True, same) == Word.NEITHER  # better at a budget but not faster there
+    assert regime_word(N, N, True, same) == Word.NEITHER
+    assert regime_word(U, N, True, None) == Word.NEITHER
+    # a 'converged' family whose verdict is not at convergence (its baseline did not pass, or the Δ moved): undecided
+    assert regime_word(B, N, False, fast) == Word.NOT_AT_CONVERGENCE
+    assert regime_word(B, U, True, fast) == Word.NOT_AT_CONVERGENCE

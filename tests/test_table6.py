@@ -222,7 +222,14 @@ def test_curves_renderer_on_fake_runs(tmp_path):
     with open(out / f"{t}.csv") as f:
         rows = list(csv.DictReader(f))
     got = {(r["row"], r["method"], r["quantity"], r["stage"]): r for r in rows}
-    assert got[("vit", "none", "kappa_x/b0", "step0")]["values"] == "180 270"
+    assert got[("vit", "none", "kappa_x/b0", "step0")]["values"] == "180.0 270.0"
+    # the JSON holds numbers, not text (a mean, a std, the values, the steps; None where there is none)
+    doc = json.loads((out / f"{t}.json").read_text())
+    rows = {(r["row"], r["method"], r["quantity"], r["stage"]): r for r in doc["rows"]}
+    first = rows[("vit", "none", "kappa_x/b0", "step0")]
+    assert first["values"] == [180.0, 270.0] and first["mean"] == pytest.approx(225.0)
+    assert isinstance(first["std"], float) and all(isinstance(x, int) for x in first["steps"])
+    assert rows[("xcit", "embedded", "kappa_x/b0", "final")]["mean"] is None
     assert got[("vit", "none", "kappa_x/b0", "step0")]["n"] == "2"
     assert got[("xcit", "embedded", "kappa_x/b0", "final")]["n"] == "0"
     assert got[("vit", "spectral", "kappa_x/b0", "final")]["missing_seeds"] == "1"

@@ -31,10 +31,14 @@ def test_an_override_table_is_written_beside_the_default_one_and_labelled(tmp_pa
     out = capsys.readouterr().out
     assert "conditioning.lam=5 changes spectral: the table is written as table4_lra.lam-5.md" in out
     assert default.read_text() == "# the committed default table\n"
-    md = (default.parent / "table4_lra.lam-5.md").read_text()
+    # exploratory: under results/exploratory/ (ignored by git), nothing new beside the committed tables
+    assert [f.name for f in default.parent.iterdir()] == ["table4_lra.md"]
+    explore = tmp_path / "results" / "exploratory" / "smoke"
+    md = (explore / "table4_lra.lam-5.md").read_text()
     assert "**Made with** `conditioning.lam=5`, which changes SCA" in md and "ours: SCA [conditioning.lam=5]" in md
     assert "ours: baseline |" in md  # λ does not change the baseline
-    assert "conditioning.lam=5" in (default.parent / "table4_lra.lam-5.csv").read_text().splitlines()[1]
+    assert "conditioning.lam=5" in (explore / "table4_lra.lam-5.csv").read_text().splitlines()[1]
+    assert "commit them" not in out
 
 
 @pytest.mark.slow  # composes the table's cells

@@ -151,3 +151,79 @@ def test_a_family_without_a_claim_of_its_own_is_judged_against_the_tables_smalle
     assert margin == pytest.approx(31.25 / 19.7)  # CET's relative fall at this baseline: 1.59 points
     assert _margin(None, [], base, Scale()) == (None, "", None, True)  # a table without any claim: not judged
     assert _margin(None, claims, [68.0], Scale())[0] is None  # one seed: no mean to apply it at
+
+
+def _regime_table(tmp_path, conv_runs: bool = True):
+    """Table 1 with two families, the baseline and SCA each on 4 seeds and a length check: `vit_base` declared the
+    budget family (its baseline gains 3 points at 2×; SCA +1 point and at the baseline's final validation level in
+    half its steps) and `swin_base` the converged family paired with it (its baseline gains 0.01 at 2×; SCA the same
+    as the baseline there). `conv_runs` False: the converged family's runs are not trained yet."""
+    exp = experiment_raw("table1_imagenet")
+    exp["methods"] = ["none", "spectral"]
+    exp["scales"]["small"] = {"seeds": [0, 1, 2, 3], "rows": ["vit_base", "swin_base"], "lr_grid": [0.5, 1, 2],
+                              "selection_seeds": [100, 101], "length_check": {"factor": 2, "seeds": 4}}
+    exp["regimes"] = {"vit_base": {"regime": "budget"}, "swin_base": {"regime": "convergence", "budget": "vit_base"}}
+    runs = tmp_path / "runs" / "small"
+    base = {0: 0.960, 1: 0.965, 2: 0.962, 3: 0.967}
+    cells = {("vit_base", "none"): (0.0, 0.03, 1.0), ("vit_base", "spectral"): (0.01, 0.04, 0.5),
+             ("swin_base", "none"): (0.0, 0.0001, 1.0), ("swin_base", "spectral"): (0.0, 0.0001, 1.0)}
+    longer = {}
+    for (row, method), (shift, gain, pace) in cells.items():
+        if row == "swin_base" and not conv_runs:
+            continue
+        for seed, v in base.items():
+            name = f"table1_imagenet_{row}_{method}_small_s{seed}"
+            final = v + shift
+            # validation curve over 400 steps: rising linearly to the run's final value at `pace` × 400, flat after
+            curve = [(s, 0.5 + (final - 0.5) * min(1.0, s / (pace * 400))) for s in range(50, 401, 50)]
+            finish(type("S", (), {"run_dir": runs / name}), {"final_test_acc": final, "final_val_acc": final},
+                   curve=curve, steps=400)
+            finish(type("S", (), {"run_dir": runs / f"{name}-2x"}), {"final_test_acc": final + gain}, steps=800)
+            longer[name] = "2x"
+    picks = {f"{r}/{m}": lr_pick({0.5: 0.90, 1.0: 0.95, 2.0: 0.94}, 1.0) for r, m in cells}
+    return plan_of(exp, "small", tmp_path / "runs", tmp_path / "results", picks=picks, longer=longer)
+
+
+def test_the_regime_line_pairs_a_budget_family_with_its_converged_family_and_decides_one_word(tmp_path):
+    from condattn.stats import Word
+    from condattn.table.result import TableResult
+
+    result, _, _ = table_result(_regime_table(tmp_path / "a"))
+    (line,) = result.regimes
+    assert (line.row, line.method, line.budget_family, line.convergence_family) == \
+        ("vit_base", "spectral", "vit_base", "swin_base")
+    assert line.budget == Outcome.BETTER and line.budget_diff == pytest.approx(1.0)
+    assert line.convergence == Outcome.NONE and line.convergence_basis == Basis.CONVERGENCE
+    # SCA reaches the baseline's final validation level (96.35) at step 200 on every seed, the baseline at 400
+    assert line.speed.ratio == pytest.approx(0.5) and line.speed.high == pytest.approx(0.5)
+    assert line.word == Word.SPEEDS
+    fam = result.families[0]
+    assert fam.arms[0].speed.median == 200 and fam.arms[0].speed.base_median == 400
+    # the JSON round-trips the typed line (findings reads it so)
+    back = TableResult.from_json(json.loads(json.dumps(result.as_json())))
+    assert back.regimes == result.regimes
+    # before the converged family has runs: 'no converged family yet'
+    result, _, _ = table_result(_regime_table(tmp_path / "b", conv_runs=False))
+    (line,) = result.regimes
+    assert line.convergence is None and line.convergence_family == "" and line.word == Word.NO_FAMILY
+    assert line.budget == Outcome.BETTER
+
+
+def test_the_regimes_are_declared_and_checked_in_the_experiment_file():
+    from helpers import typed
+
+    from condattn.experiment import ExperimentError, FamilyRegime
+
+    exp = experiment_raw("table1_imagenet")
+    exp["regimes"] = {"vit_hard": {"regime": "budget"}, "vit_base": {"regime": "convergence", "budget": "vit_hard"}}
+    assert typed(exp).regimes["vit_base"] == FamilyRegime("convergence", "vit_hard")
+    for bad, said in (({"vit_hard": {"regime": "later"}}, "use one of budget, convergence"),
+                      ({"vit_base": {"regime": "convergence", "budget": "vit_hard"}}, "names the family declared"),
+                      ({"vit_hard": {"regime": "budget", "budget": "vit_base"}}, "a budget family pairs with none"),
+                      ({"vit_hard": {"regime": "budget", "pairs": "x"}}, "unknown key 'pairs'")):
+        exp["regimes"] = bad
+        with pytest.raises(ExperimentError, match=said):
+            typed(exp)
+    # a family not among the rows (a copy of the file with rows left out) has no regime line: dropped
+    exp["regimes"] = {"vit_hard": {"regime": "budget"}, "nowhere": {"regime": "convergence", "budget": "vit_hard"}}
+    assert set(typed(exp).regimes) == {"vit_hard"}

@@ -144,3 +144,25 @@ def test_a_reproduced_fingerprint_is_not_stale_but_an_unreproduced_one_is():
     same = equivalent_hashes([entry("spectral", ("s1", "s2"), True), entry("embedded", ("c1", "c2"), False)])
     assert stale_parts({**now, "conditioning": "s1", "engine": "e1"}, now, same) == ["engine"]
     assert stale_parts({**now, "conditioning": "c1"}, {**now, "conditioning": "c2"}, same) == ["conditioning"]
+
+
+
+def test_an_override_table_is_exploratory_its_output_ignored_and_never_to_be_committed(tmp_path):
+    """A table made with science overrides writes its files and keeps its runs' records under results/exploratory/
+    (which .gitignore names), and says there is nothing to commit; the default table's say 'commit them'."""
+    from helpers import REPO, experiment_raw, plan_of
+
+    from condattn.table.planned import MadeWith
+    from condattn.table.report import exploratory, kept_line, kept_root, out_dir
+
+    plan = plan_of(experiment_raw("table4_lra"), "smoke", tmp_path / "runs", tmp_path / "results")
+    made = plan_of(experiment_raw("table4_lra"), "smoke", tmp_path / "runs", tmp_path / "results",
+                   made_with=MadeWith(("conditioning.lam=5",), ("spectral",)), stem="table4_lra.lam-5")
+    assert not exploratory(plan) and exploratory(made)
+    assert out_dir(plan) == tmp_path / "results" / "smoke" and kept_root(plan) == tmp_path / "results/smoke/runs"
+    assert out_dir(made) == tmp_path / "results" / "exploratory" / "smoke"
+    assert kept_root(made) == tmp_path / "results" / "exploratory" / "smoke" / "runs"
+    assert "commit them with the table" in kept_line(plan, 3)
+    assert "commit them" not in kept_line(made, 3) and "ignored" in kept_line(made, 3)
+    # git ignores the folder (.gitignore names it, anchored at the root): an override run leaves `git status` clean
+    assert "/results/exploratory/" in (REPO / ".gitignore").read_text().splitlines()

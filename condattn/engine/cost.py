@@ -395,13 +395,17 @@ def recipe(cfg: Any) -> tuple[str, str, str]:
     return get("model", "name"), get("data", "name"), get("conditioning", "method")
 
 
-def measured_steps(dirs: list[Path], device_type: str | None = None) -> dict[tuple[str, str, str], tuple[float, set]]:
-    """{recipe: (the median seconds per training step, wall time with evaluations, the hardware lines of the runs
-    measured)} over the finished runs under `dirs` (run roots and kept records), only those that ran on `device_type`
-    when given; (model, data, "*"): over every method, for a method not measured yet."""
+def measured_steps(dirs: list[Path], device_type: str | None = None
+                   ) -> dict[tuple[str, str, str], tuple[float, float, set]]:
+    """{recipe: (the median seconds per training step, the median fixed seconds of a run, the hardware lines of the
+    runs measured)} over the finished runs under `dirs` (run roots and kept records), only those that ran on
+    `device_type` when given; (model, data, "*"): over every method, for a method not measured yet. A run's step time
+    is its training clock over its steps (`train_time_s`), its fixed cost the rest of its wall time (evaluations,
+    checkpoints, diagnostics: `wall_time_s` − `train_time_s`), so a run of another length is projected as fixed + steps
+    × step time; a record without a training clock counts its whole wall time per step (no fixed part)."""
     from ..runs import RunRecord, kept_records
 
-    seen: dict[tuple[str, str, str], list[tuple[float, str]]] = {}
+    seen: dict[tuple[str, str, str], list[tuple[float, float, str]]] = {}
     for d in dirs:
         found = [RunRecord(f.parent) for f in d.glob("*/summary.json")] + kept_records(d) if d.is_dir() else []
         for rec in found:
@@ -410,11 +414,22 @@ def measured_steps(dirs: list[Path], device_type: str | None = None) -> dict[tup
                 continue
             if device_type is not None and (s.get("hardware") or {}).get("device_type") != device_type:
                 continue
+            wall, steps, train = float(s["wall_time_s"]), int(s["steps"]), float(s.get("train_time_s") or 0.0)
+            step, fixed = (train / steps, max(0.0, wall - train)) if 0 < train <= wall else (wall / steps, 0.0)
             model, data, method = recipe(s["config"])
             for key in ((model, data, method), (model, data, "*")):
-                seen.setdefault(key, []).append((float(s["wall_time_s"]) / int(s["steps"]),
-                                                 str(s.get("hardware_line") or "unknown hardware")))
-    return {k: (sorted(x for x, _ in v)[len(v) // 2], {h for _, h in v}) for k, v in seen.items()}
+                seen.setdefault(key, []).append((step, fixed, str(s.get("hardware_line") or "unknown hardware")))
+
+    def median(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    return {k: (median([x for x, _, _ in v]), median([f for _, f, _ in v]), {h for _, _, h in v})
+            for k, v in seen.items()}
+
+
+def run_seconds(step_s: float, fixed_s: float, steps: int) -> float:
+    """A run's projected seconds: its fixed cost plus its steps at the measured step time (`measured_steps`)."""
+    return fixed_s + step_s * steps
 
 
 def machine_projection(cells: list[tuple[str, Any]], dirs: list[Path]) -> str:
@@ -432,15 +447,17 @@ def machine_projection(cells: list[tuple[str, Any]], dirs: list[Path]) -> str:
         if got is None:
             unmeasured += 1
             continue
-        seconds += got[0] * int(cfg.task.steps)
-        hardware |= got[1]
+        seconds += run_seconds(got[0], got[1], int(cfg.task.steps))
+        hardware |= got[2]
     here = (torch.cuda.get_device_name(0) if device == "cuda" else
             f"cpu, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}")
     known = len(cells) - unmeasured
     line = f"[reproduce] on this machine ({here}): "
-    line += (f"≈ {seconds / 3600:.2f} h for {known} of {len(cells)} cells, one after another (measured: the median "
-             f"seconds per step of finished runs of the same model, data and method on {device}, which ran on "
-             f"{'; '.join(sorted(hardware))})" if known else
+    line += (f"≈ {seconds / 3600:.2f} h for {known} of {len(cells)} cells, one after another (measured: each run's "
+             "fixed cost, the part of a finished run's wall time outside its training steps, plus its steps at the "
+             f"median seconds per step, of finished runs of the same model, data and method on {device}, which ran "
+             f"on {'; '.join(sorted(hardware))}; a process's start-up before its run's clock is in no record)"
+             if known else
              f"no estimate: no finished run of these cells' model, data and method ran on {device}")
     if known and unmeasured:
         line += f"; {unmeasured} cell(s) of recipes no finished run on {device} has measured, not counted"

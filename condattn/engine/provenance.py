@@ -9,6 +9,7 @@ import os
 import platform
 import socket
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -238,6 +239,24 @@ def stale_parts(recorded: dict | None, now: dict[str, str], same: dict | None = 
         return same.get(part, {}).get(h, h) if h is not None else None
 
     return [p for p in STALE_PARTS if p in now and rep(p, recorded.get(p)) != rep(p, now[p])]
+
+
+def run_method(summary: Mapping) -> str | None:
+    """The conditioning method a finished run trained (its resolved config's, else the summary's own `method`)."""
+    cfg = summary.get("config")
+    method = (cfg.get("conditioning") or {}).get("method") if isinstance(cfg, Mapping) else None
+    return str(method) if method is not None else (str(summary["method"]) if summary.get("method") else None)
+
+
+def other_code(recorded: Mapping | None, method: str | None, files: dict[str, bytes] | None = None,
+               same: dict | None = None) -> list[str]:
+    """THE rule of "same code", for the planner's STALE=1 (table/…: reproduce.todo, through identity.answers) and the
+    tables' code line (table/provenance.py) alike: the parts of STALE_PARTS in which the code a finished run recorded
+    (`recorded`, its summary's `code`) differs from this code's for its `method` (`fingerprint` of `files`, the code on
+    disk when None), two fingerprints recorded as computing the same (`same`: `equivalent_hashes()`, from
+    results/code_equivalence.json, when None) agreeing. Empty: the run is current, and STALE=1 leaves it."""
+    files = source_files() if files is None else files
+    return stale_parts(dict(recorded) if recorded else None, fingerprint(files, method), same)
 
 
 _AT_START: dict[str, object] = {}

@@ -300,20 +300,21 @@ def render(exp: Experiment, scale: str, cells: dict, data: dict, prov: Provenanc
                     csv_rows.append({
                         "table": exp.table, "scale": scale, "row": row, "model": data[(row, m)]["model"],
                         "method": m, "label": METHOD_LABELS.get(m, m), "quantity": key, "description": label,
-                        "stage": stage, "steps": " ".join(map(str, c.steps)), "n": len(vals),
-                        "mean": f"{st[0]:.6g}" if st else "", "std": f"{st[1]:.6g}" if st and len(vals) > 1 else "",
-                        "values": " ".join(f"{v:.6g}" for v in vals), "missing_seeds": " ".join(map(str, c.missing)),
+                        "stage": stage, "steps": [int(x) for x in c.steps], "n": len(vals),
+                        "mean": float(st[0]) if st else None,
+                        "std": float(st[1]) if st and len(vals) > 1 else None,
+                        "values": [float(v) for v in vals], "missing_seeds": [int(x) for x in c.missing],
                         "commit": commit,
                     })
             chance = _chance(c)
             csv_rows.append({  # the task metric, so that readers of the CSV (and the findings) see which runs learned
                 "table": exp.table, "scale": scale, "row": row, "model": data[(row, m)]["model"], "method": m,
                 "label": METHOD_LABELS.get(m, m), "quantity": exp.row_metric(scale, row),
-                "description": _metric_label(exp, scale, row), "chance": f"{chance:.6g}" if chance is not None else "",
-                "stage": "final", "steps": " ".join(map(str, c.steps)), "n": len(c.values),
-                "mean": f"{statistics.fmean(c.values):.6g}" if c.values else "",
-                "std": f"{statistics.stdev(c.values):.6g}" if len(c.values) > 1 else "",
-                "values": " ".join(f"{v:.6g}" for v in c.values), "missing_seeds": " ".join(map(str, c.missing)),
+                "description": _metric_label(exp, scale, row), "chance": None if chance is None else float(chance),
+                "stage": "final", "steps": [int(x) for x in c.steps], "n": len(c.values),
+                "mean": statistics.fmean(c.values) if c.values else None,
+                "std": statistics.stdev(c.values) if len(c.values) > 1 else None,
+                "values": [float(v) for v in c.values], "missing_seeds": [int(x) for x in c.missing],
                 "commit": commit,
             })
     lines += [*_comparisons(exp, data), "", *_cost_and_convergence(exp, cells, prov), "", provenance_line(prov)]

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..table.result import Arm, Basis, Family, Outcome, State, TableResult, project_tests
+from ..table.result import Arm, Basis, Family, Outcome, RegimeLine, State, TableResult, project_tests
 from .fmt import fmt_ci, fmt_num, fmt_p, test_word
 from .protocol import pick_marks
 from .reach import holm_lines, noise_text, speak_clause, speak_sentence
@@ -56,6 +56,7 @@ class Finding:
     outcome: Outcome = Outcome.UNTESTED
     mde: float | None = None  # the MDE a "no difference detected" verdict names
     speaks_short: str = ""  # the same in a clause, for the README's block ("" without a test or a paper's number)
+    regime: RegimeLine | None = None  # the row's regime line, when its family is a budget family (experiment regimes)
 
     @property
     def n(self) -> str:
@@ -126,12 +127,14 @@ def descriptive_findings(csv_path: Path, scale: str) -> list[str]:
 def _condition_number_lines(rows: list[dict]) -> list[str]:
     from .curves import LABELS, claim_checks
 
-    final = {(r["row"], r["method"], r["quantity"]): r for r in rows if r["stage"] == "final" and r["mean"]}
+    final = {(r["row"], r["method"], r["quantity"]): r for r in rows  # numbers in the JSON; "" in an older one
+             if r["stage"] == "final" and r["mean"] not in (None, "")}
     groups = list(dict.fromkeys(r["row"] for r in rows))
     base = rows[0]["method"]
     acc = {(g, m): r for (g, m, q), r in final.items() if q not in LABELS}  # the task metric's row per cell
     # a method whose runs end at most 1.5 × chance has not learned: its κ values say nothing about the claims
-    untrained = {k for k, r in acc.items() if r.get("chance") and float(r["mean"]) <= 1.5 * float(r["chance"])}
+    untrained = {k for k, r in acc.items()
+                 if r.get("chance") not in (None, "") and float(r["mean"]) <= 1.5 * float(r["chance"])}
     details, agree, against, skipped = [], 0, [], []
     for method, key, claim in claim_checks():
         parts = []
@@ -202,6 +205,7 @@ def table_findings(csv_path: Path, scale: str) -> list[Finding]:
     if _is_descriptive(doc["rows"]) or not doc.get("result"):
         return []
     result = TableResult.from_json(doc["result"])
+    regimes = {(r.row, r.method): r for r in result.regimes}
     out = []
     for f in result.families:
         speaks, short = speak_sentence(f"{result.table}, {f.name}", f), speak_clause(f)
@@ -217,10 +221,67 @@ def table_findings(csv_path: Path, scale: str) -> list[Finding]:
                 list(f.baseline.at1.values), t.diff if t else None,
                 fmt_ci(t.diff, t.low, t.high, digits) if t and not f.untested else "–",
                 None if f.untested or t is None else t.p_adj, t.correction if t else "",
-                "not tested" if f.untested or t is None else test_word(t), limits,
+                "not tested" if f.untested or t is None or t.outcome == Outcome.UNTESTED else test_word(t), limits,
                 None if f.untested or t is None else t.p, speaks, noise,
-                t.outcome if t and not f.untested else Outcome.UNTESTED, t.mde_printed if t else None, short))
+                t.outcome if t and not f.untested else Outcome.UNTESTED, t.mde_printed if t else None, short,
+                regimes.get((a.row, a.method))))
     return out
+
+
+def _speed_text(r: RegimeLine) -> str:
+    """"0.62× [0.50, 0.75]" (the arm's median steps to the baseline's final validation level over the baseline's)."""
+    sp = r.speed
+    if sp is None:
+        return "–"
+    if sp.ratio is None:
+        return "its median run never reaches the baseline's final level"
+
+    def x(v: float | None) -> str:
+        return "unbounded" if v is None else f"{v:.2f}"
+
+    return f"{sp.ratio:.2f}× [{x(sp.low)}, {x(sp.high)}]"
+
+
+def _verdict_at(outcome: Outcome | None, diff: float | None, low: float | None = None,
+                high: float | None = None) -> str:
+    if outcome is None:
+        return "no converged family yet"
+    if diff is None or outcome == Outcome.UNTESTED:
+        return outcome.value
+    return f"{outcome.value} ({fmt_ci(diff, low, high, 2) if low is not None else f'{diff:+.2f}'})"
+
+
+def regime_rows(fs: list[Finding]) -> list[str]:
+    """The regime table of one table's findings: per row of a budget family, its verdict there beside its verdict in
+    the converged family, its speed and the one word (all read off the result's `RegimeLine`)."""
+    lines = [r for f in fs if (r := f.regime) is not None]
+    if not lines:
+        return []
+    out = ["**Regimes**: each method's verdict at a budget (a family still learning at 2× its steps) beside its "
+           "verdict at convergence (the converged family paired with it), its speed (median steps to the baseline's "
+           "final validation level, as a ratio to the baseline's, 95 % bootstrap interval) and the one word they "
+           "decide (helps at convergence / only speeds training up / hurts / neither at this MDE).", "",
+           "| reading | hypothesis | at a budget | at convergence | speed (steps to the baseline's final level) | "
+           "regime |", "|---|---|---|---|---|---|"]
+    for r in lines:
+        conv = _verdict_at(r.convergence, r.convergence_diff)
+        if r.convergence is not None:
+            basis = r.convergence_basis.value if r.convergence_basis else "–"
+            conv = f"{r.convergence_family}: {conv}" + ("" if r.convergence_basis == Basis.CONVERGENCE else
+                                                       f" ({basis})")
+        out.append(f"| {r.label} | {r.hypothesis} | {r.budget_family}: "
+                   f"{_verdict_at(r.budget, r.budget_diff, r.budget_low, r.budget_high)} | {conv} | "
+                   f"{_speed_text(r)} | **{r.word.value}** |")
+    return out + [""]
+
+
+def regime_summary(fs: list[Finding]) -> str:
+    """The README's clause of one table's regime lines: 'SCA: worse at a budget, …, speed 1.2× [1.1, 1.4] → hurts'."""
+    said = []
+    for r in (f.regime for f in fs if f.regime is not None and f.hypothesis == "primary"):
+        conv = "no converged family yet" if r.convergence is None else f"{r.convergence.value} at convergence"
+        said.append(f"{r.label}: {r.budget.value} at a budget, {conv}, speed {_speed_text(r)} → {r.word.value}")
+    return "; ".join(said)
 
 
 def _default_tables(scale: str, results: Path) -> list[Path]:
@@ -260,6 +321,7 @@ def render(scale: str, found: list[Finding], described: dict[str, list[str]] | N
                          f"{f.n} | {'; '.join(f.limits) or '–'} |")
         lines.append("")
         lines += [*[f"- {n}" for n in dict.fromkeys(f.noise for f in fs if f.noise)], ""]
+        lines += regime_rows(fs)
     for table, said in (described or {}).items():
         lines += [f"## {table} ([{table}.md]({table}.md)): descriptive, no test", "", *[f"- {x}" for x in said], ""]
     lines += ["## Summary", "", summary(scale, found, described)]
@@ -312,6 +374,9 @@ def summary(scale: str, found: list[Finding], described: dict[str, list[str]] | 
             out.append(f"- **{table}, {fam}** ({len(fs[0].base)} baseline seeds): {'; '.join(said) or 'no test'}."
                        + (f" Claims: {fs[0].speaks_short}." if fs[0].speaks_short else "")
                        + (f" Limits: {'; '.join(shared)}." if shared else ""))
+        if regimes := regime_summary([f for f in found if f.table == table]):
+            out.append(f"- **{table}, regimes** (primary rows; verdict at a budget, at convergence, speed, the word): "
+                       f"{regimes}.")
     for table, said in (described or {}).items():
         out.append(f"- **{table}** (descriptive, no test): {said[0]}"
                    + (f"; {said[1]}" if len(said) > 1 else "") + (f" (+{len(said) - 2} more in findings.md)"

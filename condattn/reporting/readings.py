@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..experiment import Experiment
-from ..table.provenance import Provenance
+from ..table.provenance import CellCode, Provenance
 from ..table.result import Outcome, TableResult, Test, table_result
 from ..table.step0 import Step0
 from .floors import SCALES as FLOOR_SCALES
@@ -162,7 +162,30 @@ def code_line(prov: Provenance, rows: list[dict]) -> str:
         text += (" Readings whose runs ran code of different fingerprints shown to compute the same (a smoke cell of "
                  "the method trained at both commits, every metric bit-identical: results/code_equivalence.json): "
                  f"{'; '.join(shown)}.")
-    return text
+    return text + " " + current_text(prov, [(f"{r['task']}: {r['reading']}", cc) for r, cc in cells])
+
+
+def current_text(prov: Provenance, cells: list[tuple[str, CellCode]]) -> str:
+    """Whether the runs ran the code the table was rendered with, by the rule STALE=1 applies (the same fingerprints
+    and the same code-equivalence record: engine/provenance.other_code), formatted from the provenance."""
+    rule = ("by the rule `STALE=1` applies (the runs' fingerprints against this code's, fingerprints shown to compute "
+            "the same counting as the same: results/code_equivalence.json)")
+    if not prov.other_code_runs:
+        return (f"Against the code this table was rendered with, {rule}: every one of the {prov.code_checked} runs it "
+                "trained (selection, reported and length runs) is current; STALE=1 retrains none.")
+    other = [f"{name} ({', '.join(cc.other)}; {cc.other_runs} runs shown)" for name, cc in cells if cc.other_runs]
+    parts = sorted({p for _, cc in cells for p in cc.other})
+    if other and len(other) == sum(bool(cc.codes) for _, cc in cells):  # every reading with runs: one clause
+        said = (f"every reading's runs shown were ({', '.join(parts)} differ; `make code-equivalence SINCE=<their "
+                "commit>` records whether this code computes the same)")
+    elif other:
+        said = f"readings whose runs shown were made by other code: {'; '.join(other)}"
+    else:
+        said = "no run shown is among them (they are selection or length runs)"
+    return (f"Against the code this table was rendered with, {rule}: {prov.other_code_runs} of the "
+            f"{prov.code_checked} runs it trained (selection, reported and length runs) were made by other code, "
+            f"and STALE=1 retrains exactly these; {said}."
+            + (" Every other run is current." if prov.other_code_runs < prov.code_checked else ""))
 
 
 def cost_line(exp: Experiment, scale: str, rows: list[dict], prov: Provenance) -> str:

@@ -17,6 +17,7 @@ from ..experiment import Experiment
 from ..runs import RunRecord
 from ..table.observed import TableCell, collect, longer, longer_cell, missing_runs  # noqa: F401 (renderers' cells)
 from ..table.provenance import Data, Provenance, Spent, Walls
+from ..table.report import out_dir as table_dir
 from ..table.result import Arm, Family, TableResult, plain, table_result
 from .floors import floor_table
 from .floors import load as load_floors
@@ -89,6 +90,9 @@ def commit_notes(p: Provenance) -> str:
     notes = [f"{n} runs from {state}" for state, n in p.commit_states]
     notes += [f"{n} runs recorded as {rec}, a commit that never landed, whose code fingerprint is {real}'s"
               for rec, real, n in p.aliased]
+    if p.other_code_runs:  # engine/provenance.other_code: the rule STALE=1 applies
+        notes.append(f"{p.other_code_runs} of the {p.code_checked} runs trained for it made by code other than the "
+                     "code it was rendered with, which STALE=1 retrains")
     return f" ({'; '.join(notes)})" if notes else ""
 
 
@@ -283,7 +287,7 @@ def save_outputs(plan: Plan, md: str, csv_rows: list[dict],
     its provenance, and `missing_runs`: the planned runs without a finished summary, which decides whether a rerender
     may replace a committed table (table/report.py)."""
     exp, scale = plan.exp, plan.scale
-    out_dir = plan.results_root / scale
+    out_dir = table_dir(plan)  # results/<scale>/, or results/exploratory/<scale>/ for a table made with overrides
     out_dir.mkdir(parents=True, exist_ok=True)
     block = floor_table(exp.table, scale, plan.results_root, exp.multiplier) if floors else ""
     if block:

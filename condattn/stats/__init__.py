@@ -31,8 +31,10 @@ from .evidence import (
     Reach,
     Scale,
     Speaks,
+    Speed,
     State,
     Trend,
+    Word,
     convergence,
     delta_trend,
     equivalence_power,
@@ -41,15 +43,17 @@ from .evidence import (
     pick_strength,
     project_holm,
     reach,
+    regime_word,
     seeds_needed,
     speaks_to,
+    speed_ratio,
     verdict_basis,
 )
 from .verdict import Outcome, Verdict, verdicts
 
 __all__ = ["ALPHA", "Basis", "Claim", "ClaimHere", "Convergence", "DiffCI", "Mark", "NoiseFloor", "Outcome",
-           "PickStrength", "ProjectTest", "Reach", "Scale", "Speaks", "State", "Trend", "Verdict",
+           "PickStrength", "ProjectTest", "Reach", "Scale", "Speaks", "Speed", "State", "Trend", "Verdict", "Word",
            "benjamini_hochberg", "convergence", "delta_trend", "diff_ci", "equivalence_power", "finite", "holm",
            "last_quarter_change", "mde", "mean_std", "median_steps", "noise_floor", "paired_gain", "permutation_p",
-           "pick_strength", "pooled_sd", "project_holm", "reach", "seeds_needed", "speaks_to", "steps_to_target",
-           "verdict_basis", "verdicts", "welch_ci", "welch_p"]
+           "pick_strength", "pooled_sd", "project_holm", "reach", "regime_word", "seeds_needed", "speaks_to",
+           "speed_ratio", "steps_to_target", "verdict_basis", "verdicts", "welch_ci", "welch_p"]

@@ -387,6 +387,100 @@ def noise_floor(base: Mapping[int, float], others: Sequence[float | None] = (), 
 
 
 @dataclass(frozen=True)
+class Speed:
+    """How fast an arm reaches its baseline's final validation level: the median over its seeds of the first evaluated
+    step at that level, as a ratio to the baseline's own median (< 1: fewer steps), with a seeded percentile bootstrap
+    interval (each arm's seeds resampled). A run that never reaches it counts as later than any that did: `ratio` None
+    when the arm's median run never does; `high` None when the interval is unbounded above (`low` likewise)."""
+
+    ratio: float | None
+    low: float | None
+    high: float | None
+    median: float | None  # the arm's median steps (None: its median run never reached the level)
+    base_median: float | None
+    n: int
+    n_base: int
+    level: float = 0.95
+
+
+def _medians(x):
+    """Row medians of a 2-D array whose inf marks a run that never reached the level: inf when either middle value is
+    (as `median_steps`), never the nan that inf − inf gives."""
+    import numpy as np
+
+    x = np.sort(x, axis=-1)
+    n = x.shape[-1]
+    lo, hi = x[..., (n - 1) // 2], x[..., n // 2]
+    return np.where(np.isinf(hi), np.inf, (lo + np.where(np.isinf(hi), 0.0, hi)) / 2)
+
+
+def _median_inf(xs) -> float:
+    import numpy as np
+
+    return float(_medians(np.asarray(xs, dtype=float)[None, :])[0])
+
+
+def speed_ratio(base_steps: Sequence[int | None], arm_steps: Sequence[int | None], level: float = 0.95,
+                reps: int = 2000, seed: int = 0) -> Speed | None:
+    """`Speed` from the per-seed steps to the level (None: never reached) of the baseline and the arm; None without
+    steps in either, or when the baseline's own median run never reaches it (no ratio to take)."""
+    import numpy as np
+
+    if not base_steps or not arm_steps:
+        return None
+    b = np.asarray([math.inf if x is None else float(x) for x in base_steps])
+    a = np.asarray([math.inf if x is None else float(x) for x in arm_steps])
+    mb, ma = _median_inf(b), _median_inf(a)
+    if not math.isfinite(mb) or mb <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+    ia, ib = rng.integers(0, len(a), (reps, len(a))), rng.integers(0, len(b), (reps, len(b)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratios = _medians(a[ia]) / _medians(b[ib])  # inf / inf (neither median reached): nan, left out
+    ratios = ratios[~np.isnan(ratios)]
+    lo, hi = (np.quantile(ratios, [0.5 - level / 2, 0.5 + level / 2], method="inverted_cdf") if len(ratios)
+              else (math.inf, math.inf))  # no interpolation: an unbounded resample stays inf, never inf − inf
+
+    def finite(x: float) -> float | None:
+        return float(x) if math.isfinite(x) else None
+
+    return Speed(finite(ma / mb), finite(float(lo)), finite(float(hi)), finite(ma), mb, len(a), len(b), level)
+
+
+class Word(str, Enum):
+    """One word per method from its two regimes (`regime_word`)."""
+
+    HELPS = "helps at convergence"
+    SPEEDS = "only speeds training up"
+    HURTS = "hurts"
+    NEITHER = "neither at this MDE"
+    NO_FAMILY = "no converged family yet"
+    NOT_AT_CONVERGENCE = "not decided: its verdict there is not at convergence"
+
+
+def regime_word(budget: Outcome, converged: Outcome | None, at_convergence: bool, speed: Speed | None) -> Word:
+    """The one word for a method, from its verdict at a budget (a still-learning family), its verdict in the converged
+    family (None: no converged family with its runs yet; `at_convergence`: that verdict's basis is convergence, the
+    family's baseline converged and the Δ held from 1× to 2×) and its speed (steps to the baseline's final level, as
+    a ratio):
+    - better at convergence: helps at convergence; worse there: hurts;
+    - no difference at convergence: hurts when worse at a budget (it only slows training); only speeds training up
+      when better at a budget and reaching the baseline's level in fewer steps (ratio < 1), or when its whole speed
+      interval lies under 1; else neither at this MDE."""
+    if converged is None:
+        return Word.NO_FAMILY
+    if not at_convergence or converged == Outcome.UNTESTED:
+        return Word.NOT_AT_CONVERGENCE
+    if converged == Outcome.BETTER:
+        return Word.HELPS
+    if converged == Outcome.WORSE or budget == Outcome.WORSE:
+        return Word.HURTS
+    fewer = speed is not None and speed.ratio is not None and speed.ratio < 1
+    clearly = speed is not None and speed.high is not None and speed.high < 1
+    return Word.SPEEDS if (budget == Outcome.BETTER and fewer) or clearly else Word.NEITHER
+
+
+@dataclass(frozen=True)
 class ProjectTest:
     """One primary test of a scale: its raw p (unrounded), its outcome in its own family, its Holm p over the scale,
     and whether the verdict depends on the family chosen."""
@@ -411,6 +505,6 @@ def project_holm(tests: Sequence[tuple[str, float | None, Outcome]]) -> list[Pro
 
 
 __all__ = ["Basis", "Claim", "ClaimHere", "Convergence", "Mark", "NoiseFloor", "PickStrength", "ProjectTest", "Reach",
-           "Scale", "Speaks", "State", "Trend", "convergence", "delta_trend", "equivalence_power", "mde",
-           "noise_floor", "paired_gain", "pick_strength", "project_holm", "reach", "seeds_needed", "speaks_to",
-           "verdict_basis"]
+           "Scale", "Speaks", "Speed", "State", "Trend", "Word", "convergence", "delta_trend", "equivalence_power",
+           "mde", "noise_floor", "paired_gain", "pick_strength", "project_holm", "reach", "regime_word",
+           "seeds_needed", "speaks_to", "speed_ratio", "verdict_basis"]

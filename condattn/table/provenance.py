@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from ..engine.provenance import equivalent_hashes
+from ..engine.provenance import equivalent_hashes, other_code, run_method, source_files
 from ..engine.twins import made_elsewhere
 from ..runs import RunRecord
 
@@ -50,6 +50,10 @@ class CellCode:
     method: str
     codes: tuple[str, ...]
     mixed: tuple[str, ...]
+    # against the code the table was rendered with (engine/provenance.other_code, the rule STALE=1 applies): the parts
+    # in which some of its runs' code differs, and how many of its runs that is (0: every run is current)
+    other: tuple[str, ...] = ()
+    other_runs: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,10 @@ class Provenance:
     code: tuple[CellCode, ...]
     spent: Spent | None  # None: not read (no trained runs)
     written_at: str  # ISO 8601, UTC, to the minute
+    # every run the plan trained (selection, reported and length runs) made by code other than the code the table was
+    # rendered with (engine/provenance.other_code: what STALE=1 retrains), of how many checked
+    other_code_runs: int = 0
+    code_checked: int = 0
 
 
 def code_text(summary: Mapping) -> str:
@@ -104,6 +112,20 @@ def _mixed(sums: list[Mapping], same: Mapping[str, Mapping[str, str]]) -> tuple[
     if any(not c for c in codes) and len({bool(c) for c in codes}) > 1:
         parts.append("unrecorded")
     return tuple(parts)
+
+
+class _Current:
+    """`other_code` over many runs, reading the code on disk once: {run: the parts its code differs in}."""
+
+    def __init__(self, same: Mapping) -> None:
+        self.files, self.same = source_files(), same
+
+    def parts(self, summary: Mapping) -> list[str]:
+        return other_code(summary.get("code"), run_method(summary), self.files, self.same)  # type: ignore[arg-type]
+
+    def cell(self, sums: list[Mapping]) -> tuple[tuple[str, ...], int]:
+        found = [self.parts(s) for s in sums]
+        return tuple(sorted({p for f in found for p in f})), sum(bool(f) for f in found)
 
 
 def walls_of(walls: Iterable[float]) -> Walls:
@@ -177,6 +199,8 @@ def provenance(plan: Plan, cells: Mapping[tuple[str, str], TableCell], done: lis
             by.setdefault(family.get(key, key[0] if isinstance(key, tuple) else key), []).extend(c.wall)
     commits, states, aliased = _commits(sums)
     same = equivalent_hashes()
+    now_code = _Current(same)
+    done = trained(plan) if done is None else done
     gpu_hours, gpu_runs = _gpu(sums)
     when = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).replace(second=0, microsecond=0)
     return Provenance(
@@ -185,6 +209,7 @@ def provenance(plan: Plan, cells: Mapping[tuple[str, str], TableCell], done: lis
         tuple(sorted({str(c) for s in sums if (c := (s.get("hardware") or {}).get("cpu_capability"))})),
         len(sums), tuple(sorted(made_elsewhere(sums, exp.table).items())), gpu_hours, gpu_runs, _validation(cells),
         walls_of(w for c in cells.values() for w in c.wall), tuple((k, walls_of(ws)) for k, ws in by.items()),
-        tuple(CellCode(k[0], k[1], tuple(sorted({code_text(s) for s in c.summaries})), _mixed(c.summaries, same))
+        tuple(CellCode(k[0], k[1], tuple(sorted({code_text(s) for s in c.summaries})), _mixed(c.summaries, same),
+                       *now_code.cell(c.summaries))
               for k, c in cells.items() if isinstance(k, tuple)),
-        spent(trained(plan) if done is None else done, exp.table), when.isoformat())
+        spent(done, exp.table), when.isoformat(), sum(bool(now_code.parts(s)) for s in done), len(done))

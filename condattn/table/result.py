@@ -27,9 +27,11 @@ from ..stats import (
     Reach,
     Scale,
     Speaks,
+    Speed,
     State,
     Trend,
     Verdict,
+    Word,
     convergence,
     delta_trend,
     mean_std,
@@ -37,7 +39,9 @@ from ..stats import (
     pick_strength,
     project_holm,
     reach,
+    regime_word,
     speaks_to,
+    speed_ratio,
     verdict_basis,
     verdicts,
 )
@@ -159,6 +163,9 @@ class Arm:
     commits: tuple[str, ...]
     step0: tuple[Step0, ...] = ()  # the step-0 diagnostics, means over the runs that recorded them (table/step0.py)
     metric: str = ""  # the summary key its values are (the row's own at this scale: final_test_acc, test_loss, …)
+    # steps to the baseline's final validation level, as a ratio to the baseline's (None for the baseline, or
+    # without curves)
+    speed: Speed | None = None
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,31 @@ class Family:
 
 
 @dataclass(frozen=True)
+class RegimeLine:
+    """One method's two regimes (experiment `regimes:`): its verdict in a budget family (still learning at 2×) beside
+    its verdict in the converged family that pairs with it, its speed in the budget family (steps to the baseline's
+    final validation level, as a ratio), and the one word those decide (stats.regime_word)."""
+
+    row: str  # the arm's row in the budget family
+    method: str
+    label: str
+    hypothesis: str
+    budget_family: str
+    budget: Outcome
+    budget_diff: float | None
+    budget_low: float | None
+    budget_high: float | None
+    budget_mde: float | None
+    convergence_family: str  # "": no converged family pairs with it (or none has runs yet)
+    convergence: Outcome | None  # None: no converged family with runs yet
+    convergence_diff: float | None
+    convergence_mde: float | None
+    convergence_basis: Basis | None
+    speed: Speed | None
+    word: Word
+
+
+@dataclass(frozen=True)
 class TableResult:
     table: str
     scale: str
@@ -218,6 +250,7 @@ class TableResult:
     families: tuple[Family, ...]
     missing_runs: int  # planned reported and length runs without a finished summary
     provenance: Provenance | None = None  # None: a result serialised before it was recorded
+    regimes: tuple[RegimeLine, ...] = ()  # per arm of each budget family (experiment `regimes:`)
 
     def arm(self, row: str, method: str) -> Arm | None:
         return next((a for f in self.families for a in (f.baseline, *f.arms) if (a.row, a.method) == (row, method)),
@@ -350,18 +383,22 @@ class _Ctx:
 
 
 def _arm(ctx: _Ctx, rm: tuple[str, str], hyp: str, t: Verdict | None, t2: Verdict | None, trend: Trend | None,
-         basis: Basis, target: Target) -> Arm:
+         basis: Basis, target: Target, base_final: list[int | None] | None = None) -> Arm:
     plan, exp = ctx.plan, ctx.plan.exp
     row, method = rm
     cell, spec = ctx.cells[rm], method_spec(method)
     reading = (exp.rows[row].reading or row) if exp.rows[row].method is not None else spec.table_label
     label = spec.table_label if hyp in ("baseline", "primary") else reading
     higher = exp.higher_is_better_for(row)
-    med, last, steps = steps_to(cell.summaries, target.value, exp.curve.get("key", "acc"), exp.multiplier, higher)
+    key = exp.curve.get("key", "acc")
+    med, last, steps = steps_to(cell.summaries, target.value, key, exp.multiplier, higher)
+    # the speed effect: steps to the baseline's final validation level, as a ratio to the baseline's own steps there
+    speed = speed_ratio(base_final, steps_to(cell.summaries, target.final, key, exp.multiplier, higher)[2]) \
+        if base_final else None
     return Arm(row, method, label, reading, hyp, _values(cell), _values(ctx.long.get(rm)), _test(t), _test(t2), trend,
                basis, pick_of(plan, exp.pick_key(row, method), cell, higher), paper_claim(exp, row, method),
                spec.rival, med, last, tuple(steps), tuple(sorted({s.get("commit", "") for s in cell.summaries})),
-               step0(cell.summaries), exp.row_metric(plan.scale, row))
+               step0(cell.summaries), exp.row_metric(plan.scale, row), speed)
 
 
 def _tests(ctx: _Ctx, members: list, hyp: dict, higher: bool, untested: bool) -> tuple[dict, dict]:
@@ -398,16 +435,20 @@ def _family(ctx: _Ctx, name: str, members: list[tuple[str, str]]) -> Family:
     conv = convergence(one, two, margin, higher) if two else None
     state = (conv.state if conv is not None else State.NOT_JUDGED) if check else None
     target = baseline_target(base.summaries, exp.curve.get("key", "acc"), exp.multiplier, higher)
+    _, base_last, to_final = steps_to(base.summaries, target.final, exp.curve.get("key", "acc"), exp.multiplier,
+                                      higher)
+    # the speed effect's denominator: the baseline reaches its final level by its last evaluation (a seed that ends
+    # under the mean of the finals is counted there: that is where its budget ends)
+    base_final = [base_last if x is None else x for x in to_final]
     arms = []
     for rm in others:
         trend = delta_trend(one, two, ctx.cells[rm].by_seed(), ctx.long[rm].by_seed()) \
             if two and rm in ctx.long and ctx.long[rm].values else None
         t = tests.get(rm)
         basis = verdict_basis(state, trend, t.mde_printed if t else None)
-        arms.append(_arm(ctx, rm, hyp[rm], t, long_tests.get(rm), trend, basis, target))
+        arms.append(_arm(ctx, rm, hyp[rm], t, long_tests.get(rm), trend, basis, target, base_final))
     words = {a.label: a.test.outcome for a in arms if a.test is not None}
     total = max((int(s.get("steps") or 0) for s in base.summaries), default=0)
-    to_final = steps_to(base.summaries, target.final, exp.curve.get("key", "acc"), exp.multiplier, higher)[2]
     entry, metric = ctx.floors.get(name) or ctx.floors.get(base_rm[0]), exp.row_metric(scale, base_rm[0])
     mismatch = str(entry.get("metric")) if entry and entry.get("metric") not in (None, metric) else ""
     # the A/A split joins the family's primary arms, each with its own raw p (an arm without a test counts as p = 1)
@@ -465,9 +506,42 @@ def table_result(plan: Plan, floors: Mapping | None = None, cells: dict | None =
                  if members and all(rm in cells for rm in members))
     result = TableResult(exp.table, scale, plan.output_stem, exp.row_metric(scale), exp.multiplier,
                          exp.higher_is_better_for(), fams, missing_runs(cells) + missing_runs(long),
-                         provenance(plan, cells, done))
+                         provenance(plan, cells, done), regime_lines(exp, fams))
     return result, cells, long
 
 
-__all__ = ["Arm", "Basis", "Family", "FloorCheck", "Mark", "Outcome", "PaperClaim", "Pick", "Speaks", "State",
-           "TableResult", "Test", "Values", "paper_claim", "pick_of", "plain", "project_tests", "table_result"]
+def _pair_key(fam: Family, a: Arm) -> tuple[str, str]:
+    """How an arm finds its twin in the paired family: its row name after the family's (table 9's readings:
+    `vit_hard_cet` → "cet"), and its method where the rows are the families (table 1: the row is the family)."""
+    return (a.row.removeprefix(f"{fam.name}_") if a.row != fam.name else "", a.method if a.row == fam.name else "")
+
+
+def regime_lines(exp: Experiment, fams: Sequence[Family]) -> tuple[RegimeLine, ...]:
+    """Each arm of every family the experiment declares `regime: budget`, beside its twin in the family declared
+    `regime: convergence` that pairs with it (`budget: <that family>`), and the one word (stats.regime_word). A
+    converged family whose baseline or twin has no finished run yet counts as none ('no converged family yet')."""
+    by_name = {f.name: f for f in fams}
+    out = []
+    for name, reg in exp.regimes.items():
+        fam = by_name.get(name)
+        if reg.regime != "budget" or fam is None:
+            continue
+        conv = next((by_name[c] for c, r in exp.regimes.items()
+                     if r.regime == "convergence" and r.budget == name and c in by_name), None)
+        twins = {_pair_key(conv, a): a for a in conv.arms} if conv is not None and conv.baseline.at1.n else {}
+        for a in fam.arms:
+            t, c = a.test, twins.get(_pair_key(fam, a))
+            ct = c.test if c is not None and c.at1.n else None
+            out.append(RegimeLine(
+                a.row, a.method, a.label, a.hypothesis, name, t.outcome if t else Outcome.UNTESTED,
+                t.diff if t else None, t.low if t else None, t.high if t else None, t.mde_printed if t else None,
+                conv.name if ct is not None and conv is not None else "", ct.outcome if ct else None,
+                ct.diff if ct else None, ct.mde_printed if ct else None, c.basis if ct and c else None, a.speed,
+                regime_word(t.outcome if t else Outcome.UNTESTED, ct.outcome if ct else None,
+                            bool(c and c.basis == Basis.CONVERGENCE), a.speed)))
+    return tuple(out)
+
+
+__all__ = ["Arm", "Basis", "Family", "FloorCheck", "Mark", "Outcome", "PaperClaim", "Pick", "RegimeLine", "Speaks",
+           "Speed", "State", "TableResult", "Test", "Values", "Word", "paper_claim", "pick_of", "plain",
+           "project_tests", "regime_lines", "table_result"]

@@ -23,6 +23,15 @@ def kept_root(results_root: str | Path, scale: str) -> Path:
     return Path(results_root) / scale / "runs"
 
 
+EXPLORATORY = "exploratory"  # results/exploratory/: ignored by git (.gitignore), never committed
+
+
+def exploratory_root(results_root: str | Path) -> Path:
+    """Where exploratory output goes (a table made with science overrides, `make compare`, `diagnose`):
+    results/exploratory/, a folder git ignores, so that such a run leaves `git status` clean."""
+    return Path(results_root) / EXPLORATORY
+
+
 class RunStore:
     """The kept records of one scale, by run name and (built on the first twin lookup) by science-config hash."""
 
