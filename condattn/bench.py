@@ -363,6 +363,88 @@ def cost_terms() -> list[str]:
     return out
 
 
+# `--efficiency`: one small cell per table family (table, row): the share of a run's CPU in its training steps
+EFFICIENCY_CELLS = {"table1_vit": ("table1_imagenet", "vit_base"), "table4_listops": ("table4_lra", "listops"),
+                    "table5_gpt2": ("table5_tinystories", "gpt2")}
+
+
+def efficiency_cell(key: str, scale: str = "small") -> tuple[str, list[str]]:
+    """(run name, overrides) of the baseline's first-seed cell of EFFICIENCY_CELLS[key] at `scale`."""
+    from .experiment import load
+    from .table.cells import parts
+
+    table, row = EFFICIENCY_CELLS[key]
+    exp = load(provenance.REPO / "experiments" / f"{table}.yaml")
+    part = next(p for p in parts(exp, scale, [0]) if p.row == row and p.method == "none")
+    return part.name, list(part.own)
+
+
+def bench_efficiency(key: str, steps: int | None, project_to: list[int], out_runs: Path, scale: str = "small",
+                     extra: list[str] | None = None) -> dict:
+    """Train the cell `key` in a fresh process (its imports are part of its cost), `steps` steps (None: the recipe's),
+    and read its CPU split (summary.json performance.cpu_split, engine/runcost.py); projected to `project_to` steps
+    (fixed costs as measured, training, evaluation and checkpoints per step / evaluation / checkpoint)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from .config import compose
+    from .engine import runcost
+
+    name, own = efficiency_cell(key, scale)
+    ov = [*own, "logger=none", "resume=never", f"paths.runs={out_runs}", *([f"task.steps={steps}"] if steps else []),
+          *(extra or [])]
+    cfg = compose(ov)
+    run_dir = Path(str(cfg.run.dir))
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    done = subprocess.run([sys.executable, "-m", "condattn.train", *ov], env=env, capture_output=True, text=True)
+    summary_file = run_dir / "summary.json"
+    if done.returncode != 0 or not summary_file.is_file():
+        raise RuntimeError(f"{name} failed: {done.stderr.strip().splitlines()[-3:]}")
+    summary = json.loads(summary_file.read_text())
+    measured = summary["performance"]["cpu_split"]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    every, ckpt = int(cfg.task.eval_every), int(cfg.impl.checkpoint_every)
+    return {"cell": key, "run": name, "overrides": ov, "recipe_steps": int(compose(own).task.steps),
+            "measured": measured, "execution": summary.get("execution"),
+            "projected": {str(n): runcost.project(measured, n, every, ckpt) for n in project_to}}
+
+
+def render_efficiency(results: list[dict], header: str) -> str:
+    from .engine import runcost
+
+    rows = []
+    for r in results:
+        rows.append((f"{r['cell']} (measured)", r["measured"]))
+        rows += [(f"{r['cell']} (projected)", p) for p in r["projected"].values()]
+    return (f"{header}\n\nThe process's own CPU time (time.process_time), by cause (condattn/engine/runcost.py); "
+            "projected rows: training, evaluation and checkpoints scaled by their count, every other cause as "
+            "measured (a fixed cost per run).\n\n" + runcost.render(rows))
+
+
+def _main_efficiency(args: argparse.Namespace) -> int:
+    hw = provenance.hardware(torch.device("cpu"), 1)
+    header = (f"# condattn efficiency bench: the share of a small run's CPU time in its training steps (measured)\n\n"
+              f"{provenance.describe(hw)}, commit {provenance.git_commit()}, torch {torch.__version__}, "
+              f"OMP_NUM_THREADS={__import__('os').environ.get('OMP_NUM_THREADS', '1')}, "
+              f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
+    out = Path(args.out)
+    results = []
+    for key in args.efficiency:
+        r = bench_efficiency(key, args.efficiency_steps, [*args.project_to], out / "runs", extra=args.efficiency_args)
+        results.append(r)
+        print(render_efficiency([r], f"## {key}"), flush=True)
+    md = render_efficiency(results, header)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{hw['host']}_efficiency"
+    (out / f"{stem}.md").write_text(md)
+    (out / f"{stem}.json").write_text(json.dumps({"header": header, "hardware": hw, "results": results}, indent=2))
+    print(md)
+    print(f"wrote {out / stem}.md and .json")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m condattn.bench", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", default=DEFAULT_MODELS,
@@ -383,7 +465,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="measure data-loader samples/s per worker on a replica instead of model steps (repeatable)")
     p.add_argument("--loader-seconds", type=float, default=15.0, help="timed seconds per loader option")
     p.add_argument("--loader-images", type=int, default=96, help="images in the ImageNet replica (COCO: a third)")
+    p.add_argument("--efficiency", nargs="*", choices=list(EFFICIENCY_CELLS), metavar="CELL",
+                   help="instead: the share of a small run's CPU time in its training steps, by cause, for these cells "
+                        f"(no name: all of {list(EFFICIENCY_CELLS)})")
+    p.add_argument("--efficiency-steps", type=int, default=300,
+                   help="steps each efficiency run trains (0: the recipe's)")
+    p.add_argument("--project-to", type=int, nargs="*", default=[2000], help="steps to project each split to")
+    p.add_argument("--efficiency-args", nargs="*", default=[], help="extra overrides for the efficiency runs")
     args = p.parse_args(argv)
+    if args.efficiency is not None:
+        args.efficiency = args.efficiency or list(EFFICIENCY_CELLS)
+        args.efficiency_steps = args.efficiency_steps or None
+        return _main_efficiency(args)
     if args.loader:
         return _main_loader(args)
     args.models = [m for name in args.models for m in (ZOO if name == "zoo" else [name])]

@@ -27,6 +27,7 @@ from .parts import (
     TestProtocol,
     Throughput,
 )
+from .runcost import HOOK_CAUSE, IN_STEP, CpuLedger, cpu
 from .setup import Run, start
 from .summary import build_summary, write_summary
 
@@ -63,10 +64,21 @@ class StepLoop:
         self.loss = self.acc = self.grad_norm = self.val = None
         self.last = self.stopping = False
         self._t0 = 0.0
+        self.cpu = run.cpu if run.cpu is not None else CpuLedger(cpu())
+        self._in_step = False
+        self._cpu_out = 0.0  # CPU of this step's hooks charged to a cause other than training
 
     def _hooks(self, name: str) -> None:
         for part in self.schedule[name]:
+            t = cpu()
             getattr(part, name)(self)
+            key = (type(part).__name__, name)
+            cause = HOOK_CAUSE.get(key) or ("train" if key in IN_STEP else "other")
+            if cause != "train" or not self._in_step:  # (inside a step, training's share is the step's own CPU)
+                spent = cpu() - t
+                self.cpu.add(cause, spent)
+                if self._in_step:
+                    self._cpu_out += spent
 
     def untimed(self, seconds: float) -> None:
         """Time spent in this step that is not training (kept out of TrainState.train_time)."""
@@ -74,7 +86,10 @@ class StepLoop:
 
     def train(self) -> dict:
         run = self.run
-        start(run)  # resume (the attached parts' state too), open the log, write the config
+        ledger = self.cpu
+        ledger.add("startup", max(cpu() - ledger.start - sum(ledger.spent.values()), 0.0))  # imports, config, build
+        with ledger.charge("startup"):
+            start(run)  # resume (the attached parts' state too), open the log, write the config
         self._hooks("before_train")
         run.model.train()
         try:
@@ -86,6 +101,7 @@ class StepLoop:
             run.logger.finish()
             raise
         self._hooks("after_train")
+        run.performance = {**(run.performance or {}), "cpu_split": ledger.close()}
         metrics = {**self.best.metrics(), **self.test.metrics()}
         summary = build_summary(run, metrics, self.budget.summary(), self.diagnostics.summary())
         if run.main:
@@ -129,6 +145,7 @@ class StepLoop:
         self._first_batches()
         while state.step < run.steps and not run.budget.exhausted():  # (a resumed run may have used its budget up)
             self._t0 = time.time()
+            c0, self._cpu_out, self._in_step = cpu(), 0.0, True
             accum_now = self._forward_backward()
             self._hooks("after_backward")
             self._optimizer_step()
@@ -136,9 +153,15 @@ class StepLoop:
             state.train_time += time.time() - self._t0
             state.samples += accum_now * run.micro * run.world
             self._hooks("after_optimizer_step")
+            self._in_step = False
+            self.cpu.add("train", cpu() - c0 - self._cpu_out)
+            self.cpu.steps += 1
+            ckpt = self.checkpoints.last
             self.last = state.step == run.steps or self.budget.budget_stopped
             self.val = None
             self._hooks("after_step")
+            self.cpu.evals += self.val is not None
+            self.cpu.checkpoints += self.checkpoints.last is not ckpt
             self._hooks("end_of_step")
             if self.budget.budget_stopped:
                 break

@@ -31,6 +31,7 @@ from .logging import RunLogger
 from .optim import build_optimizer
 from .precision import Execution, compile_model, resolve_execution
 from .preflight import Checked, PreflightError, Problem, batch_split, check_config
+from .runcost import CpuLedger, cpu
 from .state import TrainState
 
 
@@ -63,6 +64,7 @@ class Run:
     logger: RunLogger | None = None
     execution: Execution | None = None  # precision, compile and fused AdamW as used on this device
     performance: dict | None = None  # samples/s, FLOPs per sample and MFU (engine/parts/throughput.py)
+    cpu: CpuLedger | None = None  # the process's CPU time by cause (engine/runcost.py)
 
     @property
     def world(self) -> int:
@@ -131,16 +133,16 @@ class Components:
 
 
 def build_components(cfg: Any, conditioning: Any, data_guard: Any = None, prepare: Any = None,
-                     keep_unpatched: bool = False) -> Components:
+                     keep_unpatched: bool = False, ledger: CpuLedger | None = None) -> Components:
     """Data, model, its conditioning patch (checked against `model.attention_layers`), task: the order `train` and
     `diagnose` share (each draws from the RNG after the seed). `conditioning`: what apply_conditioning takes (the
     run's ConditioningSpec); `data_guard`: a context around the data build (accelerate's main_process_first);
     `prepare(model) -> model`: before the patch (diagnose: to its device, eval mode); `keep_unpatched`: also keep a
-    copy of the model before its patch."""
+    copy of the model before its patch; `ledger`: charged the data build's CPU (engine/runcost.py)."""
     import contextlib
     import copy
 
-    with data_guard or contextlib.nullcontext():
+    with data_guard or contextlib.nullcontext(), ledger.charge("data") if ledger else contextlib.nullcontext():
         data = build_datasets(cfg)
     model = build_model(cfg.model)
     if prepare is not None:
@@ -163,15 +165,18 @@ def keep_tokenizer(info: dict, run_dir: Path) -> None:
         shutil.copyfile(src, run_dir / TOKENIZER)
 
 
-def build_run(cfg: Any, run_dir: Path, deterministic: bool, checked: Checked | None = None) -> Run:
+def build_run(cfg: Any, run_dir: Path, deterministic: bool, checked: Checked | None = None,
+              ledger: CpuLedger | None = None) -> Run:
     """The run of `cfg`, from its one config check (`checked`: the conditioning spec and the budget; checked here when
-    None)."""
+    None); `ledger`: where its CPU time is counted by cause (engine/runcost.py; a fresh one from now when None)."""
+    ledger = ledger or CpuLedger(cpu())
     checked = (checked or check_config(cfg)).raise_problems()
     execution = resolve_execution(cfg.impl, "cuda" if torch.cuda.is_available() else "cpu")
     accelerator, (glob, micro, accum) = _accelerator(cfg, run_dir, deterministic, execution)
     world, rank = accelerator.num_processes, accelerator.process_index
     # rank 0 generates/caches the data files, the others then read them
-    data, model, report, task = build_components(cfg, checked.conditioning, accelerator.main_process_first())
+    data, model, report, task = build_components(cfg, checked.conditioning, accelerator.main_process_first(),
+                                                 ledger=ledger)
     if accelerator.is_main_process:
         keep_tokenizer(data.info, run_dir)
     steps = int(cfg.task.steps)
@@ -197,7 +202,7 @@ def build_run(cfg: Any, run_dir: Path, deterministic: bool, checked: Checked | N
     accelerator.register_for_checkpointing(state)
     return Run(cfg, run_dir, accelerator, glob, micro, accum, steps, data, model, accelerator.unwrap_model(model),
                report, task, optimizer, scheduler, budget, sampler, train_loader, val_loader, test_loader, state,
-               execution=execution)
+               execution=execution, cpu=ledger)
 
 
 def start(run: Run) -> None:

@@ -29,10 +29,13 @@ from .errors import TrainingDiverged, TrainingInterrupted
 from .identity import config_mismatch
 from .loop import StepLoop
 from .preflight import Checked, PreflightError, Problem
+from .runcost import CpuLedger, cpu
 from .setup import build_run, process_settings
 from .state import TrainState
 
 __all__ = ["TrainState", "TrainingDiverged", "TrainingInterrupted", "train"]
+
+_FIRST = [True]  # the first run of a process is charged its imports and config (its CPU from the process's start)
 
 
 def train(cfg: Any, checked: Checked | None = None) -> dict:
@@ -40,6 +43,8 @@ def train(cfg: Any, checked: Checked | None = None) -> dict:
     passes its own check of it (`checked`: the preflight of the train CLI or of reproduce); then the run
     directory's lock is taken (a second process on the same run waits for the first, then finds it finished); a
     directory that records another science config is refused (engine/identity.py), a finished one is returned."""
+    ledger = CpuLedger(0.0 if _FIRST[0] else cpu())  # the CPU time by cause (engine/runcost.py)
+    _FIRST[0] = False
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per checkpoint file otherwise
     run_dir = Path(cfg.run.dir)
     checked = (checked or preflight.check_config(cfg)).raise_problems()
@@ -58,7 +63,7 @@ def train(cfg: Any, checked: Checked | None = None) -> dict:
         was_deterministic = torch.are_deterministic_algorithms_enabled()
         deterministic = process_settings(cfg)
         try:
-            loop = StepLoop(build_run(cfg, run_dir, deterministic, checked))
+            loop = StepLoop(build_run(cfg, run_dir, deterministic, checked, ledger))
             provenance.at_start()  # the commit and code fingerprint the summary records: what this process loaded
             return loop.train()
         finally:  # a process that trains several cells (reproduce, tests) gets its global setting back

@@ -1,0 +1,97 @@
+"""A run's CPU split by cause (condattn/engine/runcost.py): the remainder, the projection to more steps, the table,
+and which cause each part's hook is charged to by the loop."""
+
+import time
+
+import pytest
+
+from condattn.engine import runcost
+from condattn.engine.loop import StepLoop
+from condattn.engine.runcost import CpuLedger
+
+
+def _spin(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_split_adds_the_unexplained_remainder_to_other_and_gives_the_training_share():
+    s = runcost.split({"train": 9.0, "startup": 0.5}, total=10.0, steps=90, evals=1, checkpoints=1)
+    assert s["seconds"]["other"] == 0.5 and s["total_s"] == 10.0 and s["train_share"] == 0.9
+    assert set(s["seconds"]) == {"train", *runcost.CAUSES}
+    assert runcost.split({}, total=0.0)["train_share"] is None
+
+
+def test_events_count_every_interval_and_the_last_step():
+    assert runcost.events(300, 100) == 3
+    assert runcost.events(301, 100) == 4  # and the last step
+    assert runcost.events(50, 100) == 1
+    assert runcost.events(10, 0) == 1
+
+
+def test_projection_scales_training_evaluation_and_checkpoints_and_keeps_fixed_costs():
+    measured = runcost.split({"train": 30.0, "startup": 8.0, "data": 2.0, "eval": 0.8, "test": 1.0,
+                              "checkpoint": 0.2}, total=42.0, steps=300, evals=4, checkpoints=1)
+    p = runcost.project(measured, 2000, eval_every=100, checkpoint_every=500)
+    assert p["steps"] == 2000 and p["evals"] == 20 and p["checkpoints"] == 4
+    assert p["seconds"]["train"] == pytest.approx(200.0)
+    assert p["seconds"]["eval"] == pytest.approx(0.2 * 20)
+    assert p["seconds"]["checkpoint"] == pytest.approx(0.2 * 4)
+    for fixed in ("startup", "data", "test"):
+        assert p["seconds"][fixed] == measured["seconds"][fixed]
+    assert p["train_share"] == pytest.approx(200.0 / p["total_s"], abs=1e-4)
+
+
+def test_render_prints_one_row_per_split_with_every_cause():
+    s = runcost.split({"train": 9.0, "data": 1.0}, total=10.0, steps=90)
+    md = runcost.render([("vit", s)])
+    assert "| vit | 90 | 10.0 | 90.0 % | 9.0 | 0.0 | 1.0 |" in md
+    assert all(runcost.LABELS[c] in md for c in runcost.CAUSES)
+
+
+def test_ledger_charges_cpu_time_not_wall_time():
+    ledger = CpuLedger(time.process_time())
+    with ledger.charge("eval"):
+        time.sleep(0.2)  # waiting is no CPU
+    with ledger.charge("test"):
+        _spin(0.05)
+    assert ledger.spent["eval"] < 0.05 <= ledger.spent["test"]
+    assert ledger.close()["total_s"] >= 0.05
+
+
+class Diagnostics:  # named as the loop's parts are: the ledger maps (class name, hook) to a cause
+    def after_backward(self, loop):
+        _spin(0.02)
+
+
+class Divergence:
+    def after_backward(self, loop):
+        _spin(0.02)
+
+
+class Progress:
+    def after_step(self, loop):
+        _spin(0.02)
+
+
+class BestModel:
+    def after_step(self, loop):
+        _spin(0.02)
+
+
+def _loop(schedule) -> StepLoop:
+    loop = object.__new__(StepLoop)  # the hook dispatch alone, without a run
+    loop.schedule, loop.cpu, loop._in_step, loop._cpu_out = schedule, CpuLedger(time.process_time()), False, 0.0
+    return loop
+
+
+def test_hooks_are_charged_to_their_cause_and_kept_out_of_the_step():
+    loop = _loop({"after_backward": [Divergence(), Diagnostics()], "after_step": [Progress(), BestModel()]})
+    loop._in_step = True
+    loop._hooks("after_backward")  # step 0's gradient norms: step-0 diagnostics, not training
+    assert loop.cpu.spent["step0"] >= 0.02 and loop._cpu_out == loop.cpu.spent["step0"]
+    assert loop.cpu.spent["train"] == 0.0  # the divergence check stays in the step's own CPU (counted by the step)
+    loop._in_step = False
+    loop._hooks("after_step")
+    assert loop.cpu.spent["eval"] >= 0.02 and loop.cpu.spent["other"] >= 0.02
