@@ -406,9 +406,10 @@ def bench_efficiency(key: str, steps: int | None, project_to: list[int], out_run
     measured = summary["performance"]["cpu_split"]
     shutil.rmtree(run_dir, ignore_errors=True)
     every, ckpt = int(cfg.task.eval_every), int(cfg.impl.checkpoint_every)
-    return {"cell": key, "run": name, "overrides": ov, "recipe_steps": int(compose(own).task.steps),
+    recipe = int(compose(own).task.steps)
+    return {"cell": key, "run": name, "overrides": ov, "recipe_steps": recipe,
             "measured": measured, "execution": summary.get("execution"),
-            "projected": {str(n): runcost.project(measured, n, every, ckpt) for n in project_to}}
+            "projected": {str(n): runcost.project(measured, n, every, ckpt) for n in sorted({*project_to, recipe})}}
 
 
 def render_efficiency(results: list[dict], header: str) -> str:
@@ -470,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"(no name: all of {list(EFFICIENCY_CELLS)})")
     p.add_argument("--efficiency-steps", type=int, default=300,
                    help="steps each efficiency run trains (0: the recipe's)")
-    p.add_argument("--project-to", type=int, nargs="*", default=[2000], help="steps to project each split to")
+    p.add_argument("--project-to", type=int, nargs="*", default=[2000],
+                   help="steps to project each split to (beside the recipe's own)")
     p.add_argument("--efficiency-args", nargs="*", default=[], help="extra overrides for the efficiency runs")
     args = p.parse_args(argv)
     if args.efficiency is not None:

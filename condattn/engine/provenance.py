@@ -105,7 +105,8 @@ STALE_PARTS = ("conditioning", "model", "task", "engine")  # what --refresh-stal
 NOT_RESULT = tuple(f"condattn/engine/{f}" for f in (
     "cost.py", "flops.py", "logging.py", "errors.py", "provenance.py", "summary.py", "twins.py", "identity.py",
     "preflight.py", "signals.py", "parts/progress.py", "parts/throughput.py", "parts/signals.py",
-    "step0.py"))  # (step0.py: recomputes a record's step-0 readings; a training run never executes it)
+    "step0.py", "runcost.py"))  # (step0.py: recomputes a record's step-0 readings; a training run never executes it;
+# runcost.py: the run's CPU time by cause, timing only)
 
 
 def _files(paths: tuple[str, ...], root: Path | None = None) -> list[Path]:
