@@ -80,9 +80,17 @@ def registered() -> dict[str, DatasetEntry]:
     return DATASETS
 
 
+BUILDER_MODULES = {"lra_pathfinder": "pathfinder"}  # a builder registered by a module of another name
+
+
 def dataset_entry(builder: str) -> DatasetEntry | None:
-    """The registered dataset of `data.builder`, or None."""
-    return registered().get(builder)
+    """The registered dataset of `data.builder`, or None. Only the module that registers it is imported (its own
+    name, or BUILDER_MODULES'): a run imports what it uses (COCO's torchvision costs a text run ~2 CPU s); an unknown
+    builder imports them all (`registered`)."""
+    module = BUILDER_MODULES.get(str(builder), str(builder))
+    if builder not in DATASETS and module in MODULES:
+        importlib.import_module(f"{__package__}.{module}")
+    return DATASETS.get(builder) or registered().get(builder)
 
 
 def build_datasets(cfg: Any) -> DataBundle:
