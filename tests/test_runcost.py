@@ -95,3 +95,51 @@ def test_hooks_are_charged_to_their_cause_and_kept_out_of_the_step():
     loop._in_step = False
     loop._hooks("after_step")
     assert loop.cpu.spent["eval"] >= 0.02 and loop.cpu.spent["other"] >= 0.02
+
+
+# ---------------------------------------------------------------- compile only past the measured break-even
+def test_break_even_is_the_compile_cost_over_what_each_step_saves():
+    from condattn.engine.precision import break_even_steps
+
+    assert break_even_steps(150.0, 0.050, 0.040) == pytest.approx(15000)
+    assert break_even_steps(150.0, 0.040, 0.040) is None  # a compiled step saves nothing: never
+    assert break_even_steps(150.0, 0.040, 0.050) is None
+
+
+def test_auto_compiles_only_runs_at_or_past_the_break_even_and_says_why():
+    from condattn.engine.precision import resolve_execution
+
+    cost = {"compile_s": 100.0, "eager_step_s": 0.05, "compiled_step_s": 0.04}  # break-even: 10,000 steps
+    impl = {"cpu_compile": "auto", "compile_cost": {"vit_tiny_32": cost}}
+    short = resolve_execution(impl, "cpu", steps=2000, model="vit_tiny_32")
+    long = resolve_execution(impl, "cpu", steps=10000, model="vit_tiny_32")
+    unmeasured = resolve_execution(impl, "cpu", steps=10**6, model="gpt2_tiny")
+    assert not short.compile and "2000 steps < the break-even 10000" in short.compile_reason
+    assert long.compile and long.compile_mode == "default" and "compiled" in long.compile_reason
+    assert not unmeasured.compile and "no measured compile cost" in unmeasured.compile_reason
+    assert "compile_reason" in long.to_dict()  # recorded in summary.json's execution
+    forced = resolve_execution({"cpu_compile": True}, "cpu")
+    assert forced.compile and forced.compile_reason == "impl.cpu_compile=true"
+    assert not resolve_execution({}, "cpu").compile  # the default stays eager
+
+
+def test_a_bad_compile_value_is_refused_with_the_choices():
+    from condattn.engine.precision import execution_problems
+
+    assert any("choose true, false or auto" in p for p in execution_problems({"cpu_compile": "sometimes"}))
+
+
+@pytest.mark.slow  # (torch.compile's import: seconds)
+def test_compiling_leaves_the_module_eager_for_the_diagnostics_and_keeps_the_cache(tmp_path, monkeypatch):
+    import os
+
+    import torch
+
+    from condattn.engine.precision import compile_model, resolve_execution
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    model = torch.nn.Linear(2, 2)
+    compiled = compile_model(model, resolve_execution({"cpu_compile": True}, "cpu"), tmp_path / "torch_compile")
+    assert compiled is not model and compiled._orig_mod is model  # (nothing is compiled before its first call)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "torch_compile")
+    assert compile_model(model, resolve_execution({}, "cpu"), tmp_path) is model

@@ -31,7 +31,7 @@ NOT_SCIENCE = (
     "run", "paths", "resume", "logger", "launcher", "hydra", "debug",
     "impl.threads", "impl.micro_batch_size", "impl.compile", "impl.num_workers", "impl.pin_memory",
     "impl.deterministic", "impl.flush_denormal", "impl.checkpoint_every", "impl.keep_checkpoints", "impl.max_loss",
-    "impl.compile_mode", "impl.cpu_compile", "impl.fused_adamw",
+    "impl.compile_mode", "impl.cpu_compile", "impl.compile_cost", "impl.fused_adamw",
     "impl.worker_samples_per_s",  # the dry run's cost estimate only
     "task.log_every", "data.root", "data.cache", "model.runs_root",
 )

@@ -171,7 +171,8 @@ def build_run(cfg: Any, run_dir: Path, deterministic: bool, checked: Checked | N
     None); `ledger`: where its CPU time is counted by cause (engine/runcost.py; a fresh one from now when None)."""
     ledger = ledger or CpuLedger(cpu())
     checked = (checked or check_config(cfg)).raise_problems()
-    execution = resolve_execution(cfg.impl, "cuda" if torch.cuda.is_available() else "cpu")
+    execution = resolve_execution(cfg.impl, "cuda" if torch.cuda.is_available() else "cpu", int(cfg.task.steps),
+                                  str(cfg.model.get("name")))
     accelerator, (glob, micro, accum) = _accelerator(cfg, run_dir, deterministic, execution)
     world, rank = accelerator.num_processes, accelerator.process_index
     # rank 0 generates/caches the data files, the others then read them
@@ -183,7 +184,7 @@ def build_run(cfg: Any, run_dir: Path, deterministic: bool, checked: Checked | N
     budget = checked.budget  # wall-clock budget + batch ramp (engine/budget.py); off by default
     optimizer, scheduler = build_optimizer(model, cfg, glob, steps, progress=budget.progress,
                                            fused=execution.fused_adamw)
-    model = compile_model(model, execution)
+    model = compile_model(model, execution, Path(str(cfg.paths.cache)) / "torch_compile")
 
     make_sampler = data.sampler_factory or EpochSampler  # e.g. repeated augmentation for ImageNet recipes
     sampler = make_sampler(len(data.train), int(cfg.seed), rank, world, block=micro)

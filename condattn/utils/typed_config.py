@@ -28,7 +28,8 @@ class ImplConfig:
     precision: str = "no"
     cpu_precision: str = "no"
     compile: bool = False
-    cpu_compile: bool = False
+    cpu_compile: Any = False  # true | false | auto (engine/precision.py: compile past the measured break-even)
+    compile_cost: Mapping[str, Any] = field(default_factory=dict)  # {model.name: {compile_s, eager_step_s, ...}}
     compile_mode: str = "default"
     fused_adamw: Any = "auto"  # auto | true | false (YAML may give a bool)
     num_workers: int = 0
