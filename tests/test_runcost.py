@@ -143,3 +143,35 @@ def test_compiling_leaves_the_module_eager_for_the_diagnostics_and_keeps_the_cac
     assert compiled is not model and compiled._orig_mod is model  # (nothing is compiled before its first call)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "torch_compile")
     assert compile_model(model, resolve_execution({}, "cpu"), tmp_path) is model
+
+
+# ---------------------------------------------------------------- the dry run's projection: fixed cost per run + steps
+def test_a_runs_cost_is_its_fixed_cpu_per_run_and_its_cpu_per_step():
+    from condattn.engine.cost import run_cost
+
+    split = runcost.split({"train": 90.0, "eval": 6.0, "checkpoint": 0.0, "startup": 6.0, "data": 1.0, "test": 1.0},
+                          total=104.0, steps=2000)
+    per_step, fixed = run_cost({"steps": 2000, "wall_time_s": 500.0, "performance": {"cpu_split": split}})
+    assert per_step == pytest.approx(96.0 / 2000) and fixed == pytest.approx(8.0)
+    assert run_cost({"steps": 100, "wall_time_s": 50.0}) == (0.5, 0.0)  # recorded before the split: wall / steps
+    assert run_cost({"steps": 100, "wall_time_s": 50.0, "train_time_s": 40.0}) == (0.4, 10.0)  # its training clock
+    assert run_cost({"steps": 0}) is None
+
+
+def test_the_dry_run_adds_the_measured_fixed_cost_once_per_run(tmp_path, monkeypatch):
+    import torch
+    from omegaconf import OmegaConf
+
+    from condattn.engine.cost import machine_projection, measured_steps
+    from condattn.runs import KeptRecord
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = {"model": {"name": "m"}, "data": {"name": "d"}, "conditioning": {"method": "none"}}
+    split = runcost.split({"train": 100.0, "startup": 20.0}, total=120.0, steps=1000)
+    KeptRecord.of(tmp_path, "a").write({"summary.json": {
+        "status": "finished", "metrics": {}, "steps": 1000, "wall_time_s": 999.0, "config": config,
+        "performance": {"cpu_split": split}, "hardware": {"device_type": "cpu"}, "hardware_line": "1 × cpu"}})
+    per_step, fixed, _ = measured_steps([tmp_path], "cpu")[("m", "d", "none")]
+    assert (per_step, fixed) == (pytest.approx(0.1), pytest.approx(20.0))
+    cells = [(n, OmegaConf.create({**config, "task": {"steps": 35800}})) for n in ("x", "y")]
+    assert "≈ 2.00 h for 2 of 2 cells" in machine_projection(cells, [tmp_path])  # 2 × (20 s + 35,800 × 0.1 s)

@@ -395,6 +395,29 @@ def recipe(cfg: Any) -> tuple[str, str, str]:
     return get("model", "name"), get("data", "name"), get("conditioning", "method")
 
 
+FIXED_CAUSES = ("startup", "data", "step0", "test", "end_diag", "other")  # runcost.CAUSES paid once per run
+
+
+def run_cost(summary: dict) -> tuple[float, float] | None:
+    """(seconds per training step, fixed seconds per run) of one finished run. Where the run recorded its CPU split by
+    cause (`performance.cpu_split`, engine/runcost.py), from it: training, evaluations and checkpoints per step (they
+    recur with the steps), start-up (imports, config, model), data, diagnostics and the test once per run. Else its
+    training clock over its steps and the rest of its wall time as fixed (`train_time_s`, `wall_time_s`), or, without
+    a training clock, its whole wall time per step (no fixed part)."""
+    steps = int(summary.get("steps") or 0)
+    if steps <= 0:
+        return None
+    split = (summary.get("performance") or {}).get("cpu_split")
+    if split and split.get("seconds"):
+        sec = split["seconds"]
+        per_step = sum(float(sec.get(k, 0.0)) for k in ("train", "eval", "checkpoint")) / steps
+        return per_step, sum(float(sec.get(k, 0.0)) for k in FIXED_CAUSES)
+    if not summary.get("wall_time_s"):
+        return None
+    wall, train = float(summary["wall_time_s"]), float(summary.get("train_time_s") or 0.0)
+    return (train / steps, max(0.0, wall - train)) if 0 < train <= wall else (wall / steps, 0.0)
+
+
 def measured_steps(dirs: list[Path], device_type: str | None = None
                    ) -> dict[tuple[str, str, str], tuple[float, float, set]]:
     """{recipe: (the median seconds per training step, the median fixed seconds of a run, the hardware lines of the
@@ -402,7 +425,8 @@ def measured_steps(dirs: list[Path], device_type: str | None = None
     `device_type` when given; (model, data, "*"): over every method, for a method not measured yet. A run's step time
     is its training clock over its steps (`train_time_s`), its fixed cost the rest of its wall time (evaluations,
     checkpoints, diagnostics: `wall_time_s` − `train_time_s`), so a run of another length is projected as fixed + steps
-    × step time; a record without a training clock counts its whole wall time per step (no fixed part)."""
+    × step time; a record without a training clock counts its whole wall time per step (no fixed part). A run that
+    recorded its CPU split by cause is read from it instead (`run_cost`: start-up included)."""
     from ..runs import RunRecord, kept_records
 
     seen: dict[tuple[str, str, str], list[tuple[float, float, str]]] = {}
@@ -410,12 +434,11 @@ def measured_steps(dirs: list[Path], device_type: str | None = None
         found = [RunRecord(f.parent) for f in d.glob("*/summary.json")] + kept_records(d) if d.is_dir() else []
         for rec in found:
             s = rec.summary
-            if not (s and s.get("wall_time_s") and s.get("steps") and isinstance(s.get("config"), dict)):
+            if not (s and isinstance(s.get("config"), dict)) or (cost := run_cost(s)) is None:
                 continue
             if device_type is not None and (s.get("hardware") or {}).get("device_type") != device_type:
                 continue
-            wall, steps, train = float(s["wall_time_s"]), int(s["steps"]), float(s.get("train_time_s") or 0.0)
-            step, fixed = (train / steps, max(0.0, wall - train)) if 0 < train <= wall else (wall / steps, 0.0)
+            step, fixed = cost
             model, data, method = recipe(s["config"])
             for key in ((model, data, method), (model, data, "*")):
                 seen.setdefault(key, []).append((step, fixed, str(s.get("hardware_line") or "unknown hardware")))
