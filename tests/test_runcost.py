@@ -130,7 +130,7 @@ def test_a_bad_compile_value_is_refused_with_the_choices():
 
 
 @pytest.mark.slow  # (torch.compile's import: seconds)
-def test_compiling_leaves_the_module_eager_for_the_diagnostics_and_keeps_the_cache(tmp_path, monkeypatch):
+def test_compiling_wraps_the_module_leaving_it_eager_and_keeps_the_cache(tmp_path, monkeypatch):
     import os
 
     import torch

@@ -13,7 +13,9 @@ measured costs (`impl.compile_cost.<model.name>`: `compile_s`, the compile's own
 `eager_step_s` / `compiled_step_s`, a step's CPU seconds each way, from `make bench ARGS="--efficiency
 --efficiency-args impl.cpu_compile=true"` beside the eager run); with no measurement it does not compile. The compiled
 graphs are cached under `paths.cache/torch_compile` (TORCHINDUCTOR_CACHE_DIR), so the cells of a table after the first
-find them warm. Only the training model is compiled: step-0 and end diagnostics run on the unwrapped, eager module.
+find them warm. Known gap (measured, results/bench/README.md): the diagnostics read `Run.raw`, which accelerate's
+`unwrap_model` returns still wrapped by torch.compile (its default keep_torch_compile=True), so under compile step 0's
+and the end's diagnostics compile a graph of their own; they should read the eager module.
 """
 
 from __future__ import annotations
@@ -123,9 +125,10 @@ def resolve_execution(impl: Any, device_type: str, steps: int | None = None, mod
 
 
 def compile_model(model: Any, execution: Execution, cache_dir: Any = None) -> Any:
-    """torch.compile(model) when the run compiles (the conditioning patches trace: tests/test_conditioning.py); the
-    module itself stays eager (the diagnostics run on it). `cache_dir`: inductor's cache (TORCHINDUCTOR_CACHE_DIR,
-    unless the environment sets one), kept across runs, so later cells of a table compile warm."""
+    """torch.compile(model) when the run compiles (the conditioning patches trace: tests/test_conditioning.py): a
+    wrapper around the module, which itself stays eager (`_orig_mod`). `cache_dir`: inductor's cache
+    (TORCHINDUCTOR_CACHE_DIR, unless the environment sets one), kept across runs, so later cells of a table compile
+    warm."""
     if not execution.compile:
         return model
     import os
