@@ -370,12 +370,13 @@ EFFICIENCY_CELLS = {"table1_vit": ("table1_imagenet", "vit_base"), "table4_listo
 
 def efficiency_cell(key: str, scale: str = "small") -> tuple[str, list[str]]:
     """(run name, overrides) of the baseline's first-seed cell of EFFICIENCY_CELLS[key] at `scale`."""
+    from .conditioning.spec import BASELINE
     from .experiment import load
     from .table.cells import parts
 
     table, row = EFFICIENCY_CELLS[key]
     exp = load(provenance.REPO / "experiments" / f"{table}.yaml")
-    part = next(p for p in parts(exp, scale, [0]) if p.row == row and p.method == "none")
+    part = next(p for p in parts(exp, scale, [0]) if p.row == row and p.method == BASELINE)
     return part.name, list(part.own)
 
 

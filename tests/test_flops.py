@@ -203,7 +203,8 @@ def test_cpu_run_is_fp32_records_execution_and_logs_throughput(tmp_path):
                        "task.steps=4", "task.eval_every=4", "task.log_every=2", "impl.precision=bf16",
                        "impl.compile=true"]))
     assert s["execution"] == {"device_type": "cpu", "precision": "no", "requested_precision": "bf16",
-                              "compile": False, "compile_mode": None, "fused_adamw": False}
+                              "compile": False, "compile_mode": None, "fused_adamw": False,
+                              "compile_reason": "impl.cpu_compile=false"}
     assert s["performance"]["train_samples_per_s"] > 0 and "mfu" not in s["performance"]
     rows = read_jsonl(Path(s["run_dir"]) / "metrics.jsonl")
     perf = [r for r in rows if r["split"] == "perf"]
