@@ -437,9 +437,12 @@ def _main_efficiency(args: argparse.Namespace) -> int:
         r = bench_efficiency(key, args.efficiency_steps, [*args.project_to], out / "runs", extra=args.efficiency_args)
         results.append(r)
         print(render_efficiency([r], f"## {key}"), flush=True)
-    md = render_efficiency(results, header)
+    return _write(out, f"{hw['host']}_efficiency", render_efficiency(results, header), header, hw, results)
+
+
+def _write(out: Path, stem: str, md: str, header: str, hw: dict, results: list) -> int:
+    """The bench's table as `stem`.md and its numbers as `stem`.json under `out`, the table printed too."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{hw['host']}_efficiency"
     (out / f"{stem}.md").write_text(md)
     (out / f"{stem}.json").write_text(json.dumps({"header": header, "hardware": hw, "results": results}, indent=2))
     print(md)
@@ -533,15 +536,8 @@ def _main_loader(args: argparse.Namespace) -> int:
               f"{provenance.describe(hw)}, commit {provenance.git_commit()}, torch {torch.__version__}, "
               f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; {args.loader_seconds:.0f} s per option")
     results = [bench_loader(w, args.loader_seconds, args.loader_images) for w in args.loader]
-    md = render_loader(results, header)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = f"{hw['host']}_loader_{'_'.join(args.loader)}"
-    (out / f"{stem}.md").write_text(md)
-    (out / f"{stem}.json").write_text(json.dumps({"header": header, "hardware": hw, "results": results}, indent=2))
-    print(md)
-    print(f"wrote {out / stem}.md and .json")
-    return 0
+    return _write(Path(args.out), stem, render_loader(results, header), header, hw, results)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Each session starts with empty caches of its own (see `_fresh_caches`), as on a 
 tests/helpers.py."""
 
 import importlib.util
+import logging
 import multiprocessing.process
 import os
 import shutil
@@ -198,3 +199,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def transformers_log(caplog, monkeypatch):
+    """caplog that sees transformers' own log records (its root logger stops propagation once configured)."""
+    from transformers.utils import logging as tf_logging
+
+    tf_logging.get_logger("transformers")  # (configured now: its root stops propagation, which caplog needs)
+    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)
+    caplog.set_level(logging.WARNING)
+    return caplog

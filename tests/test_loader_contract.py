@@ -13,7 +13,6 @@ Tiny models (hidden 32, 2 layers), written to tmp_path."""
 from __future__ import annotations
 
 import json
-import logging
 import re
 import warnings
 
@@ -196,16 +195,6 @@ def _without(path, keys: set[str]) -> None:
     tensors = load_file(str(path / "model.safetensors"))
     save_file({k: v for k, v in tensors.items() if k not in keys}, str(path / "model.safetensors"),
               metadata={"format": "pt"})
-
-
-@pytest.fixture
-def transformers_log(caplog, monkeypatch):
-    from transformers.utils import logging as tf_logging
-
-    tf_logging.get_logger("transformers")  # (configured now: its root stops propagation, which caplog needs)
-    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)
-    caplog.set_level(logging.WARNING)
-    return caplog
 
 
 @pytest.mark.parametrize(("family", "method"), FEWER)

@@ -48,6 +48,17 @@ def _llama(impl: str):
                                         pad_token_id=0, attn_implementation=impl)).eval()
 
 
+def _assert_real_tokens_equal(ours, ref, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """On a `side`-padded batch: ours is finite with finite gradients, and equals the reference on the real tokens.
+    Returns ours's output and the real-token mask."""
+    ids, mask = _batch(side)
+    out = _finite_with_grads(ours, ids, mask)
+    expected = ref(ids, attention_mask=mask).last_hidden_state.detach()
+    real = mask.bool()
+    torch.testing.assert_close(out[real], expected[real], **TOL)
+    return out, real
+
+
 def _finite_with_grads(model, ids, mask) -> torch.Tensor:
     out = model(ids, attention_mask=mask).last_hidden_state
     assert torch.isfinite(out).all()
@@ -66,11 +77,7 @@ def test_softcap_is_finite_and_gemma2_on_a_padded_batch(side):
     for layer in ours.layers:
         layer.self_attn.attn_logit_softcapping = None
     condattn.apply_conditioning(ours, "softcap", softcap_cap=cap)
-    ids, mask = _batch(side)
-    out = _finite_with_grads(ours, ids, mask)
-    expected = ref(ids, attention_mask=mask).last_hidden_state.detach()
-    real = mask.bool()
-    torch.testing.assert_close(out[real], expected[real], **TOL)
+    _assert_real_tokens_equal(ours, ref, side)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -91,11 +98,7 @@ def test_softcap_is_finite_and_gemma2s_attention_under_each_implementation(impl,
     ref.config._attn_implementation = "gemma2_reference"
     plain = ours(*_batch(side)[:1], attention_mask=_batch(side)[1]).last_hidden_state.detach()
     condattn.apply_conditioning(ours, "softcap", softcap_cap=cap)
-    ids, mask = _batch(side)
-    out = _finite_with_grads(ours, ids, mask)
-    expected = ref(ids, attention_mask=mask).last_hidden_state.detach()
-    real = mask.bool()
-    torch.testing.assert_close(out[real], expected[real], **TOL)
+    out, real = _assert_real_tokens_equal(ours, ref, side)
     assert (out[real] - plain[real]).abs().max() > 1e-4  # (the cap acts)
 
 
@@ -117,11 +120,7 @@ def test_attention_sink_is_finite_and_gpt_oss_on_a_padded_batch(impl, side):
             layer.self_attn.condattn_sinks.copy_(torch.randn(4, generator=g))
         ref_layer.self_attn.sinks = nn.Parameter(layer.self_attn.condattn_sinks.detach().clone())
     ref.config._attn_implementation = "gpt_oss_reference"
-    ids, mask = _batch(side)
-    out = _finite_with_grads(ours, ids, mask)
-    expected = ref(ids, attention_mask=mask).last_hidden_state.detach()
-    real = mask.bool()
-    torch.testing.assert_close(out[real], expected[real], **TOL)
+    _assert_real_tokens_equal(ours, ref, side)
 
 
 @pytest.mark.parametrize("masked", ["bool", "-inf"])

@@ -196,16 +196,6 @@ def test_a_plain_load_of_an_unconditioned_checkpoint_says_nothing(tmp_path):
     assert _plain_load(cls, tmp_path) == []
 
 
-@pytest.fixture
-def transformers_log(caplog, monkeypatch):
-    from transformers.utils import logging as tf_logging
-
-    tf_logging.get_logger("transformers")  # (configured now: its root stops propagation, which caplog needs)
-    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)
-    caplog.set_level(logging.WARNING)
-    return caplog
-
-
 @pytest.mark.parametrize("method", ["qk_norm", "sigma_reparam"])
 @pytest.mark.parametrize(("saved", "loaded"), [("bert", "bert-head"), ("bert-head", "bert")])
 def test_condattn_loads_between_base_and_head(tmp_path, transformers_log, method, saved, loaded):
