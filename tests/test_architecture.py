@@ -19,6 +19,7 @@ Every import counts, also one inside a function: a lazy import is still a depend
 from __future__ import annotations
 
 import ast
+import functools
 import shutil
 from pathlib import Path
 
@@ -49,6 +50,19 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
+@functools.lru_cache(maxsize=None)
+def _import_statements(text: str) -> tuple[tuple[int, str | None, tuple[str, ...]], ...]:
+    """A source's import statements as (level, module, names); `import a, b` is (-1, None, (a, b)). Cached by the
+    text, so the tests below parse each file once per process (the planted copies reparse only what they change)."""
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            out.append((-1, None, tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.level, node.module, tuple(a.name for a in node.names)))
+    return tuple(out)
+
+
 def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     """module -> the condattn modules it imports (a `from pkg import name` that names a submodule counts as it)."""
     modules = {module_name(p, root): p for p in root.rglob("*.py")}
@@ -56,17 +70,17 @@ def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     for mod, path in modules.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.Import):
-                deps.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
-                deps.add(target)
-                deps.update(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in modules)
+        for level, module, names in _import_statements(path.read_text()):
+            if level < 0:
+                deps.update(names)
+                continue
+            if level:
+                base = package.split(".")[: len(package.split(".")) - level + 1]
+                target = ".".join(base + ([module] if module else []))
+            else:
+                target = module or ""
+            deps.add(target)
+            deps.update(f"{target}.{n}" for n in names if f"{target}.{n}" in modules)
         graph[mod] = {d for d in deps if d in modules and d != mod}
     return graph
 
