@@ -143,6 +143,15 @@ def test_compiling_wraps_the_module_leaving_it_eager_and_keeps_the_cache(tmp_pat
     assert compiled is not model and compiled._orig_mod is model  # (nothing is compiled before its first call)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "torch_compile")
     assert compile_model(model, resolve_execution({}, "cpu"), tmp_path) is model
+    # what the diagnostics read (Run.eager): the module, so they compile no graph of their own; eager runs: itself
+    from types import SimpleNamespace
+
+    from condattn.engine.setup import Run
+
+    assert Run.eager.fget(SimpleNamespace(raw=compiled)) is model
+    assert Run.eager.fget(SimpleNamespace(raw=model)) is model
+    Run.eager.fget(SimpleNamespace(raw=compiled))(torch.ones(1, 2))  # a forward through it compiles nothing
+    assert not torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 # ---------------------------------------------------------------- the dry run's projection: fixed cost per run + steps

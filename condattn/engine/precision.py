@@ -13,9 +13,9 @@ measured costs (`impl.compile_cost.<model.name>`: `compile_s`, the compile's own
 `eager_step_s` / `compiled_step_s`, a step's CPU seconds each way, from `make bench ARGS="--efficiency
 --efficiency-args impl.cpu_compile=true"` beside the eager run); with no measurement it does not compile. The compiled
 graphs are cached under `paths.cache/torch_compile` (TORCHINDUCTOR_CACHE_DIR), so the cells of a table after the first
-find them warm. Known gap (measured, results/bench/README.md): the diagnostics read `Run.raw`, which accelerate's
-`unwrap_model` returns still wrapped by torch.compile (its default keep_torch_compile=True), so under compile step 0's
-and the end's diagnostics compile a graph of their own; they should read the eager module.
+find them warm. The diagnostics never compile: they read `Run.eager`, the module inside torch.compile's wrapper
+(accelerate's `unwrap_model` keeps the wrapper by default, so reading `Run.raw` made step 0's and the end's
+diagnostics compile a graph of their own).
 """
 
 from __future__ import annotations

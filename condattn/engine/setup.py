@@ -71,6 +71,12 @@ class Run:
         return self.accelerator.num_processes
 
     @property
+    def eager(self) -> Any:
+        """The model itself, never torch.compile's wrapper (accelerate's unwrap_model keeps that wrapper by default):
+        what the diagnostics read, so a compiled run's step-0 and end diagnostics compile no graph of their own."""
+        return getattr(self.raw, "_orig_mod", self.raw)
+
+    @property
     def main(self) -> bool:
         return self.accelerator.is_main_process
 

@@ -156,16 +156,22 @@ def _match(m: nn.Module) -> tuple[int, int, dict] | str | None:
         proj = separate(tuple(lins))
         head_dim = _int(m, HEAD_DIM) or out_features(lins[0]) // heads
     else:
-        two, one = (lins[1], lins[0]) if kind == "q_kv" else (lins[0], lins[1])
-        half = out_features(two) // 2
-        pair = {"k": Projection(two, slice(0, half)), "v": Projection(two, slice(half, 2 * half))} if kind == "q_kv" \
-            else {"q": Projection(two, slice(0, half)), "k": Projection(two, slice(half, 2 * half))}
-        proj = {**pair, ("q" if kind == "q_kv" else "v"): Projection(one, slice(0, out_features(one)))}
-        proj = {r: proj[r] for r in ROLES}
+        proj = _paired(kind, lins)
         head_dim = _int(m, HEAD_DIM) or proj["q"].out_features // heads
     if proj["q"].out_features != heads * head_dim or any(p.out_features % head_dim for p in proj.values()):
         return f"its W_Q has {proj['q'].out_features} outputs, not {heads} heads × {head_dim}"
     return heads, head_dim, proj
+
+
+def _paired(kind: str, lins: list) -> dict[str, Projection]:
+    """The roles of a q + fused kv pair ("q_kv") or a fused qk + v pair: the fused Linear's two halves, the other
+    Linear whole."""
+    two, one = (lins[1], lins[0]) if kind == "q_kv" else (lins[0], lins[1])
+    half = out_features(two) // 2
+    pair = {"k": Projection(two, slice(0, half)), "v": Projection(two, slice(half, 2 * half))} if kind == "q_kv" \
+        else {"q": Projection(two, slice(0, half)), "k": Projection(two, slice(half, 2 * half))}
+    proj = {**pair, ("q" if kind == "q_kv" else "v"): Projection(one, slice(0, out_features(one)))}
+    return {r: proj[r] for r in ROLES}
 
 
 def _unnamed_heads(m: nn.Module, kind: str, lins: list) -> tuple[int, int, dict, str] | str:
@@ -181,12 +187,7 @@ def _unnamed_heads(m: nn.Module, kind: str, lins: list) -> tuple[int, int, dict,
     elif kind == "sep":
         proj = separate(tuple(lins))
     else:
-        two, one = (lins[1], lins[0]) if kind == "q_kv" else (lins[0], lins[1])
-        half = out_features(two) // 2
-        pair = {"k": Projection(two, slice(0, half)), "v": Projection(two, slice(half, 2 * half))} if kind == "q_kv" \
-            else {"q": Projection(two, slice(0, half)), "k": Projection(two, slice(half, 2 * half))}
-        proj = {**pair, ("q" if kind == "q_kv" else "v"): Projection(one, slice(0, out_features(one)))}
-        proj = {r: proj[r] for r in ROLES}
+        proj = _paired(kind, lins)
     width = proj["q"].out_features
     probe = AttentionSite("", m, "structural", 1, width, proj)
     heads, how = _find_heads(probe)

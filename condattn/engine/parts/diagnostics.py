@@ -53,7 +53,7 @@ class Diagnostics(Part):
         if not run.main:
             return {}
         batch = send_to_device(self.batch, run.accelerator.device)
-        flat = cheap_diagnostics(run.raw, run.task.forward, batch, mask=batch.get("attention_mask"))["flat"]
+        flat = cheap_diagnostics(run.eager, run.task.forward, batch, mask=batch.get("attention_mask"))["flat"]
         if self.jacobian:  # κ(J) of layer 0; restores train/eval modes and the RNG state (training is unchanged)
             flat.update(self._jacobian(batch))
         run.logger.log(step, "diag", flat)
@@ -63,7 +63,7 @@ class Diagnostics(Part):
         from ...diagnostics import jacobian_diagnostics
 
         d, tokens = self.run.cfg.diagnostics, self.run.cfg.diagnostics.get("jacobian_tokens")
-        return jacobian_diagnostics(self.run.raw, self.run.task.forward, batch, batch.get("attention_mask"),
+        return jacobian_diagnostics(self.run.eager, self.run.task.forward, batch, batch.get("attention_mask"),
                                     int(tokens) if tokens else None, iters=int(d.get("jacobian_iters") or 300),
                                     exact_max_entries=int(d.get("jacobian_exact_entries") or 4_000_000))
 
@@ -78,7 +78,7 @@ class Diagnostics(Part):
     def after_backward(self, loop: Any) -> None:
         if self.run.state.step == 0 and self.run.main:  # gradient norms of W_Q/W_K/W_V before the first update
             t_diag = time.time()
-            grads = grad_diagnostics(self.run.raw)
+            grads = grad_diagnostics(self.run.eager)
             self.step0.update(grads)
             self.run.logger.log(0, "grad", grads)
             loop.untimed(time.time() - t_diag)  # measurement, not training: kept out of the step time
