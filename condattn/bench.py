@@ -399,7 +399,9 @@ def bench_efficiency(key: str, steps: int | None, project_to: list[int], out_run
     cfg = compose(ov)
     run_dir = Path(str(cfg.run.dir))
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    before = _children_cpu()
     done = subprocess.run([sys.executable, "-m", "condattn.train", *ov], env=env, capture_output=True, text=True)
+    process_tree_s = _children_cpu() - before  # the run's process and what it waited for (inductor's compilers)
     summary_file = run_dir / "summary.json"
     if done.returncode != 0 or not summary_file.is_file():
         raise RuntimeError(f"{name} failed: {done.stderr.strip().splitlines()[-3:]}")
@@ -409,8 +411,77 @@ def bench_efficiency(key: str, steps: int | None, project_to: list[int], out_run
     every, ckpt = int(cfg.task.eval_every), int(cfg.impl.checkpoint_every)
     recipe = int(compose(own).task.steps)
     return {"cell": key, "run": name, "overrides": ov, "recipe_steps": recipe,
-            "measured": measured, "execution": summary.get("execution"),
+            "measured": measured, "process_tree_s": round(process_tree_s, 3), "execution": summary.get("execution"),
             "projected": {str(n): runcost.project(measured, n, every, ckpt) for n in sorted({*project_to, recipe})}}
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children and what they waited for."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def bench_compile_cost(key: str, steps: int, out_runs: Path) -> dict:
+    """`impl.compile_cost` of the cell `key`'s model, measured: the cell trained eager and compiled
+    (impl.cpu_compile=true, an empty inductor cache each time, as a table's first cell finds it) at `steps` and
+    2 × `steps`. A step's CPU each way is the extra training CPU of the longer run over its extra steps; the
+    compile's CPU is what a compiled run spends beyond its steps (its whole process tree, inductor's C++ compilers
+    included) less what an eager run spends beyond its own."""
+    import tempfile
+
+    runs: dict[tuple[str, int], dict] = {}
+    for mode in ("false", "true"):
+        for n in (steps, 2 * steps):
+            with tempfile.TemporaryDirectory() as cache:
+                runs[mode, n] = bench_efficiency(key, n, [], out_runs,
+                                                 extra=[f"impl.cpu_compile={mode}", f"paths.cache={cache}"])
+    cost = compile_cost_from(runs, steps)
+    from .config import compose
+    from .engine.precision import break_even_steps
+
+    return {"cell": key, "model": str(compose(efficiency_cell(key)[1]).model.name), "steps": [steps, 2 * steps], "compile_cost": cost,
+            "break_even_steps": break_even_steps(cost["compile_s"], cost["eager_step_s"], cost["compiled_step_s"]),
+            "runs": [{"compile": m, "steps": n, "process_tree_s": r["process_tree_s"], "measured": r["measured"]}
+                     for (m, n), r in runs.items()]}
+
+
+def compile_cost_from(runs: dict[tuple[str, int], dict], steps: int) -> dict[str, float]:
+    """The `impl.compile_cost` entry from the four runs of `bench_compile_cost`, keyed (impl.cpu_compile, steps)."""
+    step = {m: (runs[m, 2 * steps]["measured"]["seconds"]["train"] - runs[m, steps]["measured"]["seconds"]["train"])
+            / steps for m in ("false", "true")}
+    fixed = {m: runs[m, steps]["process_tree_s"] - steps * step[m] for m in ("false", "true")}
+    return {"compile_s": round(fixed["true"] - fixed["false"], 1), "eager_step_s": round(step["false"], 5),
+            "compiled_step_s": round(step["true"], 5)}
+
+
+def render_compile_cost(results: list[dict], header: str) -> str:
+    lines = [header, "", "Each run's CPU: its whole process tree (inductor's C++ compilers included); a step's: the "
+             "training CPU the longer run adds per extra step (condattn/engine/runcost.py). The entry goes under "
+             "`impl.compile_cost` (configs/impl/default.yaml); `impl.cpu_compile=auto` compiles a run whose steps reach "
+             "the break-even.", "",
+             "| cell | model | compile | steps | CPU s (process tree) | training steps CPU s |", "|---|---|---|---|---|---|"]
+    for r in results:
+        lines += [f"| {r['cell']} | {r['model']} | {x['compile']} | {x['steps']} | {x['process_tree_s']:.1f} | "
+                  f"{x['measured']['seconds']['train']:.1f} |" for x in r["runs"]]
+    lines.append("")
+    for r in results:
+        even = r["break_even_steps"]
+        lines.append(f"- {r['cell']}: `impl.compile_cost.{r['model']}: {json.dumps(r['compile_cost'])}`; break-even "
+                     f"{'none (a compiled step is not faster)' if even is None else f'{even:.0f} steps'}")
+    return "\n".join(lines) + "\n"
+
+
+def _main_compile_cost(args: argparse.Namespace) -> int:
+    hw = provenance.hardware(torch.device("cpu"), 1)
+    header = (f"# condattn compile-cost bench: a cold torch.compile against its per-step saving, on CPU (measured)\n\n"
+              f"{provenance.describe(hw)}, commit {provenance.git_commit()}, torch {torch.__version__}, "
+              f"OMP_NUM_THREADS={__import__('os').environ.get('OMP_NUM_THREADS', '1')}, "
+              f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
+    out = Path(args.out)
+    results = [bench_compile_cost(key, args.efficiency_steps or 300, out / "runs") for key in args.compile_cost]
+    return _write(out, f"{hw['host']}_compile_cost", render_compile_cost(results, header), header, hw, results)
 
 
 def render_efficiency(results: list[dict], header: str) -> str:
@@ -478,7 +549,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--project-to", type=int, nargs="*", default=[2000],
                    help="steps to project each split to (beside the recipe's own)")
     p.add_argument("--efficiency-args", nargs="*", default=[], help="extra overrides for the efficiency runs")
+    p.add_argument("--compile-cost", nargs="*", choices=list(EFFICIENCY_CELLS), metavar="CELL",
+                   help="instead: measure impl.compile_cost for these cells' models (eager and compiled, cold, at "
+                        "--efficiency-steps and twice that)")
     args = p.parse_args(argv)
+    if args.compile_cost is not None:
+        args.compile_cost = args.compile_cost or ["table1_vit"]
+        return _main_compile_cost(args)
     if args.efficiency is not None:
         args.efficiency = args.efficiency or list(EFFICIENCY_CELLS)
         args.efficiency_steps = args.efficiency_steps or None

@@ -123,6 +123,21 @@ def test_auto_compiles_only_runs_at_or_past_the_break_even_and_says_why():
     assert not resolve_execution({}, "cpu").compile  # the default stays eager
 
 
+def test_the_compile_cost_bench_reads_steps_from_the_longer_runs_and_the_compile_from_the_fixed_cost():
+    """Constructed runs: eager 0.10 s a step and 20 s fixed; compiled 0.08 s a step and 20 + 30 s fixed (its compile)."""
+    from condattn.bench import compile_cost_from
+    from condattn.engine.precision import break_even_steps
+
+    def run(step_s: float, fixed: float, n: int) -> dict:
+        return {"process_tree_s": fixed + step_s * n, "measured": {"seconds": {"train": step_s * n + 1.0}}}
+
+    runs = {("false", 300): run(0.10, 20, 300), ("false", 600): run(0.10, 20, 600),
+            ("true", 300): run(0.08, 50, 300), ("true", 600): run(0.08, 50, 600)}
+    cost = compile_cost_from(runs, 300)
+    assert cost == {"compile_s": 30.0, "eager_step_s": 0.1, "compiled_step_s": 0.08}
+    assert break_even_steps(**cost) == pytest.approx(1500)
+
+
 def test_a_bad_compile_value_is_refused_with_the_choices():
     from condattn.engine.precision import execution_problems
 
