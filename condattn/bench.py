@@ -381,7 +381,7 @@ def efficiency_cell(key: str, scale: str = "small") -> tuple[str, list[str]]:
 
 
 def bench_efficiency(key: str, steps: int | None, project_to: list[int], out_runs: Path, scale: str = "small",
-                     extra: list[str] | None = None) -> dict:
+                     extra: list[str] | None = None, env: dict[str, str] | None = None) -> dict:
     """Train the cell `key` in a fresh process (its imports are part of its cost), `steps` steps (None: the recipe's),
     and read its CPU split (summary.json performance.cpu_split, engine/runcost.py); projected to `project_to` steps
     (fixed costs as measured, training, evaluation and checkpoints per step / evaluation / checkpoint)."""
@@ -398,7 +398,7 @@ def bench_efficiency(key: str, steps: int | None, project_to: list[int], out_run
           *(extra or [])]
     cfg = compose(ov)
     run_dir = Path(str(cfg.run.dir))
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
     before = _children_cpu()
     done = subprocess.run([sys.executable, "-m", "condattn.train", *ov], env=env, capture_output=True, text=True)
     process_tree_s = _children_cpu() - before  # the run's process and what it waited for (inductor's compilers)
@@ -434,9 +434,9 @@ def bench_compile_cost(key: str, steps: int, out_runs: Path) -> dict:
     runs: dict[tuple[str, int], dict] = {}
     for mode in ("false", "true"):
         for n in (steps, 2 * steps):
-            with tempfile.TemporaryDirectory() as cache:
-                runs[mode, n] = bench_efficiency(key, n, [], out_runs,
-                                                 extra=[f"impl.cpu_compile={mode}", f"paths.cache={cache}"])
+            with tempfile.TemporaryDirectory() as cache:  # inductor's cache, empty: each compile is cold
+                runs[mode, n] = bench_efficiency(key, n, [], out_runs, extra=[f"impl.cpu_compile={mode}"],
+                                                 env={"TORCHINDUCTOR_CACHE_DIR": cache})
     cost = compile_cost_from(runs, steps)
     from .config import compose
     from .engine.precision import break_even_steps

@@ -158,6 +158,16 @@ def test_compiling_wraps_the_module_leaving_it_eager_and_keeps_the_cache(tmp_pat
     assert compiled is not model and compiled._orig_mod is model  # (nothing is compiled before its first call)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "torch_compile")
     assert compile_model(model, resolve_execution({}, "cpu"), tmp_path) is model
+    # inductor writes its default into the environment once anything asks for its cache: that is not the user's
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    cache_dir()
+    compile_model(model, resolve_execution({"cpu_compile": True}, "cpu"), tmp_path / "here")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "here")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users"))  # a user's own is kept
+    compile_model(model, resolve_execution({"cpu_compile": True}, "cpu"), tmp_path / "here")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "users")
     # what the diagnostics read (Run.eager): the module, so they compile no graph of their own; eager runs: itself
     from types import SimpleNamespace
 

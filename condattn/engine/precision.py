@@ -124,6 +124,14 @@ def resolve_execution(impl: Any, device_type: str, steps: int | None = None, mod
     return Execution(device_type, precision, requested, compile_, mode if compile_ else None, fused_adamw, reason)
 
 
+def _inductor_default_cache() -> str | None:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # (a torch without it)
+        return None
+    return default_cache_dir()
+
+
 def compile_model(model: Any, execution: Execution, cache_dir: Any = None) -> Any:
     """torch.compile(model) when the run compiles (the conditioning patches trace: tests/test_conditioning.py): a
     wrapper around the module, which itself stays eager (`_orig_mod`). `cache_dir`: inductor's cache
@@ -135,8 +143,10 @@ def compile_model(model: Any, execution: Execution, cache_dir: Any = None) -> An
 
     import torch
 
-    if cache_dir is not None:
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
+    if cache_dir is not None and os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, _inductor_default_cache()):
+        # (inductor writes its default into the environment the first time anything asks for its cache: a value equal
+        # to that default was not the user's)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
 
     mode = None if execution.compile_mode in (None, "default") else execution.compile_mode
     return torch.compile(model, mode=mode)
