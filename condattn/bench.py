@@ -441,7 +441,8 @@ def bench_compile_cost(key: str, steps: int, out_runs: Path) -> dict:
     from .config import compose
     from .engine.precision import break_even_steps
 
-    return {"cell": key, "model": str(compose(efficiency_cell(key)[1]).model.name), "steps": [steps, 2 * steps], "compile_cost": cost,
+    return {"cell": key, "model": str(compose(efficiency_cell(key)[1]).model.name), "steps": [steps, 2 * steps],
+            "compile_cost": cost,
             "break_even_steps": break_even_steps(cost["compile_s"], cost["eager_step_s"], cost["compiled_step_s"]),
             "runs": [{"compile": m, "steps": n, "process_tree_s": r["process_tree_s"], "measured": r["measured"]}
                      for (m, n), r in runs.items()]}
@@ -459,9 +460,10 @@ def compile_cost_from(runs: dict[tuple[str, int], dict], steps: int) -> dict[str
 def render_compile_cost(results: list[dict], header: str) -> str:
     lines = [header, "", "Each run's CPU: its whole process tree (inductor's C++ compilers included); a step's: the "
              "training CPU the longer run adds per extra step (condattn/engine/runcost.py). The entry goes under "
-             "`impl.compile_cost` (configs/impl/default.yaml); `impl.cpu_compile=auto` compiles a run whose steps reach "
-             "the break-even.", "",
-             "| cell | model | compile | steps | CPU s (process tree) | training steps CPU s |", "|---|---|---|---|---|---|"]
+             "`impl.compile_cost` (configs/impl/default.yaml); `impl.cpu_compile=auto` compiles a run whose steps "
+             "reach the break-even.", "",
+             "| cell | model | compile | steps | CPU s (process tree) | training steps CPU s |",
+             "|---|---|---|---|---|---|"]
     for r in results:
         lines += [f"| {r['cell']} | {r['model']} | {x['compile']} | {x['steps']} | {x['process_tree_s']:.1f} | "
                   f"{x['measured']['seconds']['train']:.1f} |" for x in r["runs"]]

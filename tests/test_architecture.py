@@ -50,7 +50,7 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _import_statements(text: str) -> tuple[tuple[int, str | None, tuple[str, ...]], ...]:
     """A source's import statements as (level, module, names); `import a, b` is (-1, None, (a, b)). Cached by the
     text, so the tests below parse each file once per process (the planted copies reparse only what they change)."""

@@ -124,7 +124,7 @@ def test_auto_compiles_only_runs_at_or_past_the_break_even_and_says_why():
 
 
 def test_the_compile_cost_bench_reads_steps_from_the_longer_runs_and_the_compile_from_the_fixed_cost():
-    """Constructed runs: eager 0.10 s a step and 20 s fixed; compiled 0.08 s a step and 20 + 30 s fixed (its compile)."""
+    """Constructed runs: eager 0.10 s a step, 20 s fixed; compiled 0.08 s a step, 20 + 30 s fixed (its compile)."""
     from condattn.bench import compile_cost_from
     from condattn.engine.precision import break_even_steps
 
