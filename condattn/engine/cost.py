@@ -31,8 +31,9 @@ from .flops import peak_flops, training_step_flops
 from .precision import resolve_execution
 
 _COUNT_BATCH = 2
-_CPU_COUNT_BATCH = 1  # a CPU count runs the model for real: one sample (FLOPs per sample are the same at any batch; GPT-2
-# 124M at 1,024 tokens: 408.5 GFLOP per sample at batch 1 and at 2, counted in about half the time)
+# a CPU count runs the model for real: one sample (FLOPs per sample are the same at any batch; GPT-2 124M at 1,024
+# tokens: 408.5 GFLOP per sample at batch 1 and at 2, counted in about half the time)
+_CPU_COUNT_BATCH = 1
 _CACHE: dict[str, tuple[float | None, str]] = {}
 
 
