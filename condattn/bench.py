@@ -475,12 +475,18 @@ def render_compile_cost(results: list[dict], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _main_compile_cost(args: argparse.Namespace) -> int:
+def _cpu_header(title: str) -> tuple[dict, str]:
+    """(hardware, header) of a bench measured on this CPU with one process: the title, then its provenance."""
     hw = provenance.hardware(torch.device("cpu"), 1)
-    header = (f"# condattn compile-cost bench: a cold torch.compile against its per-step saving, on CPU (measured)\n\n"
-              f"{provenance.describe(hw)}, commit {provenance.git_commit()}, torch {torch.__version__}, "
-              f"OMP_NUM_THREADS={__import__('os').environ.get('OMP_NUM_THREADS', '1')}, "
-              f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
+    return hw, (f"# {title}\n\n"
+                f"{provenance.describe(hw)}, commit {provenance.git_commit()}, torch {torch.__version__}, "
+                f"OMP_NUM_THREADS={__import__('os').environ.get('OMP_NUM_THREADS', '1')}, "
+                f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
+
+
+def _main_compile_cost(args: argparse.Namespace) -> int:
+    hw, header = _cpu_header("condattn compile-cost bench: a cold torch.compile against its per-step saving, on CPU "
+                             "(measured)")
     out = Path(args.out)
     results = [bench_compile_cost(key, args.efficiency_steps or 300, out / "runs") for key in args.compile_cost]
     return _write(out, f"{hw['host']}_compile_cost", render_compile_cost(results, header), header, hw, results)
@@ -499,11 +505,8 @@ def render_efficiency(results: list[dict], header: str) -> str:
 
 
 def _main_efficiency(args: argparse.Namespace) -> int:
-    hw = provenance.hardware(torch.device("cpu"), 1)
-    header = (f"# condattn efficiency bench: the share of a small run's CPU time in its training steps (measured)\n\n"
-              f"{provenance.describe(hw)}, commit {provenance.git_commit()}, torch {torch.__version__}, "
-              f"OMP_NUM_THREADS={__import__('os').environ.get('OMP_NUM_THREADS', '1')}, "
-              f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
+    hw, header = _cpu_header("condattn efficiency bench: the share of a small run's CPU time in its training steps "
+                             "(measured)")
     out = Path(args.out)
     results = []
     for key in args.efficiency:
