@@ -460,8 +460,9 @@ def compile_cost_from(runs: dict[tuple[str, int], dict], steps: int) -> dict[str
 def render_compile_cost(results: list[dict], header: str) -> str:
     lines = [header, "", "Each run's CPU: its whole process tree (inductor's C++ compilers included); a step's: the "
              "training CPU the longer run adds per extra step (condattn/engine/runcost.py). The entry goes under "
-             "`impl.compile_cost` (configs/impl/default.yaml); `impl.cpu_compile=auto` compiles a run whose steps "
-             "reach the break-even.", "",
+             "`impl.compile_cost` in the impl block of the recipe that runs the model on CPU (the small ViT's: "
+             "configs/scale_recipe/imagenet_vit_small.yaml); `impl.cpu_compile=auto` compiles a run whose steps reach "
+             "the break-even.", "",
              "| cell | model | compile | steps | CPU s (process tree) | training steps CPU s |",
              "|---|---|---|---|---|---|"]
     for r in results:
