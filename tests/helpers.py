@@ -3,12 +3,21 @@ them with `from helpers import ...` (pytest puts tests/ on sys.path); fixtures a
 
 from __future__ import annotations
 
+import ast
 import copy
+import functools
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def parsed(source: str) -> ast.Module:
+    """`ast.parse(source)`, once a process: several tests walk every module of the package (read the tree, never
+    change it)."""
+    return ast.parse(source)
 
 
 def tiny_vit():

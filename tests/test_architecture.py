@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import parsed
 
 PACKAGE = Path(__file__).resolve().parent.parent / "condattn"
 
@@ -55,7 +56,7 @@ def _import_statements(text: str) -> tuple[tuple[int, str | None, tuple[str, ...
     """A source's import statements as (level, module, names); `import a, b` is (-1, None, (a, b)). Cached by the
     text, so the tests below parse each file once per process (the planted copies reparse only what they change)."""
     out = []
-    for node in ast.walk(ast.parse(text)):
+    for node in ast.walk(parsed(text)):
         if isinstance(node, ast.Import):
             out.append((-1, None, tuple(a.name for a in node.names)))
         elif isinstance(node, ast.ImportFrom):

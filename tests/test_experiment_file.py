@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import parsed
 
 from condattn.experiment import FREE, ExperimentError, load, parse
 
@@ -105,7 +106,7 @@ UNTYPED = re.compile(r"\b(dict|Mapping)\b")
 def untyped_experiment_args(source: str, where: str) -> list[str]:
     """"<where>:function" of each def whose `exp`, `experiment` or `spec` argument is annotated as a dict or Mapping."""
     out = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = node.args
             for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs]:

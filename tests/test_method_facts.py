@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from helpers import parsed
 
 from condattn.bench import baseline_arm, bench_arms
 from condattn.conditioning.spec import _METHODS, BASELINE, METHODS, MethodSpec, method_spec
@@ -36,7 +37,7 @@ def method_names_in_lists(root: Path = PACKAGE) -> dict[tuple[str, str], list[in
         rel = path.relative_to(root).as_posix()
         if rel.startswith("conditioning/"):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(parsed(path.read_text())):
             if isinstance(node, ast.List | ast.Tuple | ast.Set):
                 items = node.elts
             elif isinstance(node, ast.Dict):
