@@ -128,6 +128,12 @@ report-table-%:
 findings:
 	$(BIN)/python -m condattn.reporting.findings --scale $(SCALE)
 
+# once, in a clone or branch with run records of the earlier format: rewrite each results/**/runs/<run>.json.gz as
+# <run>.json.zst (the same JSON, read back before the .json.gz is removed; docs/architecture.md, "The record format")
+.PHONY: compact-records
+compact-records:
+	$(BIN)/python -m condattn.runs compact $(wildcard results/*/runs results/exploratory/*/runs)
+
 # the documentation site: docs/*.md, the API reference from the docstrings (mkdocstrings); any warning fails it
 docs:
 	$(BIN)/mkdocs build --strict --site-dir site

@@ -13,12 +13,15 @@ in its directory (`RunRecord`); `RunLock` lets one process at a time train it:
     submission.json     the SLURM job of the cell (launch)
     summary.json        written last: status finished (with "metrics") or failed (with "error")
 
-Whether a run finished is decided here only (`RunRecord.status`, `RunRecord.summary`). The run record is a leaf of
-the harness: it imports the standard library and condattn.utils, nothing above.
+Whether a run finished is decided here only (`RunRecord.status`, `RunRecord.summary`). A finished run is kept beside
+its table as one compressed record (`KeptRecord`); `python -m condattn.runs compact | train-dict` are the records'
+one-time tools (`main`). The run record is a leaf of the harness: it imports the standard library, condattn.utils and
+zstandard (the records' format), nothing above.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -36,8 +39,8 @@ BEST_MODEL = "best_model.pt"
 PATCH_REPORT = "patch_report.json"
 SUBMISSION = "submission.json"
 TOKENIZER = "tokenizer.json"
-# What a finished run keeps beside its table (results/<scale>/runs/<run name>.json.gz, committed: `KeptRecord`): the
-# evidence a table is rendered from, without checkpoints, weights or wandb files (about 14 kB a run compressed).
+# What a finished run keeps beside its table (results/<scale>/runs/<run name>.json.zst, committed: `KeptRecord`): the
+# evidence a table is rendered from, without checkpoints, weights or wandb files (about 7 kB a run compressed).
 KEPT_FILES = (CONFIG, METRICS, PATCH_REPORT, SUMMARY)
 
 
@@ -290,7 +293,7 @@ class RunRecord:
         return summary
 
     def keep_in(self, root: str | Path) -> bool:
-        """Store this finished run's KEPT_FILES as one compressed record `<root>/<run name>.json.gz` (a table's
+        """Store this finished run's KEPT_FILES as one compressed record `<root>/<run name>.json.zst` (a table's
         committed run records, `KeptRecord`); False when the run is not finished, is itself a restored record or a
         link to another table's run (a twin: its own record is stored once, under its own name), or the record kept
         there is the same run or a later one (its `finished_at`), so a clone never writes back what it restored nor
@@ -342,13 +345,90 @@ class RunRecord:
         write_json_atomic(self.patch_report_path, report)
 
 
-KEPT_SUFFIX = ".json.gz"
+KEPT_SUFFIX = ".json.zst"  # a kept record: a zstd frame of its files' JSON, made with a shared dictionary
+GZIP_SUFFIX = ".json.gz"  # the earlier format (gzip -9 of the same JSON): still read, never written
+# The dictionaries of kept records, `<dict id>.zdict` (package data). A record's frame names its dictionary's id, so a
+# dictionary added later leaves the earlier records readable; new records are written with RECORD_DICT_ID's, trained
+# by `python -m condattn.runs train-dict results/small/runs` (`train_dict`: its sample and parameters).
+RECORD_DICTS = Path(__file__).resolve().parent / "record_dicts"
+RECORD_DICT_ID = 1973140013
+RECORD_LEVEL = 19
+DICT_SIZE, DICT_EVERY = 512 * 1024, 4  # measured: docs/architecture.md, "The record format"
+
+
+def record_dict(dict_id: int) -> Any:
+    """The zstandard dictionary `dict_id` (RECORD_DICTS/<dict id>.zdict, read once a process), or None without it."""
+    path = RECORD_DICTS / f"{dict_id}.zdict"
+    return _load_dict(path) if path.is_file() else None
+
+
+@functools.cache
+def _load_dict(path: Path) -> Any:
+    import zstandard
+
+    return zstandard.ZstdCompressionDict(path.read_bytes())
+
+
+@functools.cache
+def _writing_dict() -> Any:
+    """The newest dictionary, prepared once a process for RECORD_LEVEL (a record then compresses in milliseconds,
+    not the tenth of a second that loading the dictionary takes)."""
+    d = record_dict(RECORD_DICT_ID)
+    if d is None:
+        raise FileNotFoundError(f"the records' dictionary {RECORD_DICT_ID} is not in {RECORD_DICTS} (an install "
+                                "without condattn's package data?)")
+    d.precompute_compress(level=RECORD_LEVEL)
+    return d
+
+
+def _encode(data: bytes) -> bytes:
+    """`data` as a kept record's zstd frame: level RECORD_LEVEL, the newest dictionary (its id in the frame), the
+    content size written, no checksum; the same data gives the same bytes."""
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=RECORD_LEVEL, dict_data=_writing_dict(), write_checksum=False,
+                                    write_content_size=True, write_dict_id=True).compress(data)
+
+
+def _decode(path: Path) -> tuple[bytes | None, str | None]:
+    """(the JSON bytes a record at `path` holds, None) or (None, why they cannot be read), for either format."""
+    if path.name.endswith(GZIP_SUFFIX):
+        import gzip
+        import zlib
+
+        try:
+            return gzip.decompress(path.read_bytes()), None
+        except (OSError, EOFError, zlib.error) as e:  # truncated, or not gzip
+            return None, f"not a whole gzip file ({type(e).__name__}: {e})"
+    import zstandard
+
+    try:
+        data = path.read_bytes()
+        dict_id = zstandard.get_frame_parameters(data).dict_id
+        d = record_dict(dict_id) if dict_id else None
+        if dict_id and d is None:
+            return None, (f"written with zstd dictionary {dict_id}, which {RECORD_DICTS} does not hold "
+                          f"({dict_id}.zdict: a record from a newer condattn? update it)")
+        return zstandard.ZstdDecompressor(dict_data=d).decompress(data), None
+    except (OSError, zstandard.ZstdError) as e:  # truncated, or not zstd
+        return None, f"not a whole zstd file ({type(e).__name__}: {e})"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
 
 
 class KeptRecord:
-    """A finished run's committed record, stored once and compactly: `<root>/<run name>.json.gz` holds the texts of
-    its KEPT_FILES (config, metrics, patch report) and its summary. Tables are rendered from runs restored out of these
-    (`RunRecord.restore_from`); a run is never stored twice (a twin links to the one record of its science config)."""
+    """A finished run's committed record, stored once and compactly: `<root>/<run name>.json.zst` holds the texts of
+    its KEPT_FILES (config, metrics, patch report) and its summary, as the JSON of {file name: text, summary.json:
+    dict}; a record of the earlier format, `<run name>.json.gz`, reads the same. Tables are rendered from runs
+    restored out of these (`RunRecord.restore_from`); a run is never stored twice (a twin links to the one record of
+    its science config)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -356,11 +436,14 @@ class KeptRecord:
 
     @classmethod
     def of(cls, root: str | Path, name: str) -> KeptRecord:
-        return cls(Path(root) / f"{name}{KEPT_SUFFIX}")
+        """The record of `name` under `root`: its .json.zst, else its .json.gz, else (none yet) the .json.zst."""
+        zst, gz = Path(root) / f"{name}{KEPT_SUFFIX}", Path(root) / f"{name}{GZIP_SUFFIX}"
+        return cls(gz if gz.is_file() and not zst.is_file() else zst)
 
     @property
     def name(self) -> str:
-        return self.path.name[: -len(KEPT_SUFFIX)]
+        n = self.path.name
+        return next((n[: -len(s)] for s in (KEPT_SUFFIX, GZIP_SUFFIX) if n.endswith(s)), n)
 
     @property
     def files(self) -> dict | None:
@@ -372,21 +455,20 @@ class KeptRecord:
 
     def _read(self) -> tuple[Any, str | None]:
         """(the decoded JSON, None) or (None, why it cannot be read)."""
-        import gzip
         import json
-        import zlib
 
+        data, why = _decode(self.path)
+        if why:
+            return None, why
         try:
-            return json.loads(gzip.decompress(self.path.read_bytes())), None
-        except (OSError, EOFError, zlib.error) as e:  # truncated, or not gzip
-            return None, f"not a whole gzip file ({type(e).__name__}: {e})"
+            return json.loads(data), None
         except ValueError as e:
-            return None, f"not JSON inside its gzip ({e})"
+            return None, f"not JSON inside its {'gzip' if self.path.name.endswith(GZIP_SUFFIX) else 'zstd frame'} ({e})"
 
     @property
     def unreadable(self) -> str | None:
-        """Why the record at `path` is not a finished run's (truncated, not gzip, not JSON, no finished summary), or
-        None: it reads, or there is none."""
+        """Why the record at `path` is not a finished run's (truncated, not zstd / gzip, not JSON, its dictionary
+        missing, no finished summary), or None: it reads, or there is none."""
         if not self.path.exists() or self.finished:
             return None
         got, why = self._read()
@@ -411,22 +493,73 @@ class KeptRecord:
         return "finished" if self.finished else "absent"
 
     def write(self, files: dict) -> None:
-        """Write the record atomically (gzip with no time stamp: the same record gives the same bytes)."""
-        import gzip
+        """Write the record atomically as `<name>.json.zst` (the same files give the same bytes), then remove the
+        run's `<name>.json.gz`, if any: one record a run. `path` is the .json.zst after."""
         import json
-        import os
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(gzip.compress(json.dumps(files, sort_keys=True).encode(), 9, mtime=0))
-        tmp.replace(self.path)
-        self._files = files
+        dest = self.path.with_name(self.name + KEPT_SUFFIX)
+        _write_atomic(dest, _encode(json.dumps(files, sort_keys=True).encode()))
+        dest.with_name(self.name + GZIP_SUFFIX).unlink(missing_ok=True)
+        self.path, self._files = dest, files
 
 
 def kept_records(root: str | Path) -> list[KeptRecord]:
-    """Every record kept under `root`, by name."""
+    """Every record kept under `root`, one a run (its .json.zst where a .json.gz of it is there too), in the order of
+    their file names."""
     root = Path(root)
-    return [KeptRecord(p) for p in sorted(root.glob(f"*{KEPT_SUFFIX}"))] if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    found = {}
+    for p in sorted(root.glob(f"*{GZIP_SUFFIX}")) + sorted(root.glob(f"*{KEPT_SUFFIX}")):  # a .json.zst last: it wins
+        found[KeptRecord(p).name] = p
+    return [KeptRecord(found[n]) for n in sorted(found, key=lambda n: f"{n}.json")]  # the file names' order
+
+
+def compact(roots: list[str | Path]) -> int:
+    """Rewrite each `.json.gz` record under `roots` as `.json.zst` holding the same JSON bytes, checked by reading the
+    new file back before the old one is removed; print counts and sizes. Returns how many were left as they were
+    (unreadable, or a .json.zst of other content beside them)."""
+    left = 0
+    for root in map(Path, roots):
+        olds = sorted(root.glob(f"*{GZIP_SUFFIX}")) if root.is_dir() else []
+        before = after = kept = 0
+        for gz in olds:
+            zst = gz.with_name(KeptRecord(gz).name + KEPT_SUFFIX)
+            data, why = _decode(gz)
+            why = why or KeptRecord(gz)._read()[1]  # JSON inside, too
+            fresh = why is None and not zst.exists()
+            if fresh:
+                _write_atomic(zst, _encode(data))
+            if why is None and _decode(zst)[0] != data:
+                why = "the .json.zst written does not read back the same" if fresh else \
+                    f"{zst.name} is there too, with other content (remove the one not wanted)"
+                if fresh:
+                    zst.unlink()
+            if why:
+                print(f"  left {gz}: {why}")
+                left += 1
+                continue
+            before, after, kept = before + gz.stat().st_size, after + zst.stat().st_size, kept + 1
+            gz.unlink()
+        print(f"{root}: {kept} of {len(olds)} .json.gz records rewritten as .json.zst: {before:,} -> {after:,} bytes"
+              + (f" ({after / before:.0%})" if before else "")
+              + f"; {len(kept_records(root))} records there now")
+    return left
+
+
+def train_dict(root: str | Path, size: int = DICT_SIZE, every: int = DICT_EVERY, out: Path | None = None) -> Path:
+    """Train a records dictionary (`size` bytes) on every `every`-th record under `root` in name order (the JSON each
+    holds), with fixed parameters (fastCOVER k=2048, d=8, all samples, one thread), so the same records give the same
+    dictionary and id; write it as `<out>/<dict id>.zdict` (RECORD_DICTS by default) and return its path."""
+    import json
+
+    import zstandard
+
+    samples = [json.dumps(r.files, sort_keys=True).encode() for r in kept_records(root)[::every] if r.files]
+    d = zstandard.train_dictionary(size, samples, k=2048, d=8, split_point=1.0, level=RECORD_LEVEL, threads=1)
+    path = Path(out or RECORD_DICTS) / f"{d.dict_id()}.zdict"
+    _write_atomic(path, d.as_bytes())
+    return path
 
 
 def same_run(a: dict, b: dict) -> bool:
@@ -607,3 +740,28 @@ def summary_is_finished(run_dir: str | Path) -> dict | None:
 def summary_status(run_dir: str | Path) -> str:
     """finished | failed | corrupt | absent | <other status> (RunRecord(run_dir).status)."""
     return RunRecord(run_dir).status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m condattn.runs compact DIR...` | `train-dict DIR`: the kept records' one-time tools."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m condattn.runs", description="Tools for kept run records.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compact", help="rewrite the .json.gz records under each DIR as .json.zst (the same JSON)")
+    c.add_argument("dirs", nargs="+", metavar="DIR")
+    t = sub.add_parser("train-dict", help=f"train a records dictionary into {RECORD_DICTS} from DIR's records")
+    t.add_argument("dir", metavar="DIR")
+    t.add_argument("--size", type=int, default=DICT_SIZE, help="dictionary size in bytes (default %(default)s)")
+    t.add_argument("--every", type=int, default=DICT_EVERY, help="sample every Nth record (default %(default)s)")
+    args = p.parse_args(argv)
+    if args.cmd == "compact":
+        return 1 if compact(args.dirs) else 0
+    path = train_dict(args.dir, args.size, args.every)
+    print(f"wrote {path} ({path.stat().st_size:,} bytes); set RECORD_DICT_ID = {path.stem} in condattn/runs.py to "
+          "write new records with it")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -54,9 +54,10 @@ def test_an_unreadable_kept_record_is_named_never_restored_nor_stood_in_for(tmp_
     assert got.own == (names[0],) and set(got.corrupt) == {names[1]} and not (runs / names[1]).exists()
     u = got.corrupt[names[1]]
     assert u.record == bad and u.run_dir == runs / names[1]
-    assert u.why.startswith("not a whole gzip file (EOFError: Compressed file ended before the end-of-stream")
-    bad.write_bytes(b"not gzip at all")
-    assert restore_kept(plan).corrupt[names[1]].why.startswith("not a whole gzip file (BadGzipFile")
+    assert u.why == "not a whole zstd file (ZstdError: decompression error: did not decompress full frame)"
+    bad.write_bytes(b"not zstd at all")
+    assert restore_kept(plan).corrupt[names[1]].why == \
+        "not a whole zstd file (ZstdError: cannot get frame parameters: Unknown frame descriptor)"
 
 
 def test_after_ctrl_c_of_a_forced_run_the_advice_is_to_rerun_without_force(tmp_path, capsys, monkeypatch):
@@ -152,17 +153,18 @@ def test_threads_in_args_restores_the_committed_runs_and_trains_nothing(tmp_path
 def test_a_truncated_committed_record_is_one_line_and_leaves_the_table_as_it_was(tmp_path, capsys):
     results = _committed_table4(tmp_path)
     before = {f.name: f.read_bytes() for f in results.glob("table4_lra.*")}
-    bad = results / "runs" / "table4_lra_text_spectral_smoke_s0.json.gz"
-    bad.write_bytes(bad.read_bytes()[:3000])
+    bad = results / "runs" / "table4_lra_text_spectral_smoke_s0.json.zst"
+    bad.write_bytes(bad.read_bytes()[:1000])
     args = [str(TABLE4), "--scale", "smoke", f"paths.runs={tmp_path / 'runs'}", f"paths.results={tmp_path / 'results'}"]
     for _ in range(2):  # a fresh clone, then again where runs/ exists: said each time, the file never taken as a run
         assert main(args) == 1
         out, err = capsys.readouterr()
         assert err.splitlines() == [
             f"[reproduce] {bad}, the committed record of table4_lra_text_spectral_smoke_s0, is unreadable (not a whole "
-            "gzip file (EOFError: Compressed file ended before the end-of-stream marker was reached)); its cell is not "
+            "zstd file (ZstdError: decompression error: did not decompress full frame)); its cell is not "
             f"trained and the table not rewritten: put the committed file back (git checkout -- {bad}), or retrain the "
             "cell with FORCE=1 ROWS=text (the row's cells)"]
         assert "0 of 0 cells run" in out and "the table is not written" in out
         assert {f.name: f.read_bytes() for f in results.glob("table4_lra.*")} == before
-        assert len(bad.read_bytes()) == 3000 and not (tmp_path / "runs" / "smoke" / bad.name[:-8]).exists()
+        assert len(bad.read_bytes()) == 1000
+        assert not (tmp_path / "runs" / "smoke" / bad.name.removesuffix(".json.zst")).exists()

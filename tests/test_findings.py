@@ -293,3 +293,11 @@ def test_findings_print_each_methods_regime_line_from_the_typed_result():
     assert "| vit_conv: no difference detected (+0.10) | 0.81× [0.70, 0.93] | **only speeds training up** |" in \
         findings.regime_rows([f])[-2]
     assert "only speeds training up" in findings.summary("small", [f])
+    assert findings.regime_summary([f]) == ("conditioned init: better at a budget, no difference detected at "
+                                           "convergence, speed 0.81× [0.70, 0.93] → only speeds training up")
+    moved = RegimeLine(*[*conv.__dict__.values()][:10], "vit_conv", Outcome.BETTER, 1.1, 1.2, Basis.BUDGET,
+                       line.speed, Word.NOT_AT_CONVERGENCE)
+    f.regime = moved  # better on the converged family, but its Δ still moves there: never called "at convergence"
+    assert findings.regime_summary([f]) == ("conditioned init: better at a budget, better on vit_conv (at a budget "
+                                           "there), speed 0.81× [0.70, 0.93] → not decided: its verdict there is not "
+                                           "at convergence")

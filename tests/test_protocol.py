@@ -344,7 +344,7 @@ def test_reproduce_runs_both_stages_locally_and_reuses_them(tmp_path, capsys):
     assert main([*args, "--report-only"]) == 0
     assert capsys.readouterr().out.count("restored 6 finished runs") == 1  # one plan, one restore
     assert {p.name for p in (tmp_path / "runs" / "smoke").iterdir() if not p.name.startswith(".")} == \
-        {n.removesuffix(".json.gz") for n in trained}
+        {n.removesuffix(".json.zst") for n in trained}
 
 
 @pytest.mark.slow  # composes the cells of a table (about 3 s)

@@ -150,9 +150,9 @@ def test_reproduce_table4_smoke_end_to_end_interrupted_and_idempotent(tmp_path, 
     # 6. a fresh clone (no runs, the committed results): the finished runs kept beside the table are restored, the
     # table is whole again and nothing trains
     kept = tmp_path / "results" / "smoke" / "runs"
-    assert {d.name for d in kept.iterdir()} == {f"{n}.json.gz" for n in names}  # one file a run
+    assert {d.name for d in kept.iterdir()} == {f"{n}.json.zst" for n in names}  # one file a run
     # (the λ = 2 run made an override table: its record is kept in the ignored exploratory folder, never committed)
-    assert [p.name for p in (tmp_path / "results" / "exploratory").rglob(f"{lam2[0].name}.json.gz")]
+    assert [p.name for p in (tmp_path / "results" / "exploratory").rglob(f"{lam2[0].name}.json.zst")]
     shutil.rmtree(tmp_path / "runs")
     assert main([*args, "--dry-run"]) == 0  # a dry run reads the records, writes nothing, says what the run will do
     out = capsys.readouterr().out

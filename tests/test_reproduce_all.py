@@ -40,7 +40,7 @@ def test_dry_run_projects_from_the_finished_runs_and_the_real_run_finishes_what_
     assert all(step > 0 and fixed >= 0 for step, fixed in step_s.values())
 
     shutil.rmtree(runs / "table4_lra_listops_embedded_smoke_s0")
-    (tmp_path / "results" / "smoke" / "runs" / "table4_lra_listops_embedded_smoke_s0.json.gz").unlink()
+    (tmp_path / "results" / "smoke" / "runs" / "table4_lra_listops_embedded_smoke_s0.json.zst").unlink()
     twin = yaml.safe_load((tmp_path / "exps" / exp.name).read_text())  # another table of the same cells
     (tmp_path / "exps" / "table41_twin.yaml").write_text(yaml.safe_dump({**twin, "table": "table41_twin"}))
     capsys.readouterr()

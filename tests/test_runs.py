@@ -260,13 +260,13 @@ def test_a_finished_run_is_kept_without_weights_and_restored_elsewhere(tmp_path,
     kept = tmp_path / "results" / "smoke" / "runs"
     assert real_run.keep_in(kept)
     copy = KeptRecord.of(kept, REAL)
-    assert [p.name for p in kept.iterdir()] == [f"{REAL}.json.gz"]  # one compressed file a run, no weights
+    assert [p.name for p in kept.iterdir()] == [f"{REAL}.json.zst"]  # one compressed file a run, no weights
     assert sorted(copy.files) == sorted(
         f for f in ("config.yaml", "metrics.jsonl", "patch_report.json", "summary.json") if (real_run.dir / f).exists())
     assert copy.summary == real_run.summary
     before = copy.path.read_bytes()
     copy.write(copy.files)
-    assert copy.path.read_bytes() == before  # the same record gives the same bytes (no time stamp in the gzip)
+    assert copy.path.read_bytes() == before  # the same record gives the same bytes
     assert not real_run.keep_in(kept)  # the same summary is kept already: nothing is written again
 
     fresh = RunRecord(tmp_path / "clone" / "runs" / "smoke" / REAL)  # a fresh clone: no runs, the kept records

@@ -261,8 +261,8 @@ def regime_rows(fs: list[Finding]) -> list[str]:
            "verdict at convergence (the converged family paired with it), its speed (median steps to the baseline's "
            "final validation level, as a ratio to the baseline's, 95 % bootstrap interval) and the one word they "
            "decide (helps at convergence / only speeds training up / hurts / neither at this MDE).", "",
-           "| reading | hypothesis | at a budget | at convergence | speed (steps to the baseline's final level) | "
-           "regime |", "|---|---|---|---|---|---|"]
+           "| reading | hypothesis | at a budget | on the converged family | "
+           "speed (steps to the baseline's final level) | regime |", "|---|---|---|---|---|---|"]
     for r in lines:
         conv = _verdict_at(r.convergence, r.convergence_diff)
         if r.convergence is not None:
@@ -279,7 +279,13 @@ def regime_summary(fs: list[Finding]) -> str:
     """The README's clause of one table's regime lines: 'SCA: worse at a budget, …, speed 1.2× [1.1, 1.4] → hurts'."""
     said = []
     for r in (f.regime for f in fs if f.regime is not None and f.hypothesis == "primary"):
-        conv = "no converged family yet" if r.convergence is None else f"{r.convergence.value} at convergence"
+        if r.convergence is None:
+            conv = "no converged family yet"
+        elif r.convergence_basis == Basis.CONVERGENCE:
+            conv = f"{r.convergence.value} at convergence"
+        else:  # the converged family's verdict for this row is itself at a budget there (its Δ moved from 1× to 2×)
+            basis = r.convergence_basis.value if r.convergence_basis else "no length check"
+            conv = f"{r.convergence.value} on {r.convergence_family} ({basis} there)"
         said.append(f"{r.label}: {r.budget.value} at a budget, {conv}, speed {_speed_text(r)} → {r.word.value}")
     return "; ".join(said)
 
@@ -375,8 +381,8 @@ def summary(scale: str, found: list[Finding], described: dict[str, list[str]] | 
                        + (f" Claims: {fs[0].speaks_short}." if fs[0].speaks_short else "")
                        + (f" Limits: {'; '.join(shared)}." if shared else ""))
         if regimes := regime_summary([f for f in found if f.table == table]):
-            out.append(f"- **{table}, regimes** (primary rows; verdict at a budget, at convergence, speed, the word): "
-                       f"{regimes}.")
+            out.append(f"- **{table}, regimes** (primary rows; verdict at a budget, on the converged family, speed, "
+                       f"the word): {regimes}.")
     for table, said in (described or {}).items():
         out.append(f"- **{table}** (descriptive, no test): {said[0]}"
                    + (f"; {said[1]}" if len(said) > 1 else "") + (f" (+{len(said) - 2} more in findings.md)"

@@ -23,7 +23,7 @@ def exploratory(p: Plan) -> bool:
 
 
 def kept_root(p: Plan) -> Path:
-    """Where the table's finished runs are kept beside it: results/<scale>/runs/<run name>.json.gz (committed), or
+    """Where the table's finished runs are kept beside it: results/<scale>/runs/<run name>.json.zst (committed), or
     for an exploratory table results/exploratory/<scale>/runs/ (ignored)."""
     return store_root(exploratory_root(p.results_root) if exploratory(p) else p.results_root, p.scale)
 

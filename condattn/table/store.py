@@ -1,5 +1,5 @@
-"""The run store of one scale: the committed records under `results/<scale>/runs/` (one `<run name>.json.gz` each,
-`runs.KeptRecord`) and the live runs under `runs/<scale>/`.
+"""The run store of one scale: the committed records under `results/<scale>/runs/` (one `<run name>.json.zst` each,
+or an older `.json.gz`: `runs.KeptRecord`) and the live runs under `runs/<scale>/`.
 
 A cell counts as finished when its live run is, or when a record of it is kept: under its own name, or under another
 table's name with the same science config (a twin, stored once: table 1's ViT row is table 9's ViT readings cell for
